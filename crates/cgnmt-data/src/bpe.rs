@@ -1,0 +1,180 @@
+//! Optional BPE subword segmentation, trained and applied with the `tokenizers` crate.
+//!
+//! BPE is learned over the words produced by our tokenizers (the `tokenizers` pre-tokenizer is
+//! a plain whitespace split), so a subword never crosses one of our tokens.
+//!
+//! **Marker convention** (that of subword-nmt): every subword that is *not* the last piece of
+//! its word ends with `@@` ([`BPE_MARKER`]); the last piece (and an unsplit word) has no
+//! marker. `unbelievable` → `un@@ believ@@ able`, `the` → `the`. [`merge_subwords`] joins a
+//! token ending in `@@` to the next one, which exactly inverts [`BpeModel::apply`] for any
+//! word that does not itself end in `@@` (such words cannot be represented; they do not occur
+//! in normal text). A dangling marker at the end of a sequence is dropped.
+//!
+//! Characters never seen in training cannot be segmented; a word containing one is kept whole
+//! (it will be UNK for the model unless it is in the vocabulary), so the round trip stays exact.
+//!
+//! The model file is a standard Hugging Face `tokenizer.json` (BPE model, whitespace-split
+//! pre-tokenizer) and can be loaded by the Python `tokenizers` library too.
+
+use std::path::Path;
+
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
+use tokenizers::{Model, Trainer};
+
+use crate::error::DataError;
+
+/// Suffix marking a subword that continues into the next one.
+pub const BPE_MARKER: &str = "@@";
+
+/// A trained BPE model.
+#[derive(Clone)]
+pub struct BpeModel {
+    tokenizer: tokenizers::Tokenizer,
+}
+
+impl std::fmt::Debug for BpeModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BpeModel")
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+fn bpe_err(path: Option<&Path>, e: impl std::fmt::Display) -> DataError {
+    DataError::Bpe {
+        path: path.map(Path::to_path_buf),
+        message: e.to_string(),
+    }
+}
+
+impl BpeModel {
+    /// Learns a BPE model with (at most about) `vocab_size` subword types from tokenized
+    /// sentences. The initial alphabet (every character seen) is part of that size; if the
+    /// alphabet alone is larger (e.g. Chinese characters), the vocabulary is the alphabet.
+    /// Training is deterministic for a given input up to ties between equally frequent pairs.
+    pub fn train(sentences: &[Vec<String>], vocab_size: usize) -> Result<BpeModel, DataError> {
+        if vocab_size == 0 {
+            return Err(DataError::Config(
+                "BPE vocabulary size must be positive".into(),
+            ));
+        }
+        let mut trainer = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(0)
+            .show_progress(false)
+            .build();
+        let words = sentences.iter().flat_map(|s| s.iter().map(String::as_str));
+        trainer
+            .feed(words, |w| Ok(vec![w.to_owned()]))
+            .map_err(|e| bpe_err(None, e))?;
+        let mut bpe = BPE::default();
+        trainer.train(&mut bpe).map_err(|e| bpe_err(None, e))?;
+        let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+        tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
+        Ok(BpeModel { tokenizer })
+    }
+
+    /// Saves the model as a `tokenizer.json`-style JSON file.
+    pub fn save(&self, path: &Path) -> Result<(), DataError> {
+        self.tokenizer
+            .save(path, false)
+            .map_err(|e| bpe_err(Some(path), e))
+    }
+
+    /// Loads a model saved by [`BpeModel::save`]. Errors name the file.
+    pub fn load(path: &Path) -> Result<BpeModel, DataError> {
+        let text = std::fs::read_to_string(path).map_err(|e| DataError::io("read", path, e))?;
+        let tokenizer: tokenizers::Tokenizer =
+            serde_json::from_str(&text).map_err(|e| DataError::Json {
+                path: path.to_path_buf(),
+                source: e,
+            })?;
+        if !matches!(
+            tokenizer.get_model(),
+            tokenizers::models::ModelWrapper::BPE(_)
+        ) {
+            return Err(bpe_err(Some(path), "the tokenizer's model is not BPE"));
+        }
+        Ok(BpeModel { tokenizer })
+    }
+
+    /// Number of subword types of the model.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(false)
+    }
+
+    /// Segments one word into subwords, with [`BPE_MARKER`] on all pieces but the last.
+    pub fn apply_word(&self, word: &str) -> Vec<String> {
+        let pieces = match self.tokenizer.get_model().tokenize(word) {
+            Ok(p) => p,
+            Err(_) => return vec![word.to_owned()],
+        };
+        let joined: String = pieces.iter().map(|t| t.value.as_str()).collect();
+        if pieces.len() <= 1 || joined != word {
+            return vec![word.to_owned()];
+        }
+        let last = pieces.len() - 1;
+        pieces
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| {
+                if i < last {
+                    t.value + BPE_MARKER
+                } else {
+                    t.value
+                }
+            })
+            .collect()
+    }
+
+    /// Segments every word of a token list; see the module doc for the convention.
+    pub fn apply<S: AsRef<str>>(&self, tokens: &[S]) -> Vec<String> {
+        tokens
+            .iter()
+            .flat_map(|t| self.apply_word(t.as_ref()))
+            .collect()
+    }
+}
+
+/// Joins subwords back into words (inverse of [`BpeModel::apply`]).
+pub fn merge_subwords<S: AsRef<str>>(subwords: &[S]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut pending = false;
+    for s in subwords {
+        let s = s.as_ref();
+        match s.strip_suffix(BPE_MARKER) {
+            Some(piece) => {
+                cur.push_str(piece);
+                pending = true;
+            }
+            None => {
+                cur.push_str(s);
+                out.push(std::mem::take(&mut cur));
+                pending = false;
+            }
+        }
+    }
+    // A dangling continuation (e.g. a decoder stopped mid-word) still ends a word, so that
+    // the indices of `word_index_of_subwords` are always valid (it may be empty if the
+    // pieces were bare markers).
+    if pending {
+        out.push(cur);
+    }
+    out
+}
+
+/// For each subword, the index of the word it belongs to in [`merge_subwords`]'s output
+/// (same length as `subwords`). Used to map attention links on subwords back to words.
+pub fn word_index_of_subwords<S: AsRef<str>>(subwords: &[S]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(subwords.len());
+    let mut word = 0usize;
+    for s in subwords {
+        out.push(word);
+        if !s.as_ref().ends_with(BPE_MARKER) {
+            word += 1;
+        }
+    }
+    out
+}

@@ -1,0 +1,87 @@
+use cgnmt_data::{
+    merge_subwords, read_lines, word_index_of_subwords, BpeModel, Tokenizer, TokenizerConfig,
+    TokenizerKind,
+};
+
+use crate::common::{strs, tatoeba};
+
+fn tokenized(file: &str, kind: TokenizerKind, n: usize) -> Vec<Vec<String>> {
+    let t = Tokenizer::new(TokenizerConfig {
+        kind,
+        lowercase: false,
+    });
+    read_lines(&tatoeba(file))
+        .unwrap()
+        .iter()
+        .take(n)
+        .map(|l| t.tokenize(l))
+        .collect()
+}
+
+#[test]
+fn merge_and_index_convention() {
+    let sub = strs(&["un@@", "believ@@", "able", "!", "the"]);
+    assert_eq!(merge_subwords(&sub), strs(&["unbelievable", "!", "the"]));
+    assert_eq!(word_index_of_subwords(&sub), vec![0, 0, 0, 1, 2]);
+    // Dangling continuation at the end still forms a word.
+    let sub = strs(&["a", "b@@"]);
+    assert_eq!(merge_subwords(&sub), strs(&["a", "b"]));
+    assert_eq!(word_index_of_subwords(&sub), vec![0, 1]);
+    assert!(merge_subwords::<String>(&[]).is_empty());
+}
+
+#[test]
+fn bpe_train_save_load_apply_round_trip() {
+    let en = tokenized("train.en", TokenizerKind::Punct, 3000);
+    let model = BpeModel::train(&en, 500).unwrap();
+    assert!(
+        model.vocab_size() <= 500 && model.vocab_size() > 50,
+        "{}",
+        model.vocab_size()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bpe.tgt.json");
+    model.save(&p).unwrap();
+    let loaded = BpeModel::load(&p).unwrap();
+    let test = tokenized("test.en", TokenizerKind::Punct, 2049);
+    let mut split = 0usize;
+    for words in &test {
+        let sub = loaded.apply(words);
+        assert_eq!(sub, model.apply(words));
+        assert_eq!(&merge_subwords(&sub), words);
+        let idx = word_index_of_subwords(&sub);
+        assert_eq!(idx.len(), sub.len());
+        assert!(idx.iter().all(|&i| i < words.len()));
+        split += sub.len() - words.len();
+    }
+    assert!(split > 0, "a 500-type BPE must split some words");
+    // Unseen characters: the word is kept whole, so the round trip is still exact.
+    let odd = strs(&["Ωmega", "naïve", "日本"]);
+    assert_eq!(merge_subwords(&model.apply(&odd)), odd);
+}
+
+#[test]
+fn bpe_on_chinese_words() {
+    let zh = tokenized("train.zh", TokenizerKind::Jieba, 3000);
+    let model = BpeModel::train(&zh, 2000).unwrap();
+    for words in tokenized("test.zh", TokenizerKind::Jieba, 300) {
+        assert_eq!(merge_subwords(&model.apply(&words)), words);
+    }
+}
+
+#[test]
+fn bpe_load_errors_name_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bpe.src.json");
+    std::fs::write(&p, "{not json").unwrap();
+    assert!(BpeModel::load(&p)
+        .unwrap_err()
+        .to_string()
+        .contains("bpe.src.json"));
+    let missing = dir.path().join("nope.json");
+    assert!(BpeModel::load(&missing)
+        .unwrap_err()
+        .to_string()
+        .contains("nope.json"));
+    assert!(BpeModel::train(&[], 0).is_err());
+}

@@ -1,0 +1,29 @@
+//! `cgnmt-eval`: evaluation metrics for cgnmt (context-gated NMT, Tu et al., TACL 2017).
+//!
+//! - [`bleu`]: corpus / sentence BLEU as sacreBLEU 2.x, NIST `mteval-v11b.pl` (the paper's
+//!   metric), `mteval-v13a.pl` and Moses `multi-bleu.perl` compute it, with the tokenisers in
+//!   [`tokenize`];
+//! - [`chrf`]: chrF / chrF++ as sacreBLEU computes them;
+//! - [`significance`]: sign test, paired bootstrap resampling and approximate randomization;
+//! - [`aer`]: alignment error rate on `.talp` files and soft AER on attention matrices;
+//! - [`cli`]: `clap` argument structs and run functions for the `score`, `compare` and `aer`
+//!   subcommands of the main binary;
+//! - [`io`]: reading UTF-8 text files with errors that name file and line.
+//!
+//! Every metric is checked against the oracle fixtures in `shared/fixtures` (see README.md).
+
+pub mod aer;
+pub mod bleu;
+pub mod chrf;
+pub mod cli;
+mod error;
+pub mod io;
+pub mod significance;
+pub mod tokenize;
+
+pub use bleu::{
+    corpus_bleu, score_from_stats, sentence_bleu, sentence_stats, BleuOptions, BleuScore,
+    BleuStats, RefLen, Smooth,
+};
+pub use error::EvalError;
+pub use tokenize::Tokenize;

@@ -1,0 +1,306 @@
+//! Batched beam search (model-spec §7) and a separate greedy decoder. Beam 10 by default; at most
+//! `3 × (n + 1)` target words for a source of n words; EOS forbidden before `(n + 1) / 2` words; a finished
+//! hypothesis shrinks the beam by one; the best hypothesis by total log-probability (length normalisation as an
+//! option). Coverage is carried per hypothesis. Attention weights and gate values can be recorded per step.
+
+use candle_core::{Device, IndexOp, Result, Tensor};
+
+use crate::model::{pad, Model};
+use crate::readout::log_softmax;
+
+#[derive(Debug, Clone)]
+pub struct DecodeOptions {
+    pub beam: usize,
+    /// Rank finished hypotheses by log-probability / (length + 1) instead of the total.
+    pub length_norm: bool,
+    /// How many hypotheses to return per sentence (≤ beam).
+    pub nbest: usize,
+    /// Decode-time context scaling `(a, b)`: source terms × a, target terms × b.
+    pub context_scale: (f64, f64),
+    /// Record attention weights, gate values and final coverage.
+    pub record: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        Self { beam: 10, length_norm: false, nbest: 1, context_scale: (1.0, 1.0), record: false }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Hypothesis {
+    /// Target ids without the final EOS.
+    pub tokens: Vec<u32>,
+    /// Total log-probability (EOS included when the hypothesis finished with it).
+    pub score: f64,
+    /// Per emitted word (EOS included): attention over the source positions (EOS included).
+    pub attention: Vec<Vec<f32>>,
+    /// Per emitted non-EOS word: mean gate value of the transition that consumed it (empty when ungated).
+    pub gates: Vec<f32>,
+    /// Final coverage per source position (first coverage dimension), when coverage is on.
+    pub coverage: Vec<f32>,
+}
+
+/// Length limits for a source of `n` words: (minimum words before EOS, maximum words).
+pub fn length_limits(n: usize) -> (usize, usize) {
+    ((n + 1) / 2, 3 * (n + 1))
+}
+
+fn rank_key(h: &Hypothesis, norm: bool) -> f64 {
+    if norm {
+        h.score / (h.tokens.len() + 1) as f64
+    } else {
+        h.score
+    }
+}
+
+fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
+    let t = t.to_dtype(candle_core::DType::F32)?;
+    match t.rank() {
+        1 => {
+            // A static gate: one vector for all hypotheses.
+            let m = t.mean_all()?.to_scalar::<f32>()?;
+            Ok(vec![m])
+        }
+        _ => t.mean(1)?.to_vec1::<f32>(),
+    }
+}
+
+struct Live {
+    sent: usize,
+    hyp: Hypothesis,
+}
+
+/// Beam search over a batch of source sentences (ids without EOS). Returns up to `nbest` hypotheses per
+/// sentence, best first.
+pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOptions) -> Result<Vec<Vec<Hypothesis>>> {
+    let dev: Device = model.tgt_emb.device().clone();
+    let dtype = model.tgt_emb.dtype();
+    let nsent = srcs.len();
+    if nsent == 0 {
+        return Ok(vec![]);
+    }
+    let beam = opts.beam.max(1);
+    let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
+    let source = model.encode(&src_ids, &src_mask)?;
+    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
+    let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
+
+    let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
+    let mut live: Vec<Live> = (0..nsent).map(|s| Live { sent: s, hyp: Hypothesis::default() }).collect();
+    let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
+    let mut cur = source.select(&idx0)?;
+    let mut t = cur.t0.clone();
+    let mut cov = model.initial_coverage(&cur)?;
+    let e_dim = model.tgt_emb.dim(1)?;
+    let mut e_prev = Tensor::zeros((nsent, e_dim), dtype, &dev)?;
+
+    let mut step = 0usize;
+    while !live.is_empty() {
+        let out = model.attend(&cur, &t, cov.as_ref())?;
+        let logp = log_softmax(&model.logits(&out.ctx, &t, &e_prev)?)?.to_dtype(candle_core::DType::F32)?;
+        let logp: Vec<Vec<f32>> = logp.to_vec2()?;
+        let alpha: Option<Vec<Vec<f32>>> =
+            if opts.record { Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?) } else { None };
+        // Group live rows by sentence (rows of one sentence are contiguous).
+        let mut next: Vec<(usize, u32, f64)> = Vec::new(); // (parent row, word, score)
+        let mut row = 0;
+        while row < live.len() {
+            let s = live[row].sent;
+            let mut end = row;
+            while end < live.len() && live[end].sent == s {
+                end += 1;
+            }
+            let k = beam.saturating_sub(finished[s].len());
+            let (min_len, _max_len) = limits[s];
+            let eos_ok = step >= min_len;
+            // Top-k candidates of each row, then merge.
+            let mut cands: Vec<(f64, usize, u32)> = Vec::new();
+            for r in row..end {
+                let base = live[r].hyp.score;
+                let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+                for (w, &lp) in logp[r].iter().enumerate() {
+                    if w as u32 == eos && !eos_ok {
+                        continue;
+                    }
+                    if top.len() < k || lp > top[top.len() - 1].0 {
+                        let pos = top.partition_point(|x| x.0 >= lp);
+                        top.insert(pos, (lp, w as u32));
+                        top.truncate(k);
+                    }
+                }
+                cands.extend(top.into_iter().map(|(lp, w)| (base + lp as f64, r, w)));
+            }
+            cands.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+            cands.truncate(k);
+            for (score, r, w) in cands {
+                next.push((r, w, score));
+            }
+            row = end;
+        }
+        // Split finished and continuing hypotheses.
+        let mut new_live: Vec<Live> = Vec::new();
+        let mut parents: Vec<u32> = Vec::new();
+        let mut words: Vec<u32> = Vec::new();
+        for (r, w, score) in next {
+            let s = live[r].sent;
+            let mut hyp = Hypothesis { score, ..Default::default() };
+            hyp.tokens = live[r].hyp.tokens.clone();
+            if opts.record {
+                hyp.attention = live[r].hyp.attention.clone();
+                hyp.attention.push(alpha.as_ref().expect("recorded")[r][..src_lens[s]].to_vec());
+                hyp.gates = live[r].hyp.gates.clone();
+            }
+            if w == eos {
+                if opts.record {
+                    if let Some(c) = &out.cov {
+                        hyp.coverage = coverage_row(c, r, src_lens[s])?;
+                    }
+                }
+                finished[s].push(hyp);
+            } else {
+                hyp.tokens.push(w);
+                new_live.push(Live { sent: s, hyp });
+                parents.push(r as u32);
+                words.push(w);
+            }
+        }
+        step += 1;
+        if new_live.is_empty() {
+            break;
+        }
+        let pidx = Tensor::from_vec(parents.clone(), parents.len(), &dev)?;
+        let wids = Tensor::from_vec(words, parents.len(), &dev)?;
+        let e = model.embed(&wids)?;
+        let t_sel = t.index_select(&pidx, 0)?;
+        let ctx_sel = out.ctx.index_select(&pidx, 0)?;
+        let (t_new, sc) = model.transition(&t_sel, &e, &ctx_sel, opts.context_scale)?;
+        if opts.record {
+            if let Some(g) = &sc.gate {
+                let means = mean_rows(g)?;
+                for (i, l) in new_live.iter_mut().enumerate() {
+                    l.hyp.gates.push(if means.len() == 1 { means[0] } else { means[i] });
+                }
+            }
+        }
+        cov = match &out.cov {
+            Some(c) => Some(c.index_select(&pidx, 0)?),
+            None => None,
+        };
+        cur = cur.select(&pidx)?;
+        t = t_new;
+        e_prev = e;
+        // Hypotheses that reached the maximum length finish without EOS.
+        let mut keep: Vec<u32> = Vec::new();
+        let mut kept: Vec<Live> = Vec::new();
+        for (i, l) in new_live.into_iter().enumerate() {
+            if l.hyp.tokens.len() >= limits[l.sent].1 || finished[l.sent].len() >= beam {
+                if finished[l.sent].len() < beam {
+                    let mut h = l.hyp;
+                    if opts.record {
+                        if let Some(c) = &cov {
+                            h.coverage = coverage_row(c, i, src_lens[l.sent])?;
+                        }
+                    }
+                    finished[l.sent].push(h);
+                }
+            } else {
+                keep.push(i as u32);
+                kept.push(l);
+            }
+        }
+        if kept.len() != parents.len() {
+            if kept.is_empty() {
+                break;
+            }
+            let kidx = Tensor::from_vec(keep.clone(), keep.len(), &dev)?;
+            t = t.index_select(&kidx, 0)?;
+            e_prev = e_prev.index_select(&kidx, 0)?;
+            cov = match &cov {
+                Some(c) => Some(c.index_select(&kidx, 0)?),
+                None => None,
+            };
+            cur = cur.select(&kidx)?;
+        }
+        live = kept;
+    }
+    Ok(finished
+        .into_iter()
+        .map(|mut f| {
+            f.sort_by(|a, b| {
+                rank_key(b, opts.length_norm).partial_cmp(&rank_key(a, opts.length_norm)).unwrap_or(std::cmp::Ordering::Equal)
+            });
+            f.truncate(opts.nbest.max(1));
+            f
+        })
+        .collect())
+}
+
+fn coverage_row(c: &Tensor, row: usize, len: usize) -> Result<Vec<f32>> {
+    let v: Vec<f32> = c.i((row, .., 0))?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+    Ok(v[..len].to_vec())
+}
+
+/// Greedy decoding written independently of the beam search: argmax at every step under the same length
+/// limits. `beam_search` with beam 1 must produce the same output.
+pub fn greedy(model: &Model, srcs: &[Vec<u32>], eos: u32, context_scale: (f64, f64)) -> Result<Vec<Vec<u32>>> {
+    let dev = model.tgt_emb.device().clone();
+    let dtype = model.tgt_emb.dtype();
+    let n = srcs.len();
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
+    let source = model.encode(&src_ids, &src_mask)?;
+    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
+    let max_steps = limits.iter().map(|l| l.1).max().unwrap_or(0);
+    let mut t = source.t0.clone();
+    let mut cov = model.initial_coverage(&source)?;
+    let mut e_prev = Tensor::zeros((n, model.tgt_emb.dim(1)?), dtype, &dev)?;
+    let mut out: Vec<Vec<u32>> = vec![vec![]; n];
+    let mut done = vec![false; n];
+    for step in 0..max_steps {
+        let o = model.attend(&source, &t, cov.as_ref())?;
+        cov = o.cov.clone();
+        let logits: Vec<Vec<f32>> = model.logits(&o.ctx, &t, &e_prev)?.to_dtype(candle_core::DType::F32)?.to_vec2()?;
+        let mut words = vec![eos; n];
+        for i in 0..n {
+            if done[i] {
+                continue;
+            }
+            let mut best = (f32::NEG_INFINITY, eos);
+            for (w, &v) in logits[i].iter().enumerate() {
+                if w as u32 == eos && step < limits[i].0 {
+                    continue;
+                }
+                if v > best.0 {
+                    best = (v, w as u32);
+                }
+            }
+            if best.1 == eos {
+                done[i] = true;
+            } else {
+                out[i].push(best.1);
+                words[i] = best.1;
+                if out[i].len() >= limits[i].1 {
+                    done[i] = true;
+                }
+            }
+        }
+        if done.iter().all(|d| *d) {
+            break;
+        }
+        let e = model.embed(&Tensor::from_vec(words, n, &dev)?)?;
+        t = model.transition(&t, &e, &o.ctx, context_scale)?.0;
+        e_prev = e;
+    }
+    Ok(out)
+}
+
+/// Convenience: the 1-best token ids of `beam_search`.
+pub fn translate_ids(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOptions) -> Result<Vec<Vec<u32>>> {
+    Ok(beam_search(model, srcs, eos, opts)?
+        .into_iter()
+        .map(|mut v| if v.is_empty() { vec![] } else { v.swap_remove(0).tokens })
+        .collect())
+}

@@ -1,0 +1,384 @@
+//! Run configuration: every model, data, training and decoding setting, with the paper's names and values as
+//! defaults. A TOML file is read, `--set section.key=value` overrides are applied on top, and unknown keys or
+//! ill-typed values are rejected with a message that names the key.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+use crate::error::{NmtError, Result};
+
+/// Decoder recurrent activation `f` (model-spec §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecoderKind {
+    /// GRU with the context as an extra input to the reset gate, the update gate and the candidate.
+    Gru,
+    /// `t_i = tanh(W e + U t_{i-1} + C s_i + b)`.
+    Vanilla,
+}
+
+/// Context-gate strategy (model-spec §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextGate {
+    None,
+    Source,
+    Target,
+    Both,
+}
+
+/// Where the gate's scaling is applied (model-spec §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GateForm {
+    /// The released code: the previous state is scaled before the recurrent matrices and the GRU interpolates
+    /// with the scaled state; word terms (with the candidate bias) and context terms are scaled.
+    Reference,
+    /// The paper's equations: the projected sums `W e + U t` are scaled after the products.
+    Paper,
+}
+
+/// One input of the context gate `z = σ(W_z e + U_z t + C_z s)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GateInput {
+    Word,
+    State,
+    Context,
+}
+
+/// Coverage model (Tu et al. 2016; model-spec §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CoverageKind {
+    None,
+    Linguistic,
+    Neural,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Word embedding dimension E (paper 620).
+    pub embedding_dim: usize,
+    /// Recurrent hidden size H (paper 1000); annotations are 2H.
+    pub hidden_dim: usize,
+    /// Hidden size of the attention MLP (GroundHog: H).
+    pub attention_dim: usize,
+    pub decoder: DecoderKind,
+    pub context_gate: ContextGate,
+    pub gate_form: GateForm,
+    pub gate_inputs: Vec<GateInput>,
+    /// Xu et al.'s gating scalar `β = σ(w·t + b)` on the whole source context.
+    pub gating_scalar: bool,
+    /// "both" combination with an input-independent learned `z`.
+    pub static_interpolation: bool,
+    pub coverage: CoverageKind,
+    /// Linguistic coverage: learn a fertility `Φ_j = N σ(U_f h_j)`.
+    pub coverage_fertility: bool,
+    /// Maximum fertility N.
+    pub coverage_max_fertility: f64,
+    /// Dimension d of the neural coverage vector.
+    pub coverage_dim: usize,
+    /// Neural coverage as a GRU (true) or a plain tanh recurrence (false).
+    pub coverage_gated: bool,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            embedding_dim: 620,
+            hidden_dim: 1000,
+            attention_dim: 1000,
+            decoder: DecoderKind::Gru,
+            context_gate: ContextGate::Both,
+            gate_form: GateForm::Reference,
+            gate_inputs: vec![GateInput::Word, GateInput::State, GateInput::Context],
+            gating_scalar: false,
+            static_interpolation: false,
+            coverage: CoverageKind::None,
+            coverage_fertility: true,
+            coverage_max_fertility: 2.0,
+            coverage_dim: 10,
+            coverage_gated: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Directory written by `cgnmt prepare` (tokenised text, word counts, preprocess.json).
+    pub prepared: PathBuf,
+    /// K most frequent source words kept (EOS and UNK are added on top).
+    pub src_vocab_size: usize,
+    pub tgt_vocab_size: usize,
+    /// Training pairs with more than L tokens on either side are dropped (paper 80).
+    pub max_len: usize,
+    /// Use at most this many training pairs (0 = all).
+    pub limit: usize,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        Self {
+            prepared: PathBuf::from("runs/prepared"),
+            src_vocab_size: 30000,
+            tgt_vocab_size: 30000,
+            max_len: 80,
+            limit: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    Adadelta,
+    Adam,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    pub batch_size: usize,
+    /// Batches read ahead and sorted by length together (paper ~20).
+    pub sort_batches: usize,
+    pub optimizer: OptimizerKind,
+    /// Adam learning rate (Adadelta uses ρ/ε and a unit learning rate).
+    pub learning_rate: f64,
+    pub adadelta_rho: f64,
+    pub adadelta_eps: f64,
+    /// Global gradient-norm clipping threshold (0 = off).
+    pub clip_norm: f64,
+    pub seed: u64,
+    /// Stop after this many updates (0 = no limit).
+    pub max_steps: usize,
+    /// Stop after this many epochs (0 = no limit).
+    pub max_epochs: usize,
+    /// Stop after this many seconds of training (0 = no limit).
+    pub max_seconds: f64,
+    /// Evaluate dev BLEU every N updates (0 = only at the end).
+    pub eval_every: usize,
+    /// Stop after this many evaluations without a dev BLEU improvement (0 = never).
+    pub patience: usize,
+    /// Write a resumable checkpoint every N updates (0 = only at evaluations and at the end).
+    pub save_every: usize,
+    /// Beam used for dev BLEU.
+    pub eval_beam: usize,
+    /// Evaluate on at most this many dev sentences (0 = all).
+    pub eval_max_sentences: usize,
+    /// Threads for the CPU kernels (0 = all cores).
+    pub threads: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 80,
+            sort_batches: 20,
+            optimizer: OptimizerKind::Adadelta,
+            learning_rate: 1e-3,
+            adadelta_rho: 0.95,
+            adadelta_eps: 1e-6,
+            clip_norm: 1.0,
+            seed: 1234,
+            max_steps: 0,
+            max_epochs: 0,
+            max_seconds: 0.0,
+            eval_every: 1000,
+            patience: 10,
+            save_every: 0,
+            eval_beam: 10,
+            eval_max_sentences: 0,
+            threads: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    pub train: TrainConfig,
+}
+
+impl Config {
+    /// Read a TOML file (or start from the defaults when `path` is `None`), apply `section.key=value`
+    /// overrides, and validate.
+    pub fn load(path: Option<&Path>, sets: &[String]) -> Result<Config> {
+        let mut value = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| NmtError::io(p, e))?;
+                text.parse::<toml::Table>().map_err(|e| NmtError::Config(format!("{}: {e}", p.display())))?
+            }
+            None => toml::Table::new(),
+        };
+        for s in sets {
+            apply_set(&mut value, s)?;
+        }
+        let cfg: Config = toml::Value::Table(value).try_into().map_err(|e: toml::de::Error| {
+            let origin = path.map(|p| p.display().to_string()).unwrap_or_else(|| "configuration".into());
+            NmtError::Config(format!("{origin}: {}", e.message()))
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parse a configuration saved next to a model (`config.toml`).
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config> {
+        let cfg: Config = toml::from_str(text).map_err(|e| NmtError::Config(format!("{origin}: {}", e.message())))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("configuration serialises to TOML")
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let m = &self.model;
+        let bad = |k: &str, why: &str| Err(NmtError::Config(format!("{k}: {why}")));
+        if m.embedding_dim == 0 {
+            return bad("model.embedding_dim", "must be positive");
+        }
+        if m.hidden_dim == 0 || m.hidden_dim % 2 != 0 {
+            return bad("model.hidden_dim", "must be a positive even number (the readout uses maxout over pairs)");
+        }
+        if m.attention_dim == 0 {
+            return bad("model.attention_dim", "must be positive");
+        }
+        let gated = m.context_gate != ContextGate::None;
+        if [gated, m.gating_scalar, m.static_interpolation].iter().filter(|x| **x).count() > 1 {
+            return bad(
+                "model.context_gate",
+                "context_gate, gating_scalar and static_interpolation are alternatives: choose one",
+            );
+        }
+        if gated && m.gate_inputs.is_empty() {
+            return bad("model.gate_inputs", "a context gate needs at least one input");
+        }
+        let mut seen = Vec::new();
+        for g in &m.gate_inputs {
+            if seen.contains(g) {
+                return bad("model.gate_inputs", "an input is listed twice");
+            }
+            seen.push(*g);
+        }
+        if m.coverage != CoverageKind::None {
+            if m.coverage_dim == 0 {
+                return bad("model.coverage_dim", "must be positive");
+            }
+            if m.coverage == CoverageKind::Linguistic && m.coverage_dim != 1 {
+                return bad("model.coverage_dim", "linguistic coverage is a scalar: set coverage_dim = 1");
+            }
+            if !(m.coverage_max_fertility > 0.0) {
+                return bad("model.coverage_max_fertility", "must be positive");
+            }
+        }
+        let d = &self.data;
+        if d.src_vocab_size == 0 || d.tgt_vocab_size == 0 {
+            return bad("data.src_vocab_size", "vocabulary sizes must be positive");
+        }
+        if d.max_len == 0 {
+            return bad("data.max_len", "must be positive");
+        }
+        let t = &self.train;
+        if t.batch_size == 0 {
+            return bad("train.batch_size", "must be positive");
+        }
+        if t.sort_batches == 0 {
+            return bad("train.sort_batches", "must be positive");
+        }
+        if !(t.learning_rate > 0.0) {
+            return bad("train.learning_rate", "must be positive");
+        }
+        if !(t.adadelta_rho > 0.0 && t.adadelta_rho < 1.0) {
+            return bad("train.adadelta_rho", "must be in (0, 1)");
+        }
+        if !(t.adadelta_eps > 0.0) {
+            return bad("train.adadelta_eps", "must be positive");
+        }
+        if t.clip_norm < 0.0 || !t.clip_norm.is_finite() {
+            return bad("train.clip_norm", "must be ≥ 0 (0 disables clipping)");
+        }
+        if t.eval_beam == 0 {
+            return bad("train.eval_beam", "must be at least 1");
+        }
+        Ok(())
+    }
+}
+
+/// Apply one `section.key=value` override. The value is read as a TOML value (`512`, `"gru"`, `true`,
+/// `["state","context"]`); a bare word that is not valid TOML is taken as a string.
+fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
+    let (key, raw) = set
+        .split_once('=')
+        .ok_or_else(|| NmtError::Config(format!("--set {set:?}: expected section.key=value")))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(NmtError::Config(format!("--set {set:?}: the key must be section.key, e.g. model.hidden_dim")));
+    }
+    let raw = raw.trim();
+    let value = match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").expect("parsed key"),
+        Err(_) => toml::Value::String(raw.to_string()),
+    };
+    let section = table
+        .entry(parts[0].to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    match section {
+        toml::Value::Table(t) => {
+            t.insert(parts[1].to_string(), value);
+            Ok(())
+        }
+        _ => Err(NmtError::Config(format!("--set {set:?}: {} is not a section", parts[0]))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers() {
+        let c = Config::load(None, &[]).unwrap();
+        assert_eq!(c.model.embedding_dim, 620);
+        assert_eq!(c.model.hidden_dim, 1000);
+        assert_eq!(c.model.decoder, DecoderKind::Gru);
+        assert_eq!(c.data.src_vocab_size, 30000);
+        assert_eq!(c.data.max_len, 80);
+        assert_eq!(c.train.batch_size, 80);
+        assert_eq!(c.train.optimizer, OptimizerKind::Adadelta);
+        assert_eq!(c.train.clip_norm, 1.0);
+    }
+
+    #[test]
+    fn sets_override_and_unknown_keys_fail() {
+        let c = Config::load(
+            None,
+            &["model.hidden_dim=64".into(), "model.decoder=vanilla".into(), "model.gate_inputs=[\"state\"]".into()],
+        )
+        .unwrap();
+        assert_eq!(c.model.hidden_dim, 64);
+        assert_eq!(c.model.decoder, DecoderKind::Vanilla);
+        assert_eq!(c.model.gate_inputs, vec![GateInput::State]);
+        let e = Config::load(None, &["model.hiden_dim=64".into()]).unwrap_err().to_string();
+        assert!(e.contains("hiden_dim"), "{e}");
+        let e = Config::load(None, &["model.hidden_dim=abc".into()]).unwrap_err().to_string();
+        assert!(e.contains("hidden_dim"), "{e}");
+        let e = Config::load(None, &["model.decoder=lstm".into()]).unwrap_err().to_string();
+        assert!(e.contains("lstm"), "{e}");
+        let e = Config::load(None, &["train.batch_size=0".into()]).unwrap_err().to_string();
+        assert!(e.contains("batch_size"), "{e}");
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let c = Config::load(None, &["model.context_gate=source".into()]).unwrap();
+        let back = Config::from_toml_str(&c.to_toml(), "x").unwrap();
+        assert_eq!(c, back);
+    }
+}

@@ -1,0 +1,106 @@
+//! The decoder's recurrent transition `t_i = f(t_{i−1}, e(y_i), s_i)` (model-spec §3) with the scales of a
+//! context gate (see `gate`): `gru` or `vanilla`, in the *reference* form (the released code: the previous state
+//! is scaled before the recurrent products and the GRU interpolates with the scaled state) or the *paper* form
+//! (the projected sums are scaled after the products; the interpolation uses the unscaled state).
+//!
+//! Reference form, with `S` = source scale and `T` = target scale:
+//! `t' = T∘t`, `r,u = σ(T∘(W_ru e) + S∘(C_ru s) + U_ru t')`, `t~ = tanh(T∘(W e + b) + S∘(C s) + U(r∘t'))`,
+//! `t = u∘t~ + (1−u)∘t'`. For *source* gating `T = 1`, so only the context is scaled; for *target*
+//! gating `S = 1`.
+
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+
+use crate::config::{DecoderKind, GateForm};
+use crate::gate::Scales;
+
+pub struct DecoderCell {
+    pub kind: DecoderKind,
+    pub form: GateForm,
+    /// `[E, kH]`: k = 3 (GRU: W_r | W_u | W) or 1 (vanilla).
+    pub w: Tensor,
+    pub b: Tensor,
+    /// `[2H, kH]`
+    pub c: Tensor,
+    pub u_ru: Option<Tensor>,
+    pub u: Tensor,
+    pub hidden: usize,
+}
+
+impl DecoderCell {
+    pub fn new(vb: VarBuilder, kind: DecoderKind, form: GateForm, emb: usize, hidden: usize) -> Result<Self> {
+        let k = match kind {
+            DecoderKind::Gru => 3,
+            DecoderKind::Vanilla => 1,
+        };
+        Ok(Self {
+            kind,
+            form,
+            w: vb.get((emb, k * hidden), "W")?,
+            b: vb.get(hidden, "b")?,
+            c: vb.get((2 * hidden, k * hidden), "C")?,
+            u_ru: if kind == DecoderKind::Gru { Some(vb.get((hidden, 2 * hidden), "U_ru")?) } else { None },
+            u: vb.get((hidden, hidden), "U")?,
+            hidden,
+        })
+    }
+
+    fn blocks(&self) -> usize {
+        match self.kind {
+            DecoderKind::Gru => 3,
+            DecoderKind::Vanilla => 1,
+        }
+    }
+
+    /// Word projections `[N, E]` → `[N, kH]` (the candidate's bias included).
+    pub fn project_words(&self, e: &Tensor) -> Result<Tensor> {
+        let k = self.blocks();
+        let bias = if k == 1 {
+            self.b.clone()
+        } else {
+            let zeros = Tensor::zeros((k - 1) * self.hidden, self.b.dtype(), self.b.device())?;
+            Tensor::cat(&[&zeros, &self.b], 0)?
+        };
+        e.matmul(&self.w)?.broadcast_add(&bias)
+    }
+
+    /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]`.
+    pub fn step(&self, t_prev: &Tensor, wp: &Tensor, ctx: &Tensor, sc: &Scales) -> Result<Tensor> {
+        let h = self.hidden;
+        let cp = ctx.matmul(&self.c)?;
+        match (self.kind, self.form) {
+            (DecoderKind::Vanilla, GateForm::Reference) => {
+                let ts = sc.tgt.apply(t_prev, 1)?;
+                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + ts.matmul(&self.u)?)?.tanh()
+            }
+            (DecoderKind::Vanilla, GateForm::Paper) => {
+                (sc.tgt.apply(&(wp + t_prev.matmul(&self.u)?)?, 1)? + sc.src.apply(&cp, 1)?)?.tanh()
+            }
+            (DecoderKind::Gru, form) => {
+                let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
+                let (w_ru, w_c) = (wp.narrow(1, 0, 2 * h)?, wp.narrow(1, 2 * h, h)?);
+                let (c_ru, c_c) = (cp.narrow(1, 0, 2 * h)?, cp.narrow(1, 2 * h, h)?);
+                let (ru, base, cand_pre) = if form == GateForm::Reference {
+                    let ts = sc.tgt.apply(t_prev, 1)?;
+                    let ru = candle_nn::ops::sigmoid(
+                        &(sc.tgt.apply(&w_ru, 2)? + sc.src.apply(&c_ru, 2)? + ts.matmul(u_ru)?)?,
+                    )?;
+                    let r = ru.narrow(1, 0, h)?;
+                    let cand = (sc.tgt.apply(&w_c, 1)? + sc.src.apply(&c_c, 1)? + (r * &ts)?.matmul(&self.u)?)?;
+                    (ru, ts, cand)
+                } else {
+                    let ru = candle_nn::ops::sigmoid(
+                        &(sc.tgt.apply(&(w_ru + t_prev.matmul(u_ru)?)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+                    )?;
+                    let r = ru.narrow(1, 0, h)?;
+                    let cand = (sc.tgt.apply(&(w_c + (r * t_prev)?.matmul(&self.u)?)?, 1)?
+                        + sc.src.apply(&c_c, 1)?)?;
+                    (ru, t_prev.clone(), cand)
+                };
+                let u = ru.narrow(1, h, h)?;
+                let cand = cand_pre.tanh()?;
+                &base + (u * (cand - &base)?)?
+            }
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! cgnmt: context-gated neural machine translation (Tu et al., TACL 2017) on candle.
+//!
+//! One module per concept of the paper: [`encoder`], [`attention`], [`gate`], [`coverage`], [`decoder_cell`],
+//! [`readout`], [`model`], [`beam_search`]; training in [`optim`], [`batcher`], [`train`], [`checkpoint`];
+//! configuration in [`config`]. Data preparation lives in the `cgnmt-data` crate and the evaluation metrics
+//! (BLEU, chrF, significance tests, AER) in `cgnmt-eval`.
+
+pub mod attention;
+pub mod batcher;
+pub mod beam_search;
+pub mod checkpoint;
+pub mod config;
+pub mod coverage;
+pub mod decoder_cell;
+pub mod encoder;
+pub mod error;
+pub mod gate;
+pub mod init;
+pub mod model;
+pub mod optim;
+pub mod readout;
+pub mod train;
+pub mod translate;
+
+pub use cgnmt_data;
+pub use cgnmt_eval;

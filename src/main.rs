@@ -1,0 +1,424 @@
+//! The `cgnmt` command-line tool.
+
+use std::io::{BufRead, Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use clap::{Parser, Subcommand};
+
+use cgnmt::beam_search::DecodeOptions;
+use cgnmt::checkpoint;
+use cgnmt::config::Config;
+use cgnmt::translate::Translator;
+
+#[derive(Parser)]
+#[command(name = "cgnmt", version, about = "Context-gated neural machine translation (Tu et al., TACL 2017)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Tokenise a line-aligned parallel corpus, count words, build vocabularies (and BPE).
+    Prepare(cgnmt_data::prepare::PrepareArgs),
+    /// Train a model from a TOML configuration.
+    Train(TrainArgs),
+    /// Translate lines from stdin (or a file) with beam search; one output line per input line.
+    Translate(TranslateArgs),
+    /// Build the model of a configuration and print its parameter count per component.
+    Info(InfoArgs),
+    /// Train a small context-gated model on Tatoeba zh-en, translate its test set and print BLEU.
+    Demo(DemoArgs),
+    /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
+    Score(cgnmt_eval::cli::ScoreArgs),
+    /// Significance of system differences: sign test, paired bootstrap, approximate randomisation.
+    Compare(cgnmt_eval::cli::CompareArgs),
+    /// Alignment error rate (AER) and soft AER against gold Sure/Possible links.
+    Aer(cgnmt_eval::cli::AerArgs),
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// TOML configuration (keys use the paper's names; see configs/).
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// Override a setting: section.key=value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Run directory (best/, last/, train.log).
+    #[arg(short, long, default_value = "runs/model")]
+    out: PathBuf,
+    /// Continue the run in --out (or in the given directory) from its last checkpoint.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
+    resume: Option<PathBuf>,
+    /// Print the fully resolved configuration and exit.
+    #[arg(long)]
+    print_config: bool,
+    /// No progress bar or messages.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct InfoArgs {
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct TranslateArgs {
+    /// Model directory (a run directory means its best/ model).
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Beam size (1 = greedy).
+    #[arg(short, long, default_value_t = 10)]
+    beam: usize,
+    /// Sentences decoded together.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Write the N best hypotheses per sentence as `index ||| text ||| score`.
+    #[arg(long, default_value_t = 1)]
+    nbest: usize,
+    /// Rank hypotheses by log-probability per word instead of the total.
+    #[arg(long)]
+    length_norm: bool,
+    /// Decode-time context scaling `a,b`: source-context terms × a, target-side terms × b.
+    #[arg(long, value_name = "A,B", value_parser = parse_pair)]
+    context_scale: Option<(f64, f64)>,
+    /// Input is already tokenised (split on whitespace; no tokenizer or BPE applied).
+    #[arg(long)]
+    pretokenized: bool,
+    /// Input file (default: stdin).
+    #[arg(short, long)]
+    input: Option<PathBuf>,
+    /// Output file (default: stdout); written atomically.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Write per-sentence attention matrices, gate values and coverage as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    dump: Option<PathBuf>,
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Data directory (default: $CGNMT_DATA or ../shared/data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Work directory for prepared data and the model.
+    #[arg(long, default_value = "runs/demo")]
+    out: PathBuf,
+    /// Training time budget in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    seconds: f64,
+    /// Extra configuration overrides.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+fn parse_pair(s: &str) -> std::result::Result<(f64, f64), String> {
+    let (a, b) = s.split_once(',').ok_or_else(|| format!("expected A,B (e.g. 1.0,0.5), got {s:?}"))?;
+    let a: f64 = a.trim().parse().map_err(|_| format!("not a number: {a:?}"))?;
+    let b: f64 = b.trim().parse().map_err(|_| format!("not a number: {b:?}"))?;
+    Ok((a, b))
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Prepare(a) => cgnmt_data::prepare::run_prepare(&a),
+        Cmd::Train(a) => cmd_train(a),
+        Cmd::Translate(a) => cmd_translate(a),
+        Cmd::Info(a) => cmd_info(a),
+        Cmd::Demo(a) => cmd_demo(a),
+        Cmd::Score(a) => cgnmt_eval::cli::run_score(&a),
+        Cmd::Compare(a) => cgnmt_eval::cli::run_compare(&a),
+        Cmd::Aer(a) => cgnmt_eval::cli::run_aer(&a),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn cmd_train(a: TrainArgs) -> Result<()> {
+    let (run_dir, resume) = match &a.resume {
+        Some(p) if !p.as_os_str().is_empty() => (p.clone(), true),
+        Some(_) => (a.out.clone(), true),
+        None => (a.out.clone(), false),
+    };
+    let cfg = if resume {
+        if a.config.is_some() {
+            bail!("--resume takes the configuration saved in the run directory; use --set to change train.* settings");
+        }
+        let dir = checkpoint::complete_dir(&run_dir.join("last"))
+            .with_context(|| format!("{}: no complete checkpoint in last/ to resume from", run_dir.display()))?;
+        Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &a.sets)?
+    } else {
+        Config::load(a.config.as_deref(), &a.sets)?
+    };
+    if a.print_config {
+        print!("{}", cfg.to_toml());
+        return Ok(());
+    }
+    set_threads(cfg.train.threads);
+    cgnmt::train::train(cfg, &run_dir, resume, a.quiet)?;
+    Ok(())
+}
+
+fn set_threads(n: usize) {
+    if n > 0 {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}
+
+fn cmd_info(a: InfoArgs) -> Result<()> {
+    let cfg = Config::load(a.config.as_deref(), &a.sets)?;
+    let (_m, varmap) = cgnmt::model::Model::build(
+        &cfg.model,
+        cfg.data.src_vocab_size + 2,
+        cfg.data.tgt_vocab_size + 2,
+        cfg.train.seed,
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    println!(
+        "model: decoder {:?}, context_gate {:?}, gate_form {:?}, coverage {:?}; E {} H {} V {}+2 / {}+2",
+        cfg.model.decoder,
+        cfg.model.context_gate,
+        cfg.model.gate_form,
+        cfg.model.coverage,
+        cfg.model.embedding_dim,
+        cfg.model.hidden_dim,
+        cfg.data.src_vocab_size,
+        cfg.data.tgt_vocab_size
+    );
+    for (k, n) in cgnmt::init::count_by_component(&varmap) {
+        println!("{k:<28} {n:>12}  ({:.2}M)", n as f64 / 1e6);
+    }
+    let total = cgnmt::init::count(&varmap);
+    println!("{:<28} {:>12}  ({:.1}M)", "total", total, total as f64 / 1e6);
+    Ok(())
+}
+
+/// A model directory, or a run directory's best/ model.
+fn resolve_model_dir(p: &Path) -> PathBuf {
+    if !p.join(checkpoint::CONFIG_FILE).exists() && p.join("best").is_dir() {
+        return p.join("best");
+    }
+    p.to_path_buf()
+}
+
+fn read_input(path: Option<&Path>) -> Result<Vec<String>> {
+    match path {
+        Some(p) => Ok(cgnmt_data::corpus::read_lines(p)?),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin().lock().read_to_end(&mut buf).context("reading stdin")?;
+            let mut out = Vec::new();
+            for (i, line) in buf.split(|b| *b == b'\n').enumerate() {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                match std::str::from_utf8(line) {
+                    Ok(s) => out.push(s.to_string()),
+                    Err(_) => bail!("<stdin>: line {} is not valid UTF-8", i + 1),
+                }
+            }
+            if buf.ends_with(b"\n") {
+                out.pop();
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn cmd_translate(a: TranslateArgs) -> Result<()> {
+    if a.beam == 0 {
+        bail!("--beam must be at least 1");
+    }
+    if a.nbest == 0 || a.nbest > a.beam {
+        bail!("--nbest must be between 1 and --beam");
+    }
+    let dir = resolve_model_dir(&a.model);
+    let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
+    let lines = read_input(a.input.as_deref())?;
+    let opts = DecodeOptions {
+        beam: a.beam,
+        length_norm: a.length_norm,
+        nbest: a.nbest,
+        context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
+        record: a.dump.is_some(),
+    };
+    let tr = Translator { model: &lm.model, src_vocab: &lm.src_vocab, tgt_vocab: &lm.tgt_vocab, preprocess: &lm.preprocess };
+    let pb = if a.quiet || lines.len() < 50 {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(lines.len() as u64)
+    };
+    let mut sink: Box<dyn Write> = match &a.output {
+        Some(p) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(tmp_path(p)).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let mut dump = match &a.dump {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    // Decode in chunks so output streams while keeping batches full.
+    let chunk = 256usize.max(a.batch);
+    let mut base = 0;
+    for part in lines.chunks(chunk) {
+        let out = tr.translate(part, &opts, a.batch, a.pretokenized, |d| pb.set_position((base + d) as u64))?;
+        for (k, t) in out.iter().enumerate() {
+            if a.nbest > 1 {
+                for h in &t.hyps {
+                    let text = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
+                    writeln!(sink, "{} ||| {} ||| {:.4}", base + k, text, h.score)?;
+                }
+            } else {
+                writeln!(sink, "{}", t.text)?;
+            }
+            if let Some(d) = dump.as_mut() {
+                let best = t.hyps.first();
+                let rec = serde_json::json!({
+                    "id": base + k,
+                    "src": t.src_tokens.iter().cloned().chain(std::iter::once("</s>".to_string())).collect::<Vec<_>>(),
+                    "hyp": t.tokens.iter().cloned().chain(std::iter::once("</s>".to_string())).collect::<Vec<_>>(),
+                    "score": best.map(|b| b.score),
+                    "attention": best.map(|b| b.attention.clone()).unwrap_or_default(),
+                    "gates": best.map(|b| b.gates.clone()).unwrap_or_default(),
+                    "coverage": best.map(|b| b.coverage.clone()).unwrap_or_default(),
+                });
+                writeln!(d, "{rec}")?;
+            }
+        }
+        sink.flush()?;
+        base += part.len();
+    }
+    pb.finish_and_clear();
+    drop(sink);
+    if let Some(p) = &a.output {
+        std::fs::rename(tmp_path(p), p).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+fn tmp_path(p: &Path) -> PathBuf {
+    let mut s = p.as_os_str().to_os_string();
+    s.push(".tmp");
+    PathBuf::from(s)
+}
+
+fn data_dir(explicit: Option<PathBuf>) -> PathBuf {
+    if let Some(d) = explicit {
+        return d;
+    }
+    if let Ok(d) = std::env::var("CGNMT_DATA") {
+        return PathBuf::from(d);
+    }
+    PathBuf::from("../shared/data")
+}
+
+fn cmd_demo(a: DemoArgs) -> Result<()> {
+    let data = data_dir(a.data);
+    let tat = data.join("tatoeba-zh-en");
+    if !tat.join("train.zh").is_file() {
+        bail!("{}: Tatoeba zh-en not found (set $CGNMT_DATA or --data to the data directory)", tat.display());
+    }
+    let prepared = a.out.join("prepared");
+    if !prepared.join("preprocess.json").is_file() {
+        eprintln!("== preparing Tatoeba zh-en into {}", prepared.display());
+        #[derive(Parser)]
+        struct P {
+            #[command(flatten)]
+            a: cgnmt_data::prepare::PrepareArgs,
+        }
+        let s = |p: &Path| p.display().to_string();
+        let p = P::try_parse_from([
+            "prepare".to_string(),
+            "--src".into(), s(&tat.join("train.zh")),
+            "--tgt".into(), s(&tat.join("train.en")),
+            "--dev-src".into(), s(&tat.join("dev.zh")),
+            "--dev-tgt".into(), s(&tat.join("dev.en")),
+            "--test-src".into(), s(&tat.join("test.zh")),
+            "--test-tgt".into(), s(&tat.join("test.en")),
+            "--src-lang".into(), "zh".into(),
+            "--tgt-lang".into(), "en".into(),
+            "--out".into(), s(&prepared),
+            "--force".into(),
+        ])?;
+        cgnmt_data::prepare::run_prepare(&p.a)?;
+    }
+    let run = a.out.join("model");
+    let mut sets = vec![
+        format!("data.prepared={:?}", prepared.display().to_string()),
+        "data.src_vocab_size=8000".into(),
+        "data.tgt_vocab_size=6000".into(),
+        "model.embedding_dim=128".into(),
+        "model.hidden_dim=256".into(),
+        "model.attention_dim=256".into(),
+        "train.batch_size=64".into(),
+        "train.optimizer=adam".into(),
+        "train.learning_rate=0.001".into(),
+        format!("train.max_seconds={}", a.seconds),
+        "train.eval_every=400".into(),
+        "train.eval_max_sentences=300".into(),
+        "train.eval_beam=5".into(),
+    ];
+    sets.extend(a.sets);
+    let cfg = Config::load(None, &sets)?;
+    eprintln!(
+        "== training gru + context gate ({:?}) for up to {:.0} s into {}",
+        cfg.model.context_gate,
+        a.seconds,
+        run.display()
+    );
+    let resume = run.join("last").exists();
+    let cfg = if resume {
+        let dir = checkpoint::complete_dir(&run.join("last")).context("incomplete checkpoint")?;
+        let st = checkpoint::load_state(&dir)?;
+        if st.finished {
+            eprintln!("(a finished run exists in {}; delete it to train again)", run.display());
+        }
+        Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?
+    } else {
+        cfg
+    };
+    let already = resume && checkpoint::load_state(&checkpoint::complete_dir(&run.join("last")).unwrap())?.finished;
+    if !already {
+        cgnmt::train::train(cfg, &run, resume, false)?;
+    }
+    let lm = checkpoint::load(&run.join("best"), DType::F32, &Device::Cpu)?;
+    let src = cgnmt_data::corpus::read_lines(&tat.join("test.zh"))?;
+    let refs = cgnmt_data::corpus::read_lines(&tat.join("test.en"))?;
+    eprintln!("== translating {} test sentences (beam 10)", src.len());
+    let tr = Translator { model: &lm.model, src_vocab: &lm.src_vocab, tgt_vocab: &lm.tgt_vocab, preprocess: &lm.preprocess };
+    let pb = indicatif::ProgressBar::new(src.len() as u64);
+    let t0 = std::time::Instant::now();
+    let out = tr.translate(&src, &DecodeOptions::default(), 32, false, |d| pb.set_position(d as u64))?;
+    pb.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    let hyps: Vec<String> = out.iter().map(|t| t.text.clone()).collect();
+    let hyp_path = a.out.join("test.hyp.en");
+    std::fs::write(&hyp_path, hyps.join("\n") + "\n")?;
+    let v11b = cgnmt_eval::bleu::corpus_bleu(&hyps, &[refs.clone()], &cgnmt_eval::bleu::BleuOptions::mteval_v11b())?;
+    let sacre = cgnmt_eval::bleu::corpus_bleu(&hyps, &[refs.clone()], &cgnmt_eval::bleu::BleuOptions::sacrebleu())?;
+    println!("\nSample translations (test set):");
+    for i in [0usize, 7, 42, 300, 1000, 2000] {
+        if i < src.len() {
+            println!("  src: {}\n  ref: {}\n  hyp: {}\n", src[i], refs[i], hyps[i]);
+        }
+    }
+    println!("decoded {} sentences in {:.1} s ({:.1} sent/s); output in {}", src.len(), secs, src.len() as f64 / secs, hyp_path.display());
+    println!("Tatoeba zh-en test BLEU (mteval-v11b, case-insensitive): {:.2}", v11b.score);
+    println!("Tatoeba zh-en test BLEU (sacreBLEU 13a, cased):          {:.2}  {}", sacre.score, sacre.signature);
+    let _ = std::io::stdin().lock().lines();
+    Ok(())
+}

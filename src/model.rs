@@ -1,0 +1,249 @@
+//! The whole translation model: encoder, initial decoder state, attention (with optional coverage), context
+//! gate, recurrent transition and readout. `loss` runs teacher forcing over a batch; the step functions are
+//! what beam search calls.
+
+use candle_core::{DType, Device, IndexOp, Result, Tensor};
+use candle_nn::{VarBuilder, VarMap};
+
+use crate::attention::{Attention, Keys};
+use crate::config::ModelConfig;
+use crate::coverage::{CovKeys, Coverage};
+use crate::decoder_cell::DecoderCell;
+use crate::encoder::Encoder;
+use crate::gate::{Gate, Scales};
+use crate::readout::{log_softmax, Readout};
+
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub src_vocab: usize,
+    pub tgt_vocab: usize,
+    pub encoder: Encoder,
+    pub w_init: Tensor,
+    pub b_init: Tensor,
+    pub attention: Attention,
+    pub coverage: Option<Coverage>,
+    pub tgt_emb: Tensor,
+    pub gate: Gate,
+    pub cell: DecoderCell,
+    pub readout: Readout,
+}
+
+/// A padded batch: ids `[B, S]` / `[B, T]` (u32; targets end with EOS) and 0/1 masks in the model dtype.
+pub struct Batch {
+    pub src: Tensor,
+    pub src_mask: Tensor,
+    pub tgt: Tensor,
+    pub tgt_mask: Tensor,
+    /// Number of target tokens (EOS included).
+    pub tgt_tokens: usize,
+}
+
+impl Batch {
+    /// Pad id sequences (EOS = 0 is appended to every sentence and used as padding) into tensors.
+    pub fn new(src: &[Vec<u32>], tgt: &[Vec<u32>], eos: u32, dtype: DType, dev: &Device) -> Result<Batch> {
+        let (s, sm) = pad(src, eos, dtype, dev)?;
+        let (t, tm) = pad(tgt, eos, dtype, dev)?;
+        let tgt_tokens = tgt.iter().map(|x| x.len() + 1).sum();
+        Ok(Batch { src: s, src_mask: sm, tgt: t, tgt_mask: tm, tgt_tokens })
+    }
+}
+
+/// Pad sentences (each followed by EOS) to the longest; returns ids `[B, L]` and mask `[B, L]`.
+pub fn pad(seqs: &[Vec<u32>], eos: u32, dtype: DType, dev: &Device) -> Result<(Tensor, Tensor)> {
+    let b = seqs.len();
+    let l = seqs.iter().map(|s| s.len() + 1).max().unwrap_or(1);
+    let mut ids = vec![eos; b * l];
+    let mut mask = vec![0f32; b * l];
+    for (i, s) in seqs.iter().enumerate() {
+        ids[i * l..i * l + s.len()].copy_from_slice(s);
+        for m in &mut mask[i * l..i * l + s.len() + 1] {
+            *m = 1.0;
+        }
+    }
+    Ok((Tensor::from_vec(ids, (b, l), dev)?, Tensor::from_vec(mask, (b, l), dev)?.to_dtype(dtype)?))
+}
+
+/// Encoder output prepared for decoding.
+pub struct Source {
+    pub keys: Keys,
+    pub cov_keys: Option<CovKeys>,
+    pub t0: Tensor,
+}
+
+impl Source {
+    /// Rows `idx` (e.g. one per beam hypothesis).
+    pub fn select(&self, idx: &Tensor) -> Result<Source> {
+        Ok(Source {
+            keys: Keys {
+                ah: self.keys.ah.index_select(idx, 0)?,
+                annotations: self.keys.annotations.index_select(idx, 0)?,
+                mask_bias: self.keys.mask_bias.index_select(idx, 0)?,
+            },
+            cov_keys: match &self.cov_keys {
+                Some(k) => Some(k.select(idx)?),
+                None => None,
+            },
+            t0: self.t0.index_select(idx, 0)?,
+        })
+    }
+}
+
+/// What one decoder step returns besides the new state.
+pub struct StepOut {
+    pub alpha: Tensor,
+    pub ctx: Tensor,
+    pub cov: Option<Tensor>,
+}
+
+impl Model {
+    pub fn new(vb: VarBuilder, cfg: &ModelConfig, src_vocab: usize, tgt_vocab: usize) -> Result<Self> {
+        let (e, h) = (cfg.embedding_dim, cfg.hidden_dim);
+        let dec = vb.pp("decoder");
+        Ok(Self {
+            cfg: cfg.clone(),
+            src_vocab,
+            tgt_vocab,
+            encoder: Encoder::new(vb.pp("encoder"), src_vocab, e, h)?,
+            w_init: dec.pp("init").get((h, h), "W_init")?,
+            b_init: dec.pp("init").get(h, "b_init")?,
+            attention: Attention::new(dec.pp("attention"), 2 * h, h, cfg.attention_dim)?,
+            coverage: Coverage::new(dec.clone(), cfg)?,
+            tgt_emb: dec.get((tgt_vocab, e), "E")?,
+            gate: Gate::new(dec.clone(), cfg)?,
+            cell: DecoderCell::new(dec.pp("cell"), cfg.decoder, cfg.gate_form, e, h)?,
+            readout: Readout::new(dec.pp("readout"), e, h, tgt_vocab)?,
+        })
+    }
+
+    /// Build a model with fresh variables (paper initialisation from `seed`) in `varmap`.
+    pub fn build(
+        cfg: &ModelConfig,
+        src_vocab: usize,
+        tgt_vocab: usize,
+        seed: u64,
+        dtype: DType,
+        dev: &Device,
+    ) -> crate::error::Result<(Model, VarMap)> {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, dtype, dev);
+        let model = Model::new(vb, cfg, src_vocab, tgt_vocab)?;
+        crate::init::init_params(&varmap, seed)?;
+        Ok((model, varmap))
+    }
+
+    pub fn encode(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
+        let enc = self.encoder.forward(src, src_mask)?;
+        let keys = self.attention.keys(&enc.annotations, src_mask)?;
+        let t0 = enc.bwd_first.matmul(&self.w_init)?.broadcast_add(&self.b_init)?.tanh()?;
+        let cov_keys = match &self.coverage {
+            Some(c) => Some(c.keys(&enc.annotations)?),
+            None => None,
+        };
+        Ok(Source { keys, cov_keys, t0 })
+    }
+
+    /// Attention from `t_prev` (with the coverage term), then the coverage update.
+    pub fn attend(&self, src: &Source, t_prev: &Tensor, cov: Option<&Tensor>) -> Result<StepOut> {
+        let term = match (&self.coverage, cov) {
+            (Some(c), Some(cv)) => Some(c.attention_term(cv)?),
+            _ => None,
+        };
+        let (alpha, ctx) = self.attention.step(&src.keys, t_prev, term.as_ref())?;
+        let cov = match (&self.coverage, cov) {
+            (Some(c), Some(cv)) => Some(c.update(src.cov_keys.as_ref().expect("coverage keys"), cv, &alpha, t_prev)?),
+            _ => None,
+        };
+        Ok(StepOut { alpha, ctx, cov })
+    }
+
+    pub fn initial_coverage(&self, src: &Source) -> Result<Option<Tensor>> {
+        match &self.coverage {
+            Some(c) => {
+                let (b, s, _) = src.keys.ah.dims3()?;
+                Ok(Some(c.initial(b, s, &src.t0)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Target embeddings `[N, E]` of ids `[N]`.
+    pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        self.tgt_emb.embedding(ids)
+    }
+
+    pub fn logits(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+        self.readout.logits(ctx, t_prev, e_prev)
+    }
+
+    /// The recurrent transition with the emitted word's embedding `e` `[N, E]`; returns the new state and the
+    /// scales (with the gate value).
+    pub fn transition(
+        &self,
+        t_prev: &Tensor,
+        e: &Tensor,
+        ctx: &Tensor,
+        context_scale: (f64, f64),
+    ) -> Result<(Tensor, Scales)> {
+        let wp = self.cell.project_words(e)?;
+        let wz = self.gate.word_term(e)?;
+        self.transition_projected(t_prev, &wp, wz.as_ref(), ctx, context_scale)
+    }
+
+    pub fn transition_projected(
+        &self,
+        t_prev: &Tensor,
+        wp: &Tensor,
+        wz: Option<&Tensor>,
+        ctx: &Tensor,
+        context_scale: (f64, f64),
+    ) -> Result<(Tensor, Scales)> {
+        let sc = self.gate.scales(wz, t_prev, ctx, context_scale)?;
+        let t = self.cell.step(t_prev, wp, ctx, &sc)?;
+        Ok((t, sc))
+    }
+
+    /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
+    pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
+        let (b, t_len) = batch.tgt.dims2()?;
+        let src = self.encode(&batch.src, &batch.src_mask)?;
+        let e_all = self.tgt_emb.embedding(&batch.tgt.flatten_all()?)?; // [B*T, E]
+        let e_dim = e_all.dim(1)?;
+        let wp = self.cell.project_words(&e_all)?;
+        let k = wp.dim(1)?;
+        let wp = wp.reshape((b, t_len, k))?.transpose(0, 1)?.contiguous()?;
+        let wz = match self.gate.word_term(&e_all)? {
+            Some(w) => Some(w.reshape((b, t_len, w.dim(1)?))?.transpose(0, 1)?.contiguous()?),
+            None => None,
+        };
+        let mut t = src.t0.clone();
+        let mut cov = self.initial_coverage(&src)?;
+        let mut states = Vec::with_capacity(t_len);
+        let mut ctxs = Vec::with_capacity(t_len);
+        for i in 0..t_len {
+            let out = self.attend(&src, &t, cov.as_ref())?;
+            cov = out.cov;
+            states.push(t.clone());
+            ctxs.push(out.ctx.clone());
+            if i + 1 < t_len {
+                let wz_i = match &wz {
+                    Some(w) => Some(w.i(i)?),
+                    None => None,
+                };
+                t = self.transition_projected(&t, &wp.i(i)?, wz_i.as_ref(), &out.ctx, (1.0, 1.0))?.0;
+            }
+        }
+        // Readout for all steps at once: batch-major rows (b, i).
+        let states = Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?;
+        let ctxs = Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?;
+        let e3 = e_all.reshape((b, t_len, e_dim))?;
+        let e_prev = Tensor::cat(
+            &[Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?, e3.narrow(1, 0, t_len - 1)?],
+            1,
+        )?
+        .reshape((b * t_len, e_dim))?;
+        let logits = self.readout.logits(&ctxs, &states, &e_prev)?;
+        let logp = log_softmax(&logits)?;
+        let nll = logp.gather(&batch.tgt.flatten_all()?.unsqueeze(1)?, 1)?.squeeze(1)?.neg()?;
+        (nll * batch.tgt_mask.flatten_all()?)?.sum_all()?.affine(1.0 / b as f64, 0.0)
+    }
+}

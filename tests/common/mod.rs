@@ -1,0 +1,102 @@
+#![allow(dead_code)]
+//! Helpers shared by the integration tests.
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::VarMap;
+use cgnmt::config::{Config, ModelConfig};
+use cgnmt::model::{Batch, Model};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+pub fn data_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("CGNMT_DATA") {
+        return PathBuf::from(d);
+    }
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data")
+}
+
+pub fn tiny_model_config(sets: &[&str]) -> ModelConfig {
+    let mut all: Vec<String> =
+        vec!["model.embedding_dim=3".into(), "model.hidden_dim=4".into(), "model.attention_dim=3".into()];
+    all.extend(sets.iter().map(|s| s.to_string()));
+    Config::load(None, &all).expect("config").model
+}
+
+/// Replace every parameter by N(0, sd²) values so that no path is dead (the paper's init zeroes `v`).
+pub fn randomize(varmap: &VarMap, seed: u64, sd: f64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let data = varmap.data().lock().unwrap();
+    let mut names: Vec<&String> = data.keys().collect();
+    names.sort();
+    for n in names {
+        let v = &data[n];
+        let vals: Vec<f64> = (0..v.elem_count()).map(|_| (rng.random::<f64>() * 2.0 - 1.0) * sd * 1.7).collect();
+        let t = Tensor::from_vec(vals, v.shape().clone(), &Device::Cpu).unwrap().to_dtype(v.dtype()).unwrap();
+        v.set(&t).unwrap();
+    }
+}
+
+pub fn random_seqs(rng: &mut StdRng, n: usize, vocab: usize, min: usize, max: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|_| {
+            let len = rng.random_range(min..=max);
+            (0..len).map(|_| rng.random_range(2..vocab as u32)).collect()
+        })
+        .collect()
+}
+
+pub fn tiny_batch(seed: u64, vs: usize, vt: usize, dtype: DType) -> Batch {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let src = random_seqs(&mut rng, 3, vs, 1, 4);
+    let tgt = random_seqs(&mut rng, 3, vt, 1, 4);
+    Batch::new(&src, &tgt, 0, dtype, &Device::Cpu).unwrap()
+}
+
+pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
+    let mut v: Vec<(String, Var)> =
+        varmap.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Compare autodiff gradients with central finite differences (f64) on up to `per_param` entries of every
+/// parameter. Returns the worst relative error.
+pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
+    let (vs, vt) = (7, 6);
+    let (model, varmap) = Model::build(cfg, vs, vt, seed, DType::F64, &Device::Cpu).unwrap();
+    randomize(&varmap, seed + 1, 0.5);
+    let batch = tiny_batch(seed + 2, vs, vt, DType::F64);
+    let loss = model.loss(&batch).unwrap();
+    let grads = loss.backward().unwrap();
+    let mut worst: f64 = 0.0;
+    let eps = 1e-5;
+    let mut rng = StdRng::seed_from_u64(seed + 3);
+    for (name, var) in sorted_vars(&varmap) {
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no gradient"))
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let base = var.as_tensor().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let n = base.len();
+        let picks: Vec<usize> = if n <= per_param { (0..n).collect() } else { (0..per_param).map(|_| rng.random_range(0..n)).collect() };
+        for k in picks {
+            let mut eval = |delta: f64| {
+                let mut v = base.clone();
+                v[k] += delta;
+                var.set(&Tensor::from_vec(v, var.shape().clone(), &Device::Cpu).unwrap()).unwrap();
+                model.loss(&batch).unwrap().to_scalar::<f64>().unwrap()
+            };
+            let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
+            var.set(&Tensor::from_vec(base.clone(), var.shape().clone(), &Device::Cpu).unwrap()).unwrap();
+            let err = (fd - g[k]).abs() / fd.abs().max(g[k].abs()).max(1e-3);
+            assert!(err < 1e-5, "{name}[{k}]: autodiff {} vs finite difference {fd} (rel err {err:.2e})", g[k]);
+            worst = worst.max(err);
+        }
+    }
+    worst
+}
