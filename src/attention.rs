@@ -31,26 +31,47 @@ pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
 
 impl Attention {
     pub fn new(vb: VarBuilder, ann_dim: usize, hidden: usize, dim: usize) -> Result<Self> {
-        Ok(Self { a: vb.get((ann_dim, dim), "A")?, b: vb.get((hidden, dim), "B")?, v: vb.get((dim, 1), "v")?, dim })
+        Ok(Self {
+            a: vb.get_with_hints((ann_dim, dim), "A", crate::init::ZERO)?,
+            b: vb.get_with_hints((hidden, dim), "B", crate::init::ZERO)?,
+            v: vb.get_with_hints((dim, 1), "v", crate::init::ZERO)?,
+            dim,
+        })
     }
 
     pub fn keys(&self, annotations: &Tensor, mask: &Tensor) -> Result<Keys> {
         let (b, s, a) = annotations.dims3()?;
-        let ah = annotations.reshape((b * s, a))?.matmul(&self.a)?.reshape((b, s, self.dim))?;
+        let ah = annotations
+            .reshape((b * s, a))?
+            .matmul(&self.a)?
+            .reshape((b, s, self.dim))?;
         let mask_bias = ((mask - 1.0)? * 1e9)?;
-        Ok(Keys { ah, annotations: annotations.clone(), mask_bias })
+        Ok(Keys {
+            ah,
+            annotations: annotations.clone(),
+            mask_bias,
+        })
     }
 
     /// Attention weights `[B, S]` and context `[B, 2H]` for previous states `t_prev` `[B, H]`; `cov` is the
     /// projected coverage term `V_cov C_{i−1}` `[B, S, Ad]` when coverage is on.
-    pub fn step(&self, keys: &Keys, t_prev: &Tensor, cov: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    pub fn step(
+        &self,
+        keys: &Keys,
+        t_prev: &Tensor,
+        cov: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let (b, s, _) = keys.ah.dims3()?;
         let bt = t_prev.matmul(&self.b)?.unsqueeze(1)?;
         let mut pre = keys.ah.broadcast_add(&bt)?;
         if let Some(c) = cov {
             pre = (pre + c)?;
         }
-        let e = pre.tanh()?.reshape((b * s, self.dim))?.matmul(&self.v)?.reshape((b, s))?;
+        let e = pre
+            .tanh()?
+            .reshape((b * s, self.dim))?
+            .matmul(&self.v)?
+            .reshape((b, s))?;
         let alpha = softmax_last(&(e + &keys.mask_bias)?)?;
         let ctx = alpha.unsqueeze(1)?.matmul(&keys.annotations)?.squeeze(1)?;
         Ok((alpha, ctx))

@@ -22,8 +22,15 @@ impl Corpus {
 }
 
 /// The batches (lists of pair indices) of one epoch.
-pub fn epoch_batches(corpus: &Corpus, batch_size: usize, sort_batches: usize, seed: u64, epoch: u64) -> Vec<Vec<usize>> {
-    let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(epoch));
+pub fn epoch_batches(
+    corpus: &Corpus,
+    batch_size: usize,
+    sort_batches: usize,
+    seed: u64,
+    epoch: u64,
+) -> Vec<Vec<usize>> {
+    let mut rng =
+        StdRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(epoch));
     let mut order: Vec<usize> = (0..corpus.len()).collect();
     order.shuffle(&mut rng);
     let mut batches = Vec::new();

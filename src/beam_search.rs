@@ -23,7 +23,13 @@ pub struct DecodeOptions {
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        Self { beam: 10, length_norm: false, nbest: 1, context_scale: (1.0, 1.0), record: false }
+        Self {
+            beam: 10,
+            length_norm: false,
+            nbest: 1,
+            context_scale: (1.0, 1.0),
+            record: false,
+        }
     }
 }
 
@@ -73,7 +79,12 @@ struct Live {
 
 /// Beam search over a batch of source sentences (ids without EOS). Returns up to `nbest` hypotheses per
 /// sentence, best first.
-pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOptions) -> Result<Vec<Vec<Hypothesis>>> {
+pub fn beam_search(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
     let dev: Device = model.tgt_emb.device().clone();
     let dtype = model.tgt_emb.dtype();
     let nsent = srcs.len();
@@ -87,7 +98,12 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
     let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
 
     let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
-    let mut live: Vec<Live> = (0..nsent).map(|s| Live { sent: s, hyp: Hypothesis::default() }).collect();
+    let mut live: Vec<Live> = (0..nsent)
+        .map(|s| Live {
+            sent: s,
+            hyp: Hypothesis::default(),
+        })
+        .collect();
     let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
     let mut cur = source.select(&idx0)?;
     let mut t = cur.t0.clone();
@@ -98,10 +114,14 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
     let mut step = 0usize;
     while !live.is_empty() {
         let out = model.attend(&cur, &t, cov.as_ref())?;
-        let logp = log_softmax(&model.logits(&out.ctx, &t, &e_prev)?)?.to_dtype(candle_core::DType::F32)?;
+        let logp = log_softmax(&model.logits(&out.ctx, &t, &e_prev)?)?
+            .to_dtype(candle_core::DType::F32)?;
         let logp: Vec<Vec<f32>> = logp.to_vec2()?;
-        let alpha: Option<Vec<Vec<f32>>> =
-            if opts.record { Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?) } else { None };
+        let alpha: Option<Vec<Vec<f32>>> = if opts.record {
+            Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?)
+        } else {
+            None
+        };
         // Group live rows by sentence (rows of one sentence are contiguous).
         let mut next: Vec<(usize, u32, f64)> = Vec::new(); // (parent row, word, score)
         let mut row = 0;
@@ -131,7 +151,11 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
                 }
                 cands.extend(top.into_iter().map(|(lp, w)| (base + lp as f64, r, w)));
             }
-            cands.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+            cands.sort_by(|a, b| {
+                b.0.partial_cmp(&a.0)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(a.1.cmp(&b.1))
+            });
             cands.truncate(k);
             for (score, r, w) in cands {
                 next.push((r, w, score));
@@ -144,11 +168,15 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
         let mut words: Vec<u32> = Vec::new();
         for (r, w, score) in next {
             let s = live[r].sent;
-            let mut hyp = Hypothesis { score, ..Default::default() };
+            let mut hyp = Hypothesis {
+                score,
+                ..Default::default()
+            };
             hyp.tokens = live[r].hyp.tokens.clone();
             if opts.record {
                 hyp.attention = live[r].hyp.attention.clone();
-                hyp.attention.push(alpha.as_ref().expect("recorded")[r][..src_lens[s]].to_vec());
+                hyp.attention
+                    .push(alpha.as_ref().expect("recorded")[r][..src_lens[s]].to_vec());
                 hyp.gates = live[r].hyp.gates.clone();
             }
             if w == eos {
@@ -179,7 +207,9 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
             if let Some(g) = &sc.gate {
                 let means = mean_rows(g)?;
                 for (i, l) in new_live.iter_mut().enumerate() {
-                    l.hyp.gates.push(if means.len() == 1 { means[0] } else { means[i] });
+                    l.hyp
+                        .gates
+                        .push(if means.len() == 1 { means[0] } else { means[i] });
                 }
             }
         }
@@ -228,7 +258,9 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
         .into_iter()
         .map(|mut f| {
             f.sort_by(|a, b| {
-                rank_key(b, opts.length_norm).partial_cmp(&rank_key(a, opts.length_norm)).unwrap_or(std::cmp::Ordering::Equal)
+                rank_key(b, opts.length_norm)
+                    .partial_cmp(&rank_key(a, opts.length_norm))
+                    .unwrap_or(std::cmp::Ordering::Equal)
             });
             f.truncate(opts.nbest.max(1));
             f
@@ -237,13 +269,21 @@ pub fn beam_search(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOpti
 }
 
 fn coverage_row(c: &Tensor, row: usize, len: usize) -> Result<Vec<f32>> {
-    let v: Vec<f32> = c.i((row, .., 0))?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+    let v: Vec<f32> = c
+        .i((row, .., 0))?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?;
     Ok(v[..len].to_vec())
 }
 
 /// Greedy decoding written independently of the beam search: argmax at every step under the same length
 /// limits. `beam_search` with beam 1 must produce the same output.
-pub fn greedy(model: &Model, srcs: &[Vec<u32>], eos: u32, context_scale: (f64, f64)) -> Result<Vec<Vec<u32>>> {
+pub fn greedy(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    context_scale: (f64, f64),
+) -> Result<Vec<Vec<u32>>> {
     let dev = model.tgt_emb.device().clone();
     let dtype = model.tgt_emb.dtype();
     let n = srcs.len();
@@ -262,7 +302,10 @@ pub fn greedy(model: &Model, srcs: &[Vec<u32>], eos: u32, context_scale: (f64, f
     for step in 0..max_steps {
         let o = model.attend(&source, &t, cov.as_ref())?;
         cov = o.cov.clone();
-        let logits: Vec<Vec<f32>> = model.logits(&o.ctx, &t, &e_prev)?.to_dtype(candle_core::DType::F32)?.to_vec2()?;
+        let logits: Vec<Vec<f32>> = model
+            .logits(&o.ctx, &t, &e_prev)?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec2()?;
         let mut words = vec![eos; n];
         for i in 0..n {
             if done[i] {
@@ -298,9 +341,20 @@ pub fn greedy(model: &Model, srcs: &[Vec<u32>], eos: u32, context_scale: (f64, f
 }
 
 /// Convenience: the 1-best token ids of `beam_search`.
-pub fn translate_ids(model: &Model, srcs: &[Vec<u32>], eos: u32, opts: &DecodeOptions) -> Result<Vec<Vec<u32>>> {
+pub fn translate_ids(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<u32>>> {
     Ok(beam_search(model, srcs, eos, opts)?
         .into_iter()
-        .map(|mut v| if v.is_empty() { vec![] } else { v.swap_remove(0).tokens })
+        .map(|mut v| {
+            if v.is_empty() {
+                vec![]
+            } else {
+                v.swap_remove(0).tokens
+            }
+        })
         .collect())
 }

@@ -96,7 +96,8 @@ pub fn save(dir: &Path, req: &SaveRequest) -> Result<()> {
         std::fs::remove_dir_all(&tmp).map_err(|e| NmtError::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| NmtError::io(&tmp, e))?;
-    std::fs::write(tmp.join(CONFIG_FILE), req.config.to_toml()).map_err(|e| NmtError::io(&tmp, e))?;
+    std::fs::write(tmp.join(CONFIG_FILE), req.config.to_toml())
+        .map_err(|e| NmtError::io(&tmp, e))?;
     req.varmap.save(tmp.join(WEIGHTS_FILE))?;
     req.src_vocab.save(&tmp.join("vocab.src"))?;
     req.tgt_vocab.save(&tmp.join("vocab.tgt"))?;
@@ -144,10 +145,19 @@ pub fn complete_dir(dir: &Path) -> Option<PathBuf> {
 fn save_optimizer(opt: &Optimizer, path: &Path) -> Result<()> {
     let mut tensors: HashMap<String, Tensor> = HashMap::new();
     for (name, slot) in &opt.state {
-        tensors.insert(format!("a/{name}"), Tensor::from_slice(&slot.a, slot.a.len(), &Device::Cpu)?);
-        tensors.insert(format!("b/{name}"), Tensor::from_slice(&slot.b, slot.b.len(), &Device::Cpu)?);
+        tensors.insert(
+            format!("a/{name}"),
+            Tensor::from_slice(&slot.a, slot.a.len(), &Device::Cpu)?,
+        );
+        tensors.insert(
+            format!("b/{name}"),
+            Tensor::from_slice(&slot.b, slot.b.len(), &Device::Cpu)?,
+        );
     }
-    tensors.insert("step".into(), Tensor::from_slice(&[opt.step as i64], 1, &Device::Cpu)?);
+    tensors.insert(
+        "step".into(),
+        Tensor::from_slice(&[opt.step as i64], 1, &Device::Cpu)?,
+    );
     candle_core::safetensors::save(&tensors, path)?;
     Ok(())
 }
@@ -159,10 +169,16 @@ pub fn load_optimizer(opt: &mut Optimizer, path: &Path) -> Result<()> {
     opt.state.clear();
     for (k, v) in &t {
         if let Some(name) = k.strip_prefix("a/") {
-            let b = t
-                .get(&format!("b/{name}"))
-                .ok_or_else(|| NmtError::model_dir(dir, format!("{OPTIM_FILE}: missing b/{name}")))?;
-            opt.state.insert(name.to_string(), SlotState { a: v.to_vec1()?, b: b.to_vec1()? });
+            let b = t.get(&format!("b/{name}")).ok_or_else(|| {
+                NmtError::model_dir(dir, format!("{OPTIM_FILE}: missing b/{name}"))
+            })?;
+            opt.state.insert(
+                name.to_string(),
+                SlotState {
+                    a: v.to_vec1()?,
+                    b: b.to_vec1()?,
+                },
+            );
         }
     }
     opt.step = t
@@ -181,7 +197,10 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
 /// Load a model directory (weights checked against the configuration: every tensor present, right shape).
 pub fn load(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
     if !dir.is_dir() {
-        return Err(NmtError::model_dir(dir, "not a directory (expected a model directory written by `cgnmt train`)"));
+        return Err(NmtError::model_dir(
+            dir,
+            "not a directory (expected a model directory written by `cgnmt train`)",
+        ));
     }
     let dir = complete_dir(dir).unwrap_or_else(|| dir.to_path_buf());
     let need = |f: &str| -> Result<PathBuf> {
@@ -201,9 +220,20 @@ pub fn load(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
     let preprocess = Preprocessor::load(&dir)?;
     let weights = need(WEIGHTS_FILE)?;
     let (model, mut varmap) =
-        Model::build(&config.model, src_vocab.len(), tgt_vocab.len(), config.train.seed, dtype, dev)?;
-    varmap
-        .load(&weights)
-        .map_err(|e| NmtError::model_dir(&dir, format!("{WEIGHTS_FILE} does not match config.toml/vocabularies: {e}")))?;
-    Ok(LoadedModel { dir, config, model, varmap, src_vocab, tgt_vocab, preprocess })
+        Model::build_uninit(&config.model, src_vocab.len(), tgt_vocab.len(), dtype, dev)?;
+    varmap.load(&weights).map_err(|e| {
+        NmtError::model_dir(
+            &dir,
+            format!("{WEIGHTS_FILE} does not match config.toml/vocabularies: {e}"),
+        )
+    })?;
+    Ok(LoadedModel {
+        dir,
+        config,
+        model,
+        varmap,
+        src_vocab,
+        tgt_vocab,
+        preprocess,
+    })
 }

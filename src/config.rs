@@ -211,24 +211,31 @@ impl Config {
         let mut value = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| NmtError::io(p, e))?;
-                text.parse::<toml::Table>().map_err(|e| NmtError::Config(format!("{}: {e}", p.display())))?
+                text.parse::<toml::Table>()
+                    .map_err(|e| NmtError::Config(format!("{}: {e}", p.display())))?
             }
             None => toml::Table::new(),
         };
         for s in sets {
             apply_set(&mut value, s)?;
         }
-        let cfg: Config = toml::Value::Table(value).try_into().map_err(|e: toml::de::Error| {
-            let origin = path.map(|p| p.display().to_string()).unwrap_or_else(|| "configuration".into());
-            NmtError::Config(format!("{origin}: {}", e.message()))
-        })?;
+        let origin = path
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "configuration".into());
+        let cfg: Config =
+            toml::Value::Table(value.clone())
+                .try_into()
+                .map_err(|e: toml::de::Error| {
+                    NmtError::Config(format!("{origin}: {}", explain(&value, e)))
+                })?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     /// Parse a configuration saved next to a model (`config.toml`).
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config> {
-        let cfg: Config = toml::from_str(text).map_err(|e| NmtError::Config(format!("{origin}: {}", e.message())))?;
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| NmtError::Config(format!("{origin}: {}", e.message())))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -244,20 +251,31 @@ impl Config {
             return bad("model.embedding_dim", "must be positive");
         }
         if m.hidden_dim == 0 || m.hidden_dim % 2 != 0 {
-            return bad("model.hidden_dim", "must be a positive even number (the readout uses maxout over pairs)");
+            return bad(
+                "model.hidden_dim",
+                "must be a positive even number (the readout uses maxout over pairs)",
+            );
         }
         if m.attention_dim == 0 {
             return bad("model.attention_dim", "must be positive");
         }
         let gated = m.context_gate != ContextGate::None;
-        if [gated, m.gating_scalar, m.static_interpolation].iter().filter(|x| **x).count() > 1 {
+        if [gated, m.gating_scalar, m.static_interpolation]
+            .iter()
+            .filter(|x| **x)
+            .count()
+            > 1
+        {
             return bad(
                 "model.context_gate",
                 "context_gate, gating_scalar and static_interpolation are alternatives: choose one",
             );
         }
         if gated && m.gate_inputs.is_empty() {
-            return bad("model.gate_inputs", "a context gate needs at least one input");
+            return bad(
+                "model.gate_inputs",
+                "a context gate needs at least one input",
+            );
         }
         let mut seen = Vec::new();
         for g in &m.gate_inputs {
@@ -271,7 +289,10 @@ impl Config {
                 return bad("model.coverage_dim", "must be positive");
             }
             if m.coverage == CoverageKind::Linguistic && m.coverage_dim != 1 {
-                return bad("model.coverage_dim", "linguistic coverage is a scalar: set coverage_dim = 1");
+                return bad(
+                    "model.coverage_dim",
+                    "linguistic coverage is a scalar: set coverage_dim = 1",
+                );
             }
             if !(m.coverage_max_fertility > 0.0) {
                 return bad("model.coverage_max_fertility", "must be positive");
@@ -310,6 +331,33 @@ impl Config {
     }
 }
 
+/// Name the key behind a deserialisation error: try each `section.key` on its own.
+fn explain(table: &toml::Table, err: toml::de::Error) -> String {
+    for (section, v) in table {
+        let toml::Value::Table(keys) = v else {
+            return format!("{section}: expected a [{section}] section");
+        };
+        for (k, val) in keys {
+            let mut one = toml::Table::new();
+            one.insert(k.clone(), val.clone());
+            let r = match section.as_str() {
+                "model" => toml::Value::Table(one)
+                    .try_into::<ModelConfig>()
+                    .map(|_| ()),
+                "data" => toml::Value::Table(one).try_into::<DataConfig>().map(|_| ()),
+                "train" => toml::Value::Table(one)
+                    .try_into::<TrainConfig>()
+                    .map(|_| ()),
+                _ => return format!("unknown section [{section}] (expected model, data, train)"),
+            };
+            if let Err(e) = r {
+                return format!("{section}.{k}: {}", e.message());
+            }
+        }
+    }
+    err.message().to_string()
+}
+
 /// Apply one `section.key=value` override. The value is read as a TOML value (`512`, `"gru"`, `true`,
 /// `["state","context"]`); a bare word that is not valid TOML is taken as a string.
 fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
@@ -319,7 +367,9 @@ fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
     let key = key.trim();
     let parts: Vec<&str> = key.split('.').collect();
     if parts.len() != 2 || parts.iter().any(|p| p.is_empty()) {
-        return Err(NmtError::Config(format!("--set {set:?}: the key must be section.key, e.g. model.hidden_dim")));
+        return Err(NmtError::Config(format!(
+            "--set {set:?}: the key must be section.key, e.g. model.hidden_dim"
+        )));
     }
     let raw = raw.trim();
     let value = match format!("v = {raw}").parse::<toml::Table>() {
@@ -334,7 +384,10 @@ fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
             t.insert(parts[1].to_string(), value);
             Ok(())
         }
-        _ => Err(NmtError::Config(format!("--set {set:?}: {} is not a section", parts[0]))),
+        _ => Err(NmtError::Config(format!(
+            "--set {set:?}: {} is not a section",
+            parts[0]
+        ))),
     }
 }
 
@@ -359,19 +412,31 @@ mod tests {
     fn sets_override_and_unknown_keys_fail() {
         let c = Config::load(
             None,
-            &["model.hidden_dim=64".into(), "model.decoder=vanilla".into(), "model.gate_inputs=[\"state\"]".into()],
+            &[
+                "model.hidden_dim=64".into(),
+                "model.decoder=vanilla".into(),
+                "model.gate_inputs=[\"state\"]".into(),
+            ],
         )
         .unwrap();
         assert_eq!(c.model.hidden_dim, 64);
         assert_eq!(c.model.decoder, DecoderKind::Vanilla);
         assert_eq!(c.model.gate_inputs, vec![GateInput::State]);
-        let e = Config::load(None, &["model.hiden_dim=64".into()]).unwrap_err().to_string();
+        let e = Config::load(None, &["model.hiden_dim=64".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("hiden_dim"), "{e}");
-        let e = Config::load(None, &["model.hidden_dim=abc".into()]).unwrap_err().to_string();
+        let e = Config::load(None, &["model.hidden_dim=abc".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("hidden_dim"), "{e}");
-        let e = Config::load(None, &["model.decoder=lstm".into()]).unwrap_err().to_string();
+        let e = Config::load(None, &["model.decoder=lstm".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lstm"), "{e}");
-        let e = Config::load(None, &["train.batch_size=0".into()]).unwrap_err().to_string();
+        let e = Config::load(None, &["train.batch_size=0".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("batch_size"), "{e}");
     }
 

@@ -36,7 +36,9 @@ pub struct CovKeys {
 
 impl CovKeys {
     pub fn select(&self, idx: &Tensor) -> Result<CovKeys> {
-        Ok(CovKeys { pre: self.pre.index_select(idx, 0)? })
+        Ok(CovKeys {
+            pre: self.pre.index_select(idx, 0)?,
+        })
     }
 }
 
@@ -47,7 +49,7 @@ impl Coverage {
         }
         let vb = vb.pp("coverage");
         let (h, d) = (cfg.hidden_dim, cfg.coverage_dim);
-        let v_cov = vb.get((d, cfg.attention_dim), "V_cov")?;
+        let v_cov = vb.get_with_hints((d, cfg.attention_dim), "V_cov", crate::init::ZERO)?;
         let mut c = Coverage {
             kind: cfg.coverage,
             dim: d,
@@ -64,17 +66,17 @@ impl Coverage {
         match cfg.coverage {
             CoverageKind::Linguistic => {
                 if cfg.coverage_fertility {
-                    c.u_f = Some(vb.get((2 * h, 1), "U_f")?);
+                    c.u_f = Some(vb.get_with_hints((2 * h, 1), "U_f", crate::init::ZERO)?);
                 }
             }
             CoverageKind::Neural => {
                 let k = if cfg.coverage_gated { 3 } else { 1 };
-                c.w_c = Some(vb.get((2 * h, k * d), "W_c")?);
-                c.w_h = Some(vb.get((h, k * d), "W_h")?);
-                c.p = Some(vb.get(k * d, "p")?);
-                c.u = Some(vb.get((d, d), "U")?);
+                c.w_c = Some(vb.get_with_hints((2 * h, k * d), "W_c", crate::init::ZERO)?);
+                c.w_h = Some(vb.get_with_hints((h, k * d), "W_h", crate::init::ZERO)?);
+                c.p = Some(vb.get_with_hints(k * d, "p", crate::init::ZERO)?);
+                c.u = Some(vb.get_with_hints((d, d), "U", crate::init::ZERO)?);
                 if cfg.coverage_gated {
-                    c.u_ru = Some(vb.get((d, 2 * d), "U_ru")?);
+                    c.u_ru = Some(vb.get_with_hints((d, 2 * d), "U_ru", crate::init::ZERO)?);
                 }
             }
             CoverageKind::None => unreachable!(),
@@ -88,7 +90,8 @@ impl Coverage {
         let pre = match self.kind {
             CoverageKind::Linguistic => match &self.u_f {
                 Some(u_f) => {
-                    let phi = candle_nn::ops::sigmoid(&flat.matmul(u_f)?)?.affine(self.max_fertility, 0.0)?;
+                    let phi = candle_nn::ops::sigmoid(&flat.matmul(u_f)?)?
+                        .affine(self.max_fertility, 0.0)?;
                     phi.recip()?.reshape((b, s, 1))?
                 }
                 None => Tensor::ones((b, s, 1), annotations.dtype(), annotations.device())?,
@@ -110,11 +113,19 @@ impl Coverage {
     pub fn attention_term(&self, cov: &Tensor) -> Result<Tensor> {
         let (b, s, d) = cov.dims3()?;
         let ad = self.v_cov.dim(1)?;
-        cov.reshape((b * s, d))?.matmul(&self.v_cov)?.reshape((b, s, ad))
+        cov.reshape((b * s, d))?
+            .matmul(&self.v_cov)?
+            .reshape((b, s, ad))
     }
 
     /// `C_i` from `C_{i−1}` `[B, S, d]`, the new weights `α_i` `[B, S]` and `t_{i−1}` `[B, H]`.
-    pub fn update(&self, keys: &CovKeys, cov: &Tensor, alpha: &Tensor, t_prev: &Tensor) -> Result<Tensor> {
+    pub fn update(
+        &self,
+        keys: &CovKeys,
+        cov: &Tensor,
+        alpha: &Tensor,
+        t_prev: &Tensor,
+    ) -> Result<Tensor> {
         let a = alpha.unsqueeze(D::Minus1)?; // [B, S, 1]
         match self.kind {
             CoverageKind::Linguistic => cov + (a * &keys.pre)?,
@@ -124,7 +135,10 @@ impl Coverage {
                 let p = self.p.as_ref().expect("p");
                 let u = self.u.as_ref().expect("U");
                 // Input terms for all parts: h_j W_c + t W_h + α p, [B, S, k·d].
-                let inp = keys.pre.broadcast_add(&t_prev.matmul(w_h)?.unsqueeze(1)?)?.broadcast_add(&a.broadcast_mul(p)?)?;
+                let inp = keys
+                    .pre
+                    .broadcast_add(&t_prev.matmul(w_h)?.unsqueeze(1)?)?
+                    .broadcast_add(&a.broadcast_mul(p)?)?;
                 let flat_c = cov.reshape((b * s, d))?;
                 if !self.gated {
                     return (inp + flat_c.matmul(u)?.reshape((b, s, d))?)?.tanh();
@@ -135,7 +149,10 @@ impl Coverage {
                 )?;
                 let z = zr.narrow(2, 0, d)?;
                 let r = zr.narrow(2, d, d)?;
-                let rc = (r * cov)?.reshape((b * s, d))?.matmul(u)?.reshape((b, s, d))?;
+                let rc = (r * cov)?
+                    .reshape((b * s, d))?
+                    .matmul(u)?
+                    .reshape((b, s, d))?;
                 let cand = (inp.narrow(2, 2 * d, d)? + rc)?.tanh()?;
                 cov + (z * (cand - cov)?)?
             }

@@ -28,7 +28,13 @@ pub struct DecoderCell {
 }
 
 impl DecoderCell {
-    pub fn new(vb: VarBuilder, kind: DecoderKind, form: GateForm, emb: usize, hidden: usize) -> Result<Self> {
+    pub fn new(
+        vb: VarBuilder,
+        kind: DecoderKind,
+        form: GateForm,
+        emb: usize,
+        hidden: usize,
+    ) -> Result<Self> {
         let k = match kind {
             DecoderKind::Gru => 3,
             DecoderKind::Vanilla => 1,
@@ -36,11 +42,15 @@ impl DecoderCell {
         Ok(Self {
             kind,
             form,
-            w: vb.get((emb, k * hidden), "W")?,
-            b: vb.get(hidden, "b")?,
-            c: vb.get((2 * hidden, k * hidden), "C")?,
-            u_ru: if kind == DecoderKind::Gru { Some(vb.get((hidden, 2 * hidden), "U_ru")?) } else { None },
-            u: vb.get((hidden, hidden), "U")?,
+            w: vb.get_with_hints((emb, k * hidden), "W", crate::init::ZERO)?,
+            b: vb.get_with_hints(hidden, "b", crate::init::ZERO)?,
+            c: vb.get_with_hints((2 * hidden, k * hidden), "C", crate::init::ZERO)?,
+            u_ru: if kind == DecoderKind::Gru {
+                Some(vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::init::ZERO)?)
+            } else {
+                None
+            },
+            u: vb.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
             hidden,
         })
     }
@@ -86,11 +96,14 @@ impl DecoderCell {
                         &(sc.tgt.apply(&w_ru, 2)? + sc.src.apply(&c_ru, 2)? + ts.matmul(u_ru)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
-                    let cand = (sc.tgt.apply(&w_c, 1)? + sc.src.apply(&c_c, 1)? + (r * &ts)?.matmul(&self.u)?)?;
+                    let cand = (sc.tgt.apply(&w_c, 1)?
+                        + sc.src.apply(&c_c, 1)?
+                        + (r * &ts)?.matmul(&self.u)?)?;
                     (ru, ts, cand)
                 } else {
                     let ru = candle_nn::ops::sigmoid(
-                        &(sc.tgt.apply(&(w_ru + t_prev.matmul(u_ru)?)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+                        &(sc.tgt.apply(&(w_ru + t_prev.matmul(u_ru)?)?, 2)?
+                            + sc.src.apply(&c_ru, 2)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
                     let cand = (sc.tgt.apply(&(w_c + (r * t_prev)?.matmul(&self.u)?)?, 1)?

@@ -17,10 +17,10 @@ pub struct Gru {
 impl Gru {
     pub fn new(vb: VarBuilder, input: usize, hidden: usize) -> Result<Self> {
         Ok(Self {
-            w: vb.get((input, 3 * hidden), "W")?,
-            b: vb.get(hidden, "b")?,
-            u_ru: vb.get((hidden, 2 * hidden), "U_ru")?,
-            u: vb.get((hidden, hidden), "U")?,
+            w: vb.get_with_hints((input, 3 * hidden), "W", crate::init::ZERO)?,
+            b: vb.get_with_hints(hidden, "b", crate::init::ZERO)?,
+            u_ru: vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::init::ZERO)?,
+            u: vb.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
             hidden,
         })
     }
@@ -63,8 +63,8 @@ pub struct Encoded {
 impl Encoder {
     pub fn new(vb: VarBuilder, vocab: usize, emb_dim: usize, hidden: usize) -> Result<Self> {
         Ok(Self {
-            emb: vb.get((vocab, emb_dim), "E")?,
-            emb_b: vb.get(emb_dim, "b_e")?,
+            emb: vb.get_with_hints((vocab, emb_dim), "E", crate::init::ZERO)?,
+            emb_b: vb.get_with_hints(emb_dim, "b_e", crate::init::ZERO)?,
             fwd: Gru::new(vb.pp("fwd"), emb_dim, hidden)?,
             bwd: Gru::new(vb.pp("bwd"), emb_dim, hidden)?,
             hidden,
@@ -74,10 +74,23 @@ impl Encoder {
     /// `src`: `[B, S]` u32 ids, `mask`: `[B, S]` (1 = word, 0 = padding), in the model dtype.
     pub fn forward(&self, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
         let (b, s) = src.dims2()?;
-        let e = self.emb.embedding(&src.flatten_all()?)?.broadcast_add(&self.emb_b)?;
+        let e = self
+            .emb
+            .embedding(&src.flatten_all()?)?
+            .broadcast_add(&self.emb_b)?;
         // Time-major so every step reads a contiguous slice.
-        let xf = self.fwd.project(&e)?.reshape((b, s, 3 * self.hidden))?.transpose(0, 1)?.contiguous()?;
-        let xb = self.bwd.project(&e)?.reshape((b, s, 3 * self.hidden))?.transpose(0, 1)?.contiguous()?;
+        let xf = self
+            .fwd
+            .project(&e)?
+            .reshape((b, s, 3 * self.hidden))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        let xb = self
+            .bwd
+            .project(&e)?
+            .reshape((b, s, 3 * self.hidden))?
+            .transpose(0, 1)?
+            .contiguous()?;
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
         let h0 = Tensor::zeros((b, self.hidden), e.dtype(), e.device())?;
         let mut fwd = Vec::with_capacity(s);
@@ -95,6 +108,9 @@ impl Encoder {
             bwd[t] = h.clone();
         }
         let annotations = Tensor::cat(&[Tensor::stack(&fwd, 1)?, Tensor::stack(&bwd, 1)?], 2)?;
-        Ok(Encoded { annotations, bwd_first: bwd[0].clone() })
+        Ok(Encoded {
+            annotations,
+            bwd_first: bwd[0].clone(),
+        })
     }
 }

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum NmtError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("configuration error: {0}")]
     Config(String),
     #[error("model directory {dir}: {msg}")]
@@ -20,10 +23,16 @@ pub enum NmtError {
 
 impl NmtError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        NmtError::Io { path: path.to_path_buf(), source }
+        NmtError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
     pub fn model_dir(dir: &Path, msg: impl Into<String>) -> Self {
-        NmtError::ModelDir { dir: dir.to_path_buf(), msg: msg.into() }
+        NmtError::ModelDir {
+            dir: dir.to_path_buf(),
+            msg: msg.into(),
+        }
     }
 }
 

@@ -67,9 +67,19 @@ pub struct Scales {
 
 pub enum Gate {
     None,
-    Context { strategy: ContextGate, w_z: Option<Tensor>, u_z: Option<Tensor>, c_z: Option<Tensor> },
-    Scalar { w: Tensor, b: Tensor },
-    Static { z_logit: Tensor },
+    Context {
+        strategy: ContextGate,
+        w_z: Option<Tensor>,
+        u_z: Option<Tensor>,
+        c_z: Option<Tensor>,
+    },
+    Scalar {
+        w: Tensor,
+        b: Tensor,
+    },
+    Static {
+        z_logit: Tensor,
+    },
 }
 
 impl Gate {
@@ -77,10 +87,17 @@ impl Gate {
         let (e, h) = (cfg.embedding_dim, cfg.hidden_dim);
         if cfg.gating_scalar {
             let vb = vb.pp("scalar_gate");
-            return Ok(Gate::Scalar { w: vb.get((h, 1), "w_beta")?, b: vb.get(1, "b_beta")? });
+            return Ok(Gate::Scalar {
+                w: vb.get_with_hints((h, 1), "w_beta", crate::init::ZERO)?,
+                b: vb.get_with_hints(1, "b_beta", crate::init::ZERO)?,
+            });
         }
         if cfg.static_interpolation {
-            return Ok(Gate::Static { z_logit: vb.pp("static_gate").get(h, "z_logit")? });
+            return Ok(Gate::Static {
+                z_logit: vb
+                    .pp("static_gate")
+                    .get_with_hints(h, "z_logit", crate::init::ZERO)?,
+            });
         }
         if cfg.context_gate == ContextGate::None {
             return Ok(Gate::None);
@@ -89,9 +106,21 @@ impl Gate {
         let has = |g: GateInput| cfg.gate_inputs.contains(&g);
         Ok(Gate::Context {
             strategy: cfg.context_gate,
-            w_z: if has(GateInput::Word) { Some(vb.get((e, h), "W_z")?) } else { None },
-            u_z: if has(GateInput::State) { Some(vb.get((h, h), "U_z")?) } else { None },
-            c_z: if has(GateInput::Context) { Some(vb.get((2 * h, h), "C_z")?) } else { None },
+            w_z: if has(GateInput::Word) {
+                Some(vb.get_with_hints((e, h), "W_z", crate::init::ZERO)?)
+            } else {
+                None
+            },
+            u_z: if has(GateInput::State) {
+                Some(vb.get_with_hints((h, h), "U_z", crate::init::ZERO)?)
+            } else {
+                None
+            },
+            c_z: if has(GateInput::Context) {
+                Some(vb.get_with_hints((2 * h, h), "C_z", crate::init::ZERO)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -123,7 +152,12 @@ impl Gate {
                 let g = z.affine(-1.0, 1.0)?;
                 (Scale::T(z.clone()), Scale::T(g), Some(z))
             }
-            Gate::Context { strategy, w_z: _, u_z, c_z } => {
+            Gate::Context {
+                strategy,
+                w_z: _,
+                u_z,
+                c_z,
+            } => {
                 let mut pre: Option<Tensor> = wz_e.cloned();
                 let mut add = |t: Tensor| -> Result<()> {
                     pre = Some(match pre.take() {
@@ -142,11 +176,17 @@ impl Gate {
                 match strategy {
                     ContextGate::Source => (Scale::T(z.clone()), Scale::One, Some(z)),
                     ContextGate::Target => (Scale::One, Scale::T(z.clone()), Some(z)),
-                    ContextGate::Both => (Scale::T(z.clone()), Scale::T(z.affine(-1.0, 1.0)?), Some(z)),
+                    ContextGate::Both => {
+                        (Scale::T(z.clone()), Scale::T(z.affine(-1.0, 1.0)?), Some(z))
+                    }
                     ContextGate::None => unreachable!("no gate is Gate::None"),
                 }
             }
         };
-        Ok(Scales { src: src.times(a)?, tgt: tgt.times(b)?, gate })
+        Ok(Scales {
+            src: src.times(a)?,
+            tgt: tgt.times(b)?,
+            gate,
+        })
     }
 }

@@ -26,7 +26,8 @@ pub fn rule_for(name: &str) -> InitRule {
     if leaf.starts_with('b') || leaf == "v" || leaf == "z_logit" {
         return InitRule::Zero;
     }
-    if in_scope("attention") || in_scope("gate") || in_scope("coverage") || in_scope("scalar_gate") {
+    if in_scope("attention") || in_scope("gate") || in_scope("coverage") || in_scope("scalar_gate")
+    {
         // Recurrent matrices of the coverage GRU stay orthogonal like every recurrent matrix.
         if (leaf == "U" || leaf == "U_ru") && in_scope("coverage") {
             return InitRule::Orthogonal;
@@ -87,7 +88,8 @@ pub fn init_params(varmap: &VarMap, seed: u64) -> Result<()> {
                 } else {
                     // [rows, k*rows]: k orthogonal blocks side by side.
                     let k = cols / rows;
-                    let blocks: Vec<Vec<f64>> = (0..k).map(|_| orthogonal(rows, &mut rng)).collect();
+                    let blocks: Vec<Vec<f64>> =
+                        (0..k).map(|_| orthogonal(rows, &mut rng)).collect();
                     let mut out = vec![0.0; n];
                     for r in 0..rows {
                         for (bi, b) in blocks.iter().enumerate() {
@@ -119,11 +121,19 @@ pub fn count_by_component(varmap: &VarMap) -> Vec<(String, usize)> {
     let mut map = std::collections::BTreeMap::<String, usize>::new();
     for (name, var) in data.iter() {
         let parts: Vec<&str> = name.split('.').collect();
-        let key = if parts.len() > 2 { format!("{}.{}", parts[0], parts[1]) } else { parts[0].to_string() };
+        let key = if parts.len() > 2 {
+            format!("{}.{}", parts[0], parts[1])
+        } else {
+            parts[0].to_string()
+        };
         *map.entry(key).or_default() += var.elem_count();
     }
     map.into_iter().collect()
 }
+
+/// Variables are created as zeros and then initialised by [`init_params`] (candle's default init would draw
+/// random numbers for every parameter only to have them overwritten).
+pub const ZERO: candle_nn::Init = candle_nn::Init::Const(0.0);
 
 /// The dtype used for training and decoding.
 pub const DTYPE: DType = DType::F32;

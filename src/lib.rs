@@ -5,6 +5,7 @@
 //! configuration in [`config`]. Data preparation lives in the `cgnmt-data` crate and the evaluation metrics
 //! (BLEU, chrF, significance tests, AER) in `cgnmt-eval`.
 
+pub mod alignment;
 pub mod attention;
 pub mod batcher;
 pub mod beam_search;

@@ -13,7 +13,11 @@ use cgnmt::config::Config;
 use cgnmt::translate::Translator;
 
 #[derive(Parser)]
-#[command(name = "cgnmt", version, about = "Context-gated neural machine translation (Tu et al., TACL 2017)")]
+#[command(
+    name = "cgnmt",
+    version,
+    about = "Context-gated neural machine translation (Tu et al., TACL 2017)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -29,6 +33,8 @@ enum Cmd {
     Translate(TranslateArgs),
     /// Build the model of a configuration and print its parameter count per component.
     Info(InfoArgs),
+    /// Force-decode reference translations and write word alignments from attention (for AER/SAER).
+    Align(AlignArgs),
     /// Train a small context-gated model on Tatoeba zh-en, translate its test set and print BLEU.
     Demo(DemoArgs),
     /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
@@ -37,6 +43,10 @@ enum Cmd {
     Compare(cgnmt_eval::cli::CompareArgs),
     /// Alignment error rate (AER) and soft AER against gold Sure/Possible links.
     Aer(cgnmt_eval::cli::AerArgs),
+    /// The paper's analyses: BLEU by source-length group, gate correlation, context scaling.
+    Analyze(cgnmt_eval::cli::AnalyzeArgs),
+    /// Figures (PNG/SVG): attention heatmap with gate values, training curves.
+    Plot(cgnmt_eval::cli::PlotArgs),
 }
 
 #[derive(clap::Args)]
@@ -106,6 +116,30 @@ struct TranslateArgs {
 }
 
 #[derive(clap::Args)]
+struct AlignArgs {
+    /// Model directory (a run directory means its best/ model).
+    #[arg(short, long)]
+    model: PathBuf,
+    /// Source sentences, tokenised with spaces (the gold alignment's tokens).
+    #[arg(long)]
+    src: PathBuf,
+    /// Target (reference) sentences, tokenised with spaces.
+    #[arg(long)]
+    tgt: PathBuf,
+    /// Hard alignment output (`i-j` links, 0-based, one line per pair).
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Also write the word-level attention matrices (and gate values) as JSON lines, for `cgnmt aer --soft`.
+    #[arg(long, value_name = "FILE")]
+    soft: Option<PathBuf>,
+    /// Write links target-first (`j-i`), for gold files whose first index is the target language.
+    #[arg(long)]
+    target_first: bool,
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+}
+
+#[derive(clap::Args)]
 struct DemoArgs {
     /// Data directory (default: $CGNMT_DATA or ../shared/data).
     #[arg(long)]
@@ -122,9 +156,17 @@ struct DemoArgs {
 }
 
 fn parse_pair(s: &str) -> std::result::Result<(f64, f64), String> {
-    let (a, b) = s.split_once(',').ok_or_else(|| format!("expected A,B (e.g. 1.0,0.5), got {s:?}"))?;
-    let a: f64 = a.trim().parse().map_err(|_| format!("not a number: {a:?}"))?;
-    let b: f64 = b.trim().parse().map_err(|_| format!("not a number: {b:?}"))?;
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("expected A,B (e.g. 1.0,0.5), got {s:?}"))?;
+    let a: f64 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number: {a:?}"))?;
+    let b: f64 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a number: {b:?}"))?;
     Ok((a, b))
 }
 
@@ -136,9 +178,12 @@ fn main() {
         Cmd::Translate(a) => cmd_translate(a),
         Cmd::Info(a) => cmd_info(a),
         Cmd::Demo(a) => cmd_demo(a),
+        Cmd::Align(a) => cmd_align(a),
         Cmd::Score(a) => cgnmt_eval::cli::run_score(&a),
         Cmd::Compare(a) => cgnmt_eval::cli::run_compare(&a),
         Cmd::Aer(a) => cgnmt_eval::cli::run_aer(&a),
+        Cmd::Analyze(a) => cgnmt_eval::cli::run_analyze(&a),
+        Cmd::Plot(a) => cgnmt_eval::cli::run_plot(&a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -156,8 +201,12 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         if a.config.is_some() {
             bail!("--resume takes the configuration saved in the run directory; use --set to change train.* settings");
         }
-        let dir = checkpoint::complete_dir(&run_dir.join("last"))
-            .with_context(|| format!("{}: no complete checkpoint in last/ to resume from", run_dir.display()))?;
+        let dir = checkpoint::complete_dir(&run_dir.join("last")).with_context(|| {
+            format!(
+                "{}: no complete checkpoint in last/ to resume from",
+                run_dir.display()
+            )
+        })?;
         Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &a.sets)?
     } else {
         Config::load(a.config.as_deref(), &a.sets)?
@@ -179,11 +228,10 @@ fn set_threads(n: usize) {
 
 fn cmd_info(a: InfoArgs) -> Result<()> {
     let cfg = Config::load(a.config.as_deref(), &a.sets)?;
-    let (_m, varmap) = cgnmt::model::Model::build(
+    let (_m, varmap) = cgnmt::model::Model::build_uninit(
         &cfg.model,
         cfg.data.src_vocab_size + 2,
         cfg.data.tgt_vocab_size + 2,
-        cfg.train.seed,
         DType::F32,
         &Device::Cpu,
     )?;
@@ -202,7 +250,12 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
         println!("{k:<28} {n:>12}  ({:.2}M)", n as f64 / 1e6);
     }
     let total = cgnmt::init::count(&varmap);
-    println!("{:<28} {:>12}  ({:.1}M)", "total", total, total as f64 / 1e6);
+    println!(
+        "{:<28} {:>12}  ({:.1}M)",
+        "total",
+        total,
+        total as f64 / 1e6
+    );
     Ok(())
 }
 
@@ -219,7 +272,10 @@ fn read_input(path: Option<&Path>) -> Result<Vec<String>> {
         Some(p) => Ok(cgnmt_data::corpus::read_lines(p)?),
         None => {
             let mut buf = Vec::new();
-            std::io::stdin().lock().read_to_end(&mut buf).context("reading stdin")?;
+            std::io::stdin()
+                .lock()
+                .read_to_end(&mut buf)
+                .context("reading stdin")?;
             let mut out = Vec::new();
             for (i, line) in buf.split(|b| *b == b'\n').enumerate() {
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -253,7 +309,12 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
     };
-    let tr = Translator { model: &lm.model, src_vocab: &lm.src_vocab, tgt_vocab: &lm.tgt_vocab, preprocess: &lm.preprocess };
+    let tr = Translator {
+        model: &lm.model,
+        src_vocab: &lm.src_vocab,
+        tgt_vocab: &lm.tgt_vocab,
+        preprocess: &lm.preprocess,
+    };
     let pb = if a.quiet || lines.len() < 50 {
         indicatif::ProgressBar::hidden()
     } else {
@@ -261,7 +322,8 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     };
     let mut sink: Box<dyn Write> = match &a.output {
         Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(tmp_path(p)).with_context(|| format!("creating {}", p.display()))?,
+            std::fs::File::create(tmp_path(p))
+                .with_context(|| format!("creating {}", p.display()))?,
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
@@ -275,7 +337,9 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     let chunk = 256usize.max(a.batch);
     let mut base = 0;
     for part in lines.chunks(chunk) {
-        let out = tr.translate(part, &opts, a.batch, a.pretokenized, |d| pb.set_position((base + d) as u64))?;
+        let out = tr.translate(part, &opts, a.batch, a.pretokenized, |d| {
+            pb.set_position((base + d) as u64)
+        })?;
         for (k, t) in out.iter().enumerate() {
             if a.nbest > 1 {
                 for h in &t.hyps {
@@ -330,7 +394,10 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
     let data = data_dir(a.data);
     let tat = data.join("tatoeba-zh-en");
     if !tat.join("train.zh").is_file() {
-        bail!("{}: Tatoeba zh-en not found (set $CGNMT_DATA or --data to the data directory)", tat.display());
+        bail!(
+            "{}: Tatoeba zh-en not found (set $CGNMT_DATA or --data to the data directory)",
+            tat.display()
+        );
     }
     let prepared = a.out.join("prepared");
     if !prepared.join("preprocess.json").is_file() {
@@ -343,15 +410,24 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         let s = |p: &Path| p.display().to_string();
         let p = P::try_parse_from([
             "prepare".to_string(),
-            "--src".into(), s(&tat.join("train.zh")),
-            "--tgt".into(), s(&tat.join("train.en")),
-            "--dev-src".into(), s(&tat.join("dev.zh")),
-            "--dev-tgt".into(), s(&tat.join("dev.en")),
-            "--test-src".into(), s(&tat.join("test.zh")),
-            "--test-tgt".into(), s(&tat.join("test.en")),
-            "--src-lang".into(), "zh".into(),
-            "--tgt-lang".into(), "en".into(),
-            "--out".into(), s(&prepared),
+            "--src".into(),
+            s(&tat.join("train.zh")),
+            "--tgt".into(),
+            s(&tat.join("train.en")),
+            "--dev-src".into(),
+            s(&tat.join("dev.zh")),
+            "--dev-tgt".into(),
+            s(&tat.join("dev.en")),
+            "--test-src".into(),
+            s(&tat.join("test.zh")),
+            "--test-tgt".into(),
+            s(&tat.join("test.en")),
+            "--src-lang".into(),
+            "zh".into(),
+            "--tgt-lang".into(),
+            "en".into(),
+            "--out".into(),
+            s(&prepared),
             "--force".into(),
         ])?;
         cgnmt_data::prepare::run_prepare(&p.a)?;
@@ -385,13 +461,17 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         let dir = checkpoint::complete_dir(&run.join("last")).context("incomplete checkpoint")?;
         let st = checkpoint::load_state(&dir)?;
         if st.finished {
-            eprintln!("(a finished run exists in {}; delete it to train again)", run.display());
+            eprintln!(
+                "(a finished run exists in {}; delete it to train again)",
+                run.display()
+            );
         }
         Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?
     } else {
         cfg
     };
-    let already = resume && checkpoint::load_state(&checkpoint::complete_dir(&run.join("last")).unwrap())?.finished;
+    let already = resume
+        && checkpoint::load_state(&checkpoint::complete_dir(&run.join("last")).unwrap())?.finished;
     if !already {
         cgnmt::train::train(cfg, &run, resume, false)?;
     }
@@ -399,26 +479,115 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
     let src = cgnmt_data::corpus::read_lines(&tat.join("test.zh"))?;
     let refs = cgnmt_data::corpus::read_lines(&tat.join("test.en"))?;
     eprintln!("== translating {} test sentences (beam 10)", src.len());
-    let tr = Translator { model: &lm.model, src_vocab: &lm.src_vocab, tgt_vocab: &lm.tgt_vocab, preprocess: &lm.preprocess };
+    let tr = Translator {
+        model: &lm.model,
+        src_vocab: &lm.src_vocab,
+        tgt_vocab: &lm.tgt_vocab,
+        preprocess: &lm.preprocess,
+    };
     let pb = indicatif::ProgressBar::new(src.len() as u64);
     let t0 = std::time::Instant::now();
-    let out = tr.translate(&src, &DecodeOptions::default(), 32, false, |d| pb.set_position(d as u64))?;
+    let out = tr.translate(&src, &DecodeOptions::default(), 32, false, |d| {
+        pb.set_position(d as u64)
+    })?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let hyps: Vec<String> = out.iter().map(|t| t.text.clone()).collect();
     let hyp_path = a.out.join("test.hyp.en");
     std::fs::write(&hyp_path, hyps.join("\n") + "\n")?;
-    let v11b = cgnmt_eval::bleu::corpus_bleu(&hyps, &[refs.clone()], &cgnmt_eval::bleu::BleuOptions::mteval_v11b())?;
-    let sacre = cgnmt_eval::bleu::corpus_bleu(&hyps, &[refs.clone()], &cgnmt_eval::bleu::BleuOptions::sacrebleu())?;
+    let v11b = cgnmt_eval::bleu::corpus_bleu(
+        &hyps,
+        &[refs.clone()],
+        &cgnmt_eval::bleu::BleuOptions::mteval_v11b(),
+    )?;
+    let sacre = cgnmt_eval::bleu::corpus_bleu(
+        &hyps,
+        &[refs.clone()],
+        &cgnmt_eval::bleu::BleuOptions::sacrebleu(),
+    )?;
     println!("\nSample translations (test set):");
     for i in [0usize, 7, 42, 300, 1000, 2000] {
         if i < src.len() {
-            println!("  src: {}\n  ref: {}\n  hyp: {}\n", src[i], refs[i], hyps[i]);
+            println!(
+                "  src: {}\n  ref: {}\n  hyp: {}\n",
+                src[i], refs[i], hyps[i]
+            );
         }
     }
-    println!("decoded {} sentences in {:.1} s ({:.1} sent/s); output in {}", src.len(), secs, src.len() as f64 / secs, hyp_path.display());
-    println!("Tatoeba zh-en test BLEU (mteval-v11b, case-insensitive): {:.2}", v11b.score);
-    println!("Tatoeba zh-en test BLEU (sacreBLEU 13a, cased):          {:.2}  {}", sacre.score, sacre.signature);
+    println!(
+        "decoded {} sentences in {:.1} s ({:.1} sent/s); output in {}",
+        src.len(),
+        secs,
+        src.len() as f64 / secs,
+        hyp_path.display()
+    );
+    println!(
+        "Tatoeba zh-en test BLEU (mteval-v11b, case-insensitive): {:.2}",
+        v11b.score
+    );
+    println!(
+        "Tatoeba zh-en test BLEU (sacreBLEU 13a, cased):          {:.2}  {}",
+        sacre.score, sacre.signature
+    );
     let _ = std::io::stdin().lock().lines();
+    Ok(())
+}
+
+fn cmd_align(a: AlignArgs) -> Result<()> {
+    use cgnmt_data::bpe::word_index_of_subwords;
+    let dir = resolve_model_dir(&a.model);
+    let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
+    let (src, tgt) = cgnmt_data::corpus::read_parallel(&a.src, &a.tgt)?;
+    // Tokens as given; BPE (if the model has it) applied word by word and mapped back afterwards.
+    let words = |l: &String| -> Vec<String> { l.split_whitespace().map(str::to_string).collect() };
+    let (mut sids, mut tids, mut smap, mut tmap) = (vec![], vec![], vec![], vec![]);
+    for (s, t) in src.iter().zip(&tgt) {
+        let (sw, tw) = (words(s), words(t));
+        let st = lm.preprocess.src_bpe_apply(&sw);
+        let tt = lm.preprocess.tgt_bpe_apply(&tw);
+        smap.push(word_index_of_subwords(&st));
+        tmap.push(word_index_of_subwords(&tt));
+        sids.push(lm.src_vocab.encode(&st));
+        tids.push(lm.tgt_vocab.encode(&tt));
+    }
+    let res =
+        cgnmt::alignment::force_decode_all(&lm.model, &sids, &tids, lm.tgt_vocab.eos(), a.batch)?;
+    let mut hard = String::new();
+    let mut soft = String::new();
+    for (k, (att, gates)) in res.iter().enumerate() {
+        let m = cgnmt::alignment::to_words(att, &smap[k], &tmap[k]);
+        let links: Vec<String> = cgnmt::alignment::argmax_links(&m)
+            .into_iter()
+            .map(|(i, j)| {
+                if a.target_first {
+                    format!("{j}-{i}")
+                } else {
+                    format!("{i}-{j}")
+                }
+            })
+            .collect();
+        hard += &links.join(" ");
+        hard.push('\n');
+        if a.soft.is_some() {
+            soft += &serde_json::json!({"id": k, "attention": m, "gates": gates}).to_string();
+            soft.push('\n');
+        }
+    }
+    write_atomic(&a.output, hard.as_bytes())?;
+    if let Some(p) = &a.soft {
+        write_atomic(p, soft.as_bytes())?;
+    }
+    eprintln!(
+        "aligned {} sentence pairs → {}",
+        res.len(),
+        a.output.display()
+    );
+    Ok(())
+}
+
+fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = tmp_path(p);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
     Ok(())
 }

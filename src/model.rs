@@ -40,11 +40,23 @@ pub struct Batch {
 
 impl Batch {
     /// Pad id sequences (EOS = 0 is appended to every sentence and used as padding) into tensors.
-    pub fn new(src: &[Vec<u32>], tgt: &[Vec<u32>], eos: u32, dtype: DType, dev: &Device) -> Result<Batch> {
+    pub fn new(
+        src: &[Vec<u32>],
+        tgt: &[Vec<u32>],
+        eos: u32,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Batch> {
         let (s, sm) = pad(src, eos, dtype, dev)?;
         let (t, tm) = pad(tgt, eos, dtype, dev)?;
         let tgt_tokens = tgt.iter().map(|x| x.len() + 1).sum();
-        Ok(Batch { src: s, src_mask: sm, tgt: t, tgt_mask: tm, tgt_tokens })
+        Ok(Batch {
+            src: s,
+            src_mask: sm,
+            tgt: t,
+            tgt_mask: tm,
+            tgt_tokens,
+        })
     }
 }
 
@@ -60,7 +72,10 @@ pub fn pad(seqs: &[Vec<u32>], eos: u32, dtype: DType, dev: &Device) -> Result<(T
             *m = 1.0;
         }
     }
-    Ok((Tensor::from_vec(ids, (b, l), dev)?, Tensor::from_vec(mask, (b, l), dev)?.to_dtype(dtype)?))
+    Ok((
+        Tensor::from_vec(ids, (b, l), dev)?,
+        Tensor::from_vec(mask, (b, l), dev)?.to_dtype(dtype)?,
+    ))
 }
 
 /// Encoder output prepared for decoding.
@@ -96,7 +111,12 @@ pub struct StepOut {
 }
 
 impl Model {
-    pub fn new(vb: VarBuilder, cfg: &ModelConfig, src_vocab: usize, tgt_vocab: usize) -> Result<Self> {
+    pub fn new(
+        vb: VarBuilder,
+        cfg: &ModelConfig,
+        src_vocab: usize,
+        tgt_vocab: usize,
+    ) -> Result<Self> {
         let (e, h) = (cfg.embedding_dim, cfg.hidden_dim);
         let dec = vb.pp("decoder");
         Ok(Self {
@@ -104,11 +124,15 @@ impl Model {
             src_vocab,
             tgt_vocab,
             encoder: Encoder::new(vb.pp("encoder"), src_vocab, e, h)?,
-            w_init: dec.pp("init").get((h, h), "W_init")?,
-            b_init: dec.pp("init").get(h, "b_init")?,
+            w_init: dec
+                .pp("init")
+                .get_with_hints((h, h), "W_init", crate::init::ZERO)?,
+            b_init: dec
+                .pp("init")
+                .get_with_hints(h, "b_init", crate::init::ZERO)?,
             attention: Attention::new(dec.pp("attention"), 2 * h, h, cfg.attention_dim)?,
             coverage: Coverage::new(dec.clone(), cfg)?,
-            tgt_emb: dec.get((tgt_vocab, e), "E")?,
+            tgt_emb: dec.get_with_hints((tgt_vocab, e), "E", crate::init::ZERO)?,
             gate: Gate::new(dec.clone(), cfg)?,
             cell: DecoderCell::new(dec.pp("cell"), cfg.decoder, cfg.gate_form, e, h)?,
             readout: Readout::new(dec.pp("readout"), e, h, tgt_vocab)?,
@@ -124,17 +148,33 @@ impl Model {
         dtype: DType,
         dev: &Device,
     ) -> crate::error::Result<(Model, VarMap)> {
+        let (model, varmap) = Self::build_uninit(cfg, src_vocab, tgt_vocab, dtype, dev)?;
+        crate::init::init_params(&varmap, seed)?;
+        Ok((model, varmap))
+    }
+
+    /// Build with all-zero variables (to count parameters, or before loading weights).
+    pub fn build_uninit(
+        cfg: &ModelConfig,
+        src_vocab: usize,
+        tgt_vocab: usize,
+        dtype: DType,
+        dev: &Device,
+    ) -> crate::error::Result<(Model, VarMap)> {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, dtype, dev);
         let model = Model::new(vb, cfg, src_vocab, tgt_vocab)?;
-        crate::init::init_params(&varmap, seed)?;
         Ok((model, varmap))
     }
 
     pub fn encode(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
         let enc = self.encoder.forward(src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
-        let t0 = enc.bwd_first.matmul(&self.w_init)?.broadcast_add(&self.b_init)?.tanh()?;
+        let t0 = enc
+            .bwd_first
+            .matmul(&self.w_init)?
+            .broadcast_add(&self.b_init)?
+            .tanh()?;
         let cov_keys = match &self.coverage {
             Some(c) => Some(c.keys(&enc.annotations)?),
             None => None,
@@ -150,7 +190,12 @@ impl Model {
         };
         let (alpha, ctx) = self.attention.step(&src.keys, t_prev, term.as_ref())?;
         let cov = match (&self.coverage, cov) {
-            (Some(c), Some(cv)) => Some(c.update(src.cov_keys.as_ref().expect("coverage keys"), cv, &alpha, t_prev)?),
+            (Some(c), Some(cv)) => Some(c.update(
+                src.cov_keys.as_ref().expect("coverage keys"),
+                cv,
+                &alpha,
+                t_prev,
+            )?),
             _ => None,
         };
         Ok(StepOut { alpha, ctx, cov })
@@ -212,7 +257,11 @@ impl Model {
         let k = wp.dim(1)?;
         let wp = wp.reshape((b, t_len, k))?.transpose(0, 1)?.contiguous()?;
         let wz = match self.gate.word_term(&e_all)? {
-            Some(w) => Some(w.reshape((b, t_len, w.dim(1)?))?.transpose(0, 1)?.contiguous()?),
+            Some(w) => Some(
+                w.reshape((b, t_len, w.dim(1)?))?
+                    .transpose(0, 1)?
+                    .contiguous()?,
+            ),
             None => None,
         };
         let mut t = src.t0.clone();
@@ -229,7 +278,9 @@ impl Model {
                     Some(w) => Some(w.i(i)?),
                     None => None,
                 };
-                t = self.transition_projected(&t, &wp.i(i)?, wz_i.as_ref(), &out.ctx, (1.0, 1.0))?.0;
+                t = self
+                    .transition_projected(&t, &wp.i(i)?, wz_i.as_ref(), &out.ctx, (1.0, 1.0))?
+                    .0;
             }
         }
         // Readout for all steps at once: batch-major rows (b, i).
@@ -237,13 +288,21 @@ impl Model {
         let ctxs = Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?;
         let e3 = e_all.reshape((b, t_len, e_dim))?;
         let e_prev = Tensor::cat(
-            &[Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?, e3.narrow(1, 0, t_len - 1)?],
+            &[
+                Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
+                e3.narrow(1, 0, t_len - 1)?,
+            ],
             1,
         )?
         .reshape((b * t_len, e_dim))?;
         let logits = self.readout.logits(&ctxs, &states, &e_prev)?;
         let logp = log_softmax(&logits)?;
-        let nll = logp.gather(&batch.tgt.flatten_all()?.unsqueeze(1)?, 1)?.squeeze(1)?.neg()?;
-        (nll * batch.tgt_mask.flatten_all()?)?.sum_all()?.affine(1.0 / b as f64, 0.0)
+        let nll = logp
+            .gather(&batch.tgt.flatten_all()?.unsqueeze(1)?, 1)?
+            .squeeze(1)?
+            .neg()?;
+        (nll * batch.tgt_mask.flatten_all()?)?
+            .sum_all()?
+            .affine(1.0 / b as f64, 0.0)
     }
 }

@@ -55,12 +55,19 @@ impl InplaceOp2 for FusedUpdate<'_> {
         "fused-optimizer-update"
     }
 
-    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<()> {
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
         let (p, g) = match (s1, s2) {
             (CpuStorage::F32(p), CpuStorage::F32(g)) => (p, g),
             _ => candle_core::bail!("fused optimizer: only f32 parameters on the CPU"),
         };
-        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets()) else {
+        let (Some((p0, p1)), Some((g0, g1))) = (l1.contiguous_offsets(), l2.contiguous_offsets())
+        else {
             candle_core::bail!("fused optimizer: non-contiguous parameter or gradient");
         };
         let p = &mut p[p0..p1];
@@ -85,7 +92,14 @@ impl InplaceOp2 for FusedUpdate<'_> {
                     });
             }
             OptimizerKind::Adam => {
-                let (b1, b2, e, lr, bc1, bc2) = (self.beta1, self.beta2, self.adam_eps, self.lr, self.bc1, self.bc2);
+                let (b1, b2, e, lr, bc1, bc2) = (
+                    self.beta1,
+                    self.beta2,
+                    self.adam_eps,
+                    self.lr,
+                    self.bc1,
+                    self.bc2,
+                );
                 p.par_chunks_mut(CHUNK)
                     .zip(g.par_chunks(CHUNK))
                     .zip(a.par_chunks_mut(CHUNK).zip(b.par_chunks_mut(CHUNK)))
@@ -109,7 +123,10 @@ fn sum_sq(t: &Tensor) -> Result<f64> {
         let (st, l) = t.storage_and_layout();
         if let Storage::Cpu(CpuStorage::F32(v)) = &*st {
             let (a, b) = l.contiguous_offsets().expect("contiguous");
-            return Ok(v[a..b].par_chunks(CHUNK).map(|c| c.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>()).sum());
+            return Ok(v[a..b]
+                .par_chunks(CHUNK)
+                .map(|c| c.iter().map(|x| (*x as f64) * (*x as f64)).sum::<f64>())
+                .sum());
         }
     }
     t.to_dtype(DType::F64)?.sqr()?.sum_all()?.to_scalar::<f64>()
@@ -145,16 +162,29 @@ impl Optimizer {
     /// Clip (globally, to `clip_norm`) and apply one update. Returns the gradient norm before clipping.
     pub fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
         let norm = Self::grad_norm(vars, grads)?;
-        let scale = if self.clip_norm > 0.0 && norm > self.clip_norm { self.clip_norm / norm } else { 1.0 };
+        let scale = if self.clip_norm > 0.0 && norm > self.clip_norm {
+            self.clip_norm / norm
+        } else {
+            1.0
+        };
         self.step += 1;
         let bc1 = 1.0 - self.beta1.powi(self.step as i32);
         let bc2 = 1.0 - self.beta2.powi(self.step as i32);
         for (name, var) in vars {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
             let n = var.elem_count();
-            let slot = self.state.entry(name.clone()).or_insert_with(|| SlotState { a: vec![0.0; n], b: vec![0.0; n] });
+            let slot = self.state.entry(name.clone()).or_insert_with(|| SlotState {
+                a: vec![0.0; n],
+                b: vec![0.0; n],
+            });
             if var.device().is_cpu() && var.dtype() == DType::F32 {
-                let g = if g.is_contiguous() { g.clone() } else { g.contiguous()? };
+                let g = if g.is_contiguous() {
+                    g.clone()
+                } else {
+                    g.contiguous()?
+                };
                 let op = FusedUpdate {
                     kind: self.kind,
                     scale: scale as f32,
@@ -177,12 +207,24 @@ impl Optimizer {
     }
 
     /// Device-generic fallback built from tensor ops (also the reference the fused kernel is tested against).
-    fn composed_update(&mut self, var: &Var, g: &Tensor, scale: f64, bc1: f64, bc2: f64, name: &str) -> Result<()> {
+    fn composed_update(
+        &mut self,
+        var: &Var,
+        g: &Tensor,
+        scale: f64,
+        bc1: f64,
+        bc2: f64,
+        name: &str,
+    ) -> Result<()> {
         let dev = var.device().clone();
         let shape = var.shape().clone();
         let slot = self.state.get_mut(name).expect("slot created");
-        let a = Tensor::from_slice(&slot.a, shape.clone(), &Device::Cpu)?.to_device(&dev)?.to_dtype(var.dtype())?;
-        let b = Tensor::from_slice(&slot.b, shape.clone(), &Device::Cpu)?.to_device(&dev)?.to_dtype(var.dtype())?;
+        let a = Tensor::from_slice(&slot.a, shape.clone(), &Device::Cpu)?
+            .to_device(&dev)?
+            .to_dtype(var.dtype())?;
+        let b = Tensor::from_slice(&slot.b, shape.clone(), &Device::Cpu)?
+            .to_device(&dev)?
+            .to_dtype(var.dtype())?;
         let g = g.affine(scale, 0.0)?;
         let (na, nb, upd) = match self.kind {
             OptimizerKind::Adadelta => {
@@ -207,14 +249,23 @@ impl Optimizer {
     /// Force the composed path (for testing the fused kernel against it).
     pub fn step_composed(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
         let norm = Self::grad_norm(vars, grads)?;
-        let scale = if self.clip_norm > 0.0 && norm > self.clip_norm { self.clip_norm / norm } else { 1.0 };
+        let scale = if self.clip_norm > 0.0 && norm > self.clip_norm {
+            self.clip_norm / norm
+        } else {
+            1.0
+        };
         self.step += 1;
         let bc1 = 1.0 - self.beta1.powi(self.step as i32);
         let bc2 = 1.0 - self.beta2.powi(self.step as i32);
         for (name, var) in vars {
-            let Some(g) = grads.get(var.as_tensor()) else { continue };
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
             let n = var.elem_count();
-            self.state.entry(name.clone()).or_insert_with(|| SlotState { a: vec![0.0; n], b: vec![0.0; n] });
+            self.state.entry(name.clone()).or_insert_with(|| SlotState {
+                a: vec![0.0; n],
+                b: vec![0.0; n],
+            });
             self.composed_update(var, g, scale, bc1, bc2, name)?;
         }
         Ok(norm)
@@ -228,21 +279,34 @@ mod tests {
 
     fn setup() -> (Vec<(String, Var)>, Tensor) {
         let dev = Device::Cpu;
-        let p = Var::from_tensor(&Tensor::new(&[0.5f32, -1.0, 2.0, 0.1, 0.0, 3.0], &dev).unwrap()).unwrap();
-        let q = Var::from_tensor(&Tensor::new(&[[1.0f32, 2.0], [3.0, -4.0]], &dev).unwrap()).unwrap();
+        let p = Var::from_tensor(&Tensor::new(&[0.5f32, -1.0, 2.0, 0.1, 0.0, 3.0], &dev).unwrap())
+            .unwrap();
+        let q =
+            Var::from_tensor(&Tensor::new(&[[1.0f32, 2.0], [3.0, -4.0]], &dev).unwrap()).unwrap();
         let loss = (p.as_tensor().sqr().unwrap().sum_all().unwrap()
-            + (q.as_tensor().sqr().unwrap() * 3.0).unwrap().sum_all().unwrap())
+            + (q.as_tensor().sqr().unwrap() * 3.0)
+                .unwrap()
+                .sum_all()
+                .unwrap())
         .unwrap();
         (vec![("p".into(), p), ("q".into(), q)], loss)
     }
 
     fn run(kind: OptimizerKind, fused: bool, clip: f64) -> Vec<Vec<f32>> {
         let (vars, _) = setup();
-        let cfg = TrainConfig { optimizer: kind, clip_norm: clip, learning_rate: 0.01, ..Default::default() };
+        let cfg = TrainConfig {
+            optimizer: kind,
+            clip_norm: clip,
+            learning_rate: 0.01,
+            ..Default::default()
+        };
         let mut opt = Optimizer::new(&cfg);
         for _ in 0..5 {
             let loss = (vars[0].1.as_tensor().sqr().unwrap().sum_all().unwrap()
-                + (vars[1].1.as_tensor().sqr().unwrap() * 3.0).unwrap().sum_all().unwrap())
+                + (vars[1].1.as_tensor().sqr().unwrap() * 3.0)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap())
             .unwrap();
             let grads = loss.backward().unwrap();
             if fused {
@@ -251,7 +315,9 @@ mod tests {
                 opt.step_composed(&vars, &grads).unwrap();
             }
         }
-        vars.iter().map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()).collect()
+        vars.iter()
+            .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+            .collect()
     }
 
     #[test]
@@ -261,7 +327,10 @@ mod tests {
                 let a = run(kind, true, clip);
                 let b = run(kind, false, clip);
                 for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
-                    assert!((x - y).abs() <= 1e-6 * (1.0 + y.abs()), "{kind:?} clip {clip}: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= 1e-6 * (1.0 + y.abs()),
+                        "{kind:?} clip {clip}: {x} vs {y}"
+                    );
                 }
             }
         }
@@ -271,8 +340,18 @@ mod tests {
     fn adadelta_first_step_by_hand() {
         // One parameter x = 2, loss x², g = 4. E[g²] = 0.05·16 = 0.8; Δ = −sqrt(1e-6)/sqrt(0.8+1e-6)·4.
         let x = Var::from_tensor(&Tensor::new(&[2.0f32], &Device::Cpu).unwrap()).unwrap();
-        let grads = x.as_tensor().sqr().unwrap().sum_all().unwrap().backward().unwrap();
-        let mut opt = Optimizer::new(&TrainConfig { clip_norm: 0.0, ..Default::default() });
+        let grads = x
+            .as_tensor()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let mut opt = Optimizer::new(&TrainConfig {
+            clip_norm: 0.0,
+            ..Default::default()
+        });
         opt.step(&[("x".into(), x.clone())], &grads).unwrap();
         let want = 2.0 - (1e-6f64).sqrt() / (0.8f64 + 1e-6).sqrt() * 4.0;
         let got = x.as_tensor().to_vec1::<f32>().unwrap()[0] as f64;
@@ -285,8 +364,14 @@ mod tests {
         let grads = loss.backward().unwrap();
         let norm = Optimizer::grad_norm(&vars, &grads).unwrap();
         // grads: 2p and 6q
-        let want: f64 = [0.5f64, -1.0, 2.0, 0.1, 0.0, 3.0].iter().map(|x| (2.0 * x) * (2.0 * x)).sum::<f64>()
-            + [1.0f64, 2.0, 3.0, -4.0].iter().map(|x| (6.0 * x) * (6.0 * x)).sum::<f64>();
+        let want: f64 = [0.5f64, -1.0, 2.0, 0.1, 0.0, 3.0]
+            .iter()
+            .map(|x| (2.0 * x) * (2.0 * x))
+            .sum::<f64>()
+            + [1.0f64, 2.0, 3.0, -4.0]
+                .iter()
+                .map(|x| (6.0 * x) * (6.0 * x))
+                .sum::<f64>();
         assert!((norm - want.sqrt()).abs() < 1e-4);
     }
 }

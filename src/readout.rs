@@ -18,13 +18,13 @@ pub struct Readout {
 impl Readout {
     pub fn new(vb: VarBuilder, emb: usize, hidden: usize, vocab: usize) -> Result<Self> {
         Ok(Self {
-            w_o: vb.get((2 * hidden, hidden), "W_o")?,
-            u_o: vb.get((hidden, hidden), "U_o")?,
-            v_o: vb.get((emb, hidden), "V_o")?,
-            b_o: vb.get(hidden, "b_o")?,
-            w_1: vb.get((hidden / 2, emb), "W_1")?,
-            w_2: vb.get((emb, vocab), "W_2")?,
-            b: vb.get(vocab, "b")?,
+            w_o: vb.get_with_hints((2 * hidden, hidden), "W_o", crate::init::ZERO)?,
+            u_o: vb.get_with_hints((hidden, hidden), "U_o", crate::init::ZERO)?,
+            v_o: vb.get_with_hints((emb, hidden), "V_o", crate::init::ZERO)?,
+            b_o: vb.get_with_hints(hidden, "b_o", crate::init::ZERO)?,
+            w_1: vb.get_with_hints((hidden / 2, emb), "W_1", crate::init::ZERO)?,
+            w_2: vb.get_with_hints((emb, vocab), "W_2", crate::init::ZERO)?,
+            b: vb.get_with_hints(vocab, "b", crate::init::ZERO)?,
             hidden,
         })
     }
@@ -35,8 +35,13 @@ impl Readout {
         let r = (ctx.matmul(&self.w_o)? + t_prev.matmul(&self.u_o)? + e_prev.matmul(&self.v_o)?)?
             .broadcast_add(&self.b_o)?;
         let pairs = r.reshape((n, self.hidden / 2, 2))?;
-        let m = pairs.narrow(D::Minus1, 0, 1)?.maximum(&pairs.narrow(D::Minus1, 1, 1)?)?.reshape((n, self.hidden / 2))?;
-        m.matmul(&self.w_1)?.matmul(&self.w_2)?.broadcast_add(&self.b)
+        let m = pairs
+            .narrow(D::Minus1, 0, 1)?
+            .maximum(&pairs.narrow(D::Minus1, 1, 1)?)?
+            .reshape((n, self.hidden / 2))?;
+        m.matmul(&self.w_1)?
+            .matmul(&self.w_2)?
+            .broadcast_add(&self.b)
     }
 }
 

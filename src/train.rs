@@ -79,7 +79,10 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
             tgt.len()
         )));
     }
-    let mut corpus = Corpus { src: vec![], tgt: vec![] };
+    let mut corpus = Corpus {
+        src: vec![],
+        tgt: vec![],
+    };
     let mut dropped_long = 0;
     for (s, t) in src.iter().zip(&tgt) {
         if s.is_empty() || t.is_empty() {
@@ -96,7 +99,10 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
         }
     }
     if corpus.is_empty() {
-        return Err(NmtError::Data(format!("{}: no training pairs left after filtering", dir.display())));
+        return Err(NmtError::Data(format!(
+            "{}: no training pairs left after filtering",
+            dir.display()
+        )));
     }
     if !quiet {
         eprintln!(
@@ -110,7 +116,10 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
         let mut s = cgnmt_data::corpus::read_lines(&dir.join("dev.src"))?;
         let mut r = cgnmt_data::corpus::read_lines(&dir.join("dev.ref"))?;
         if s.len() != r.len() {
-            return Err(NmtError::Data(format!("{}: dev.src and dev.ref differ in line count", dir.display())));
+            return Err(NmtError::Data(format!(
+                "{}: dev.src and dev.ref differ in line count",
+                dir.display()
+            )));
         }
         if cfg.train.eval_max_sentences > 0 {
             s.truncate(cfg.train.eval_max_sentences);
@@ -120,7 +129,14 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
     } else {
         (vec![], vec![])
     };
-    Ok(TrainData { corpus, src_vocab, tgt_vocab, dev_src, dev_ref, dropped_long })
+    Ok(TrainData {
+        corpus,
+        src_vocab,
+        tgt_vocab,
+        dev_src,
+        dev_ref,
+        dropped_long,
+    })
 }
 
 /// Case-insensitive BLEU as NIST mteval-v11b (the paper's metric) of detokenised hypotheses.
@@ -142,8 +158,16 @@ pub fn evaluate(
     dev_ref: &[String],
     beam: usize,
 ) -> Result<f64> {
-    let tr = Translator { model, src_vocab, tgt_vocab, preprocess: pre };
-    let opts = DecodeOptions { beam, ..Default::default() };
+    let tr = Translator {
+        model,
+        src_vocab,
+        tgt_vocab,
+        preprocess: pre,
+    };
+    let opts = DecodeOptions {
+        beam,
+        ..Default::default()
+    };
     let out = tr.translate(dev_src, &opts, 32, true, |_| {})?;
     let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
     Ok(bleu_v11b(&hyps, dev_ref))
@@ -164,7 +188,10 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     let best_dir = run_dir.join("best");
     let (cfg, model, varmap, mut opt, mut state, data) = if resume {
         let dir = checkpoint::complete_dir(&last_dir).ok_or_else(|| {
-            NmtError::model_dir(&last_dir, "no complete checkpoint to resume from (run `cgnmt train` without --resume)")
+            NmtError::model_dir(
+                &last_dir,
+                "no complete checkpoint to resume from (run `cgnmt train` without --resume)",
+            )
         })?;
         let lm = checkpoint::load(&dir, dtype, &dev)?;
         let mut opt = Optimizer::new(&cfg.train);
@@ -180,17 +207,39 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             ));
         }
         let data = load_data(&cfg, None, quiet)?;
-        let (model, varmap) =
-            Model::build(&cfg.model, data.src_vocab.len(), data.tgt_vocab.len(), cfg.train.seed, dtype, &dev)?;
-        (cfg.clone(), model, varmap, Optimizer::new(&cfg.train), TrainState::default(), data)
+        let (model, varmap) = Model::build(
+            &cfg.model,
+            data.src_vocab.len(),
+            data.tgt_vocab.len(),
+            cfg.train.seed,
+            dtype,
+            &dev,
+        )?;
+        (
+            cfg.clone(),
+            model,
+            varmap,
+            Optimizer::new(&cfg.train),
+            TrainState::default(),
+            data,
+        )
     };
     std::fs::create_dir_all(run_dir).map_err(|e| NmtError::io(run_dir, e))?;
     let pre = Preprocessor::load(&cfg.data.prepared)?;
-    let mut vars: Vec<(String, Var)> = varmap.data().lock().expect("varmap").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut vars: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .expect("varmap")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
     let params = crate::init::count(&varmap);
     if !quiet {
-        eprintln!("model: {params} parameters; run directory {}", run_dir.display());
+        eprintln!(
+            "model: {params} parameters; run directory {}",
+            run_dir.display()
+        );
     }
     let log_path = run_dir.join("train.log");
     let mut log = std::fs::OpenOptions::new()
@@ -199,7 +248,8 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         .open(&log_path)
         .map_err(|e| NmtError::io(&log_path, e))?;
     let tc = cfg.train.clone();
-    let batches_per_epoch = epoch_batches(&data.corpus, tc.batch_size, tc.sort_batches, tc.seed, 0).len() as u64;
+    let batches_per_epoch =
+        epoch_batches(&data.corpus, tc.batch_size, tc.sort_batches, tc.seed, 0).len() as u64;
     let total = if tc.max_steps > 0 {
         tc.max_steps as u64
     } else if tc.max_epochs > 0 {
@@ -215,8 +265,10 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         ProgressBar::new_spinner()
     };
     pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps (ETA {eta}) {msg}")
-            .expect("template"),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps (ETA {eta}) {msg}",
+        )
+        .expect("template"),
     );
     pb.set_position(state.step);
     let start = Instant::now();
@@ -244,7 +296,13 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             stop_reason = format!("reached train.max_epochs = {}", tc.max_epochs);
             break;
         }
-        let batches = epoch_batches(&data.corpus, tc.batch_size, tc.sort_batches, tc.seed, state.epoch);
+        let batches = epoch_batches(
+            &data.corpus,
+            tc.batch_size,
+            tc.sort_batches,
+            tc.seed,
+            state.epoch,
+        );
         while (state.batch_in_epoch as usize) < batches.len() {
             let idx = &batches[state.batch_in_epoch as usize];
             let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
@@ -253,7 +311,10 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             let loss = model.loss(&batch)?;
             let lv = loss.to_scalar::<f32>()? as f64;
             if !lv.is_finite() {
-                return Err(NmtError::Data(format!("training diverged: loss {lv} at step {}", state.step + 1)));
+                return Err(NmtError::Data(format!(
+                    "training diverged: loss {lv} at step {}",
+                    state.step + 1
+                )));
             }
             let grads = loss.backward()?;
             opt.step(&vars, &grads)?;
@@ -268,7 +329,10 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
                 let el = tok_acc.1.elapsed().as_secs_f64();
                 let tps = tok_acc.0 as f64 / el.max(1e-9);
                 last_loss = loss_acc.0 / loss_acc.1.max(1) as f64;
-                pb.set_message(format!("loss/token {last_loss:.3} | {tps:.0} tgt tok/s | epoch {}", state.epoch + 1));
+                pb.set_message(format!(
+                    "loss/token {last_loss:.3} | {tps:.0} tgt tok/s | epoch {}",
+                    state.epoch + 1
+                ));
                 writeln!(
                     log,
                     "{}",
@@ -282,8 +346,10 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             let at_limit = (tc.max_steps > 0 && state.step >= tc.max_steps as u64)
                 || (tc.max_seconds > 0.0 && state.seconds >= tc.max_seconds);
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {
-                if eval_and_keep(&model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt)?
-                {
+                if eval_and_keep(
+                    &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path,
+                    &save, &opt,
+                )? {
                     stop_reason = format!("no dev BLEU improvement in {} evaluations", tc.patience);
                     break 'outer;
                 }
@@ -306,7 +372,9 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     pb.finish_and_clear();
     // Final evaluation unless this step was just evaluated.
     if state.history.last().map(|h| h.step) != Some(state.step) {
-        eval_and_keep(&model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt)?;
+        eval_and_keep(
+            &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt,
+        )?;
     }
     state.finished = true;
     save(&state, &opt, &last_dir, true)?;
@@ -323,7 +391,11 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             best_dir.display()
         );
     }
-    Ok(TrainSummary { state, run_dir: run_dir.to_path_buf(), params })
+    Ok(TrainSummary {
+        state,
+        run_dir: run_dir.to_path_buf(),
+        params,
+    })
 }
 
 /// Evaluate dev BLEU, keep the best model; returns true when patience is exhausted.
@@ -344,11 +416,32 @@ fn eval_and_keep(
     if data.dev_src.is_empty() {
         return Ok(false);
     }
-    pb.set_message(format!("evaluating dev BLEU on {} sentences", data.dev_src.len()));
-    let bleu = evaluate(model, &data.src_vocab, &data.tgt_vocab, pre, &data.dev_src, &data.dev_ref, tc.eval_beam)?;
-    let rec = EvalRecord { step: state.step, epoch: state.epoch, seconds: state.seconds, train_loss, dev_bleu: bleu };
-    writeln!(log, "{}", serde_json::json!({"eval": rec.step, "epoch": rec.epoch, "seconds": rec.seconds,
-        "loss_per_token": train_loss, "dev_bleu": bleu}))
+    pb.set_message(format!(
+        "evaluating dev BLEU on {} sentences",
+        data.dev_src.len()
+    ));
+    let bleu = evaluate(
+        model,
+        &data.src_vocab,
+        &data.tgt_vocab,
+        pre,
+        &data.dev_src,
+        &data.dev_ref,
+        tc.eval_beam,
+    )?;
+    let rec = EvalRecord {
+        step: state.step,
+        epoch: state.epoch,
+        seconds: state.seconds,
+        train_loss,
+        dev_bleu: bleu,
+    };
+    writeln!(
+        log,
+        "{}",
+        serde_json::json!({"eval": rec.step, "epoch": rec.epoch, "seconds": rec.seconds,
+        "loss_per_token": train_loss, "dev_bleu": bleu})
+    )
     .map_err(|e| NmtError::io(log_path, e))?;
     state.history.push(rec);
     let improved = state.best_bleu.map(|b| bleu > b).unwrap_or(true);

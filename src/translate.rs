@@ -51,13 +51,19 @@ impl Translator<'_> {
         pretokenized: bool,
         mut progress: impl FnMut(usize),
     ) -> Result<Vec<Translation>> {
-        let toks: Vec<Vec<String>> = lines.iter().map(|l| self.source_tokens(l, pretokenized)).collect();
+        let toks: Vec<Vec<String>> = lines
+            .iter()
+            .map(|l| self.source_tokens(l, pretokenized))
+            .collect();
         let ids: Vec<Vec<u32>> = toks.iter().map(|t| self.src_vocab.encode(t)).collect();
         let mut order: Vec<usize> = (0..lines.len()).filter(|&i| !ids[i].is_empty()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(ids[i].len()));
         let mut out: Vec<Translation> = toks
             .iter()
-            .map(|t| Translation { src_tokens: t.clone(), ..Default::default() })
+            .map(|t| Translation {
+                src_tokens: t.clone(),
+                ..Default::default()
+            })
             .collect();
         let eos = self.tgt_vocab.eos();
         let mut done = lines.len() - order.len();
@@ -66,7 +72,10 @@ impl Translator<'_> {
             let srcs: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
             let hyps = beam_search(self.model, &srcs, eos, opts)?;
             for (&i, h) in chunk.iter().zip(hyps) {
-                let tokens = h.first().map(|b| self.tgt_vocab.decode(&b.tokens)).unwrap_or_default();
+                let tokens = h
+                    .first()
+                    .map(|b| self.tgt_vocab.decode(&b.tokens))
+                    .unwrap_or_default();
                 out[i].text = self.detok(&tokens);
                 out[i].tokens = tokens;
                 out[i].hyps = h;

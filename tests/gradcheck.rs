@@ -25,7 +25,11 @@ fn every_decoder_variant_gradients_match_finite_differences() {
                 let inputs: &[&str] = if gate == "none" {
                     &["[\"word\",\"state\",\"context\"]"]
                 } else {
-                    &["[\"state\"]", "[\"state\",\"context\"]", "[\"word\",\"state\",\"context\"]"]
+                    &[
+                        "[\"state\"]",
+                        "[\"state\",\"context\"]",
+                        "[\"word\",\"state\",\"context\"]",
+                    ]
                 };
                 for inp in inputs {
                     variants.push(vec![
@@ -36,8 +40,18 @@ fn every_decoder_variant_gradients_match_finite_differences() {
                     ]);
                 }
             }
-            variants.push(vec![format!("model.decoder={dec}"), format!("model.gate_form={form}"), "model.context_gate=none".into(), "model.gating_scalar=true".into()]);
-            variants.push(vec![format!("model.decoder={dec}"), format!("model.gate_form={form}"), "model.context_gate=none".into(), "model.static_interpolation=true".into()]);
+            variants.push(vec![
+                format!("model.decoder={dec}"),
+                format!("model.gate_form={form}"),
+                "model.context_gate=none".into(),
+                "model.gating_scalar=true".into(),
+            ]);
+            variants.push(vec![
+                format!("model.decoder={dec}"),
+                format!("model.gate_form={form}"),
+                "model.context_gate=none".into(),
+                "model.static_interpolation=true".into(),
+            ]);
         }
     }
     for (i, v) in variants.iter().enumerate() {
@@ -61,9 +75,13 @@ fn every_parameter_gets_a_nonzero_gradient_at_normal_size() {
         )
         .unwrap();
         let (vs, vt) = (500, 400);
-        let (model, varmap) = Model::build(&cfg.model, vs, vt, 5, DType::F32, &Device::Cpu).unwrap();
+        let (model, varmap) =
+            Model::build(&cfg.model, vs, vt, 5, DType::F32, &Device::Cpu).unwrap();
         let vars = sorted_vars(&varmap);
-        let mut opt = Optimizer::new(&TrainConfig { optimizer: cgnmt::config::OptimizerKind::Adam, ..Default::default() });
+        let mut opt = Optimizer::new(&TrainConfig {
+            optimizer: cgnmt::config::OptimizerKind::Adam,
+            ..Default::default()
+        });
         let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(9);
         let src = random_seqs(&mut rng, 16, vs, 3, 12);
         let tgt = random_seqs(&mut rng, 16, vt, 3, 12);
@@ -76,8 +94,16 @@ fn every_parameter_gets_a_nonzero_gradient_at_normal_size() {
         }
         let g = model.loss(&batch).unwrap().backward().unwrap();
         for (name, var) in &vars {
-            let gt = g.get(var.as_tensor()).unwrap_or_else(|| panic!("{name}: no gradient (cut graph?)"));
-            let s = gt.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+            let gt = g
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient (cut graph?)"));
+            let s = gt
+                .abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
             assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
         }
     }

@@ -18,8 +18,11 @@ pub fn data_dir() -> PathBuf {
 }
 
 pub fn tiny_model_config(sets: &[&str]) -> ModelConfig {
-    let mut all: Vec<String> =
-        vec!["model.embedding_dim=3".into(), "model.hidden_dim=4".into(), "model.attention_dim=3".into()];
+    let mut all: Vec<String> = vec![
+        "model.embedding_dim=3".into(),
+        "model.hidden_dim=4".into(),
+        "model.attention_dim=3".into(),
+    ];
     all.extend(sets.iter().map(|s| s.to_string()));
     Config::load(None, &all).expect("config").model
 }
@@ -32,17 +35,30 @@ pub fn randomize(varmap: &VarMap, seed: u64, sd: f64) {
     names.sort();
     for n in names {
         let v = &data[n];
-        let vals: Vec<f64> = (0..v.elem_count()).map(|_| (rng.random::<f64>() * 2.0 - 1.0) * sd * 1.7).collect();
-        let t = Tensor::from_vec(vals, v.shape().clone(), &Device::Cpu).unwrap().to_dtype(v.dtype()).unwrap();
+        let vals: Vec<f64> = (0..v.elem_count())
+            .map(|_| (rng.random::<f64>() * 2.0 - 1.0) * sd * 1.7)
+            .collect();
+        let t = Tensor::from_vec(vals, v.shape().clone(), &Device::Cpu)
+            .unwrap()
+            .to_dtype(v.dtype())
+            .unwrap();
         v.set(&t).unwrap();
     }
 }
 
-pub fn random_seqs(rng: &mut StdRng, n: usize, vocab: usize, min: usize, max: usize) -> Vec<Vec<u32>> {
+pub fn random_seqs(
+    rng: &mut StdRng,
+    n: usize,
+    vocab: usize,
+    min: usize,
+    max: usize,
+) -> Vec<Vec<u32>> {
     (0..n)
         .map(|_| {
             let len = rng.random_range(min..=max);
-            (0..len).map(|_| rng.random_range(2..vocab as u32)).collect()
+            (0..len)
+                .map(|_| rng.random_range(2..vocab as u32))
+                .collect()
         })
         .collect()
 }
@@ -55,8 +71,13 @@ pub fn tiny_batch(seed: u64, vs: usize, vt: usize, dtype: DType) -> Batch {
 }
 
 pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
-    let mut v: Vec<(String, Var)> =
-        varmap.data().lock().unwrap().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut v: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v
 }
@@ -81,20 +102,35 @@ pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
             .unwrap()
             .to_vec1::<f64>()
             .unwrap();
-        let base = var.as_tensor().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let base = var
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
         let n = base.len();
-        let picks: Vec<usize> = if n <= per_param { (0..n).collect() } else { (0..per_param).map(|_| rng.random_range(0..n)).collect() };
+        let picks: Vec<usize> = if n <= per_param {
+            (0..n).collect()
+        } else {
+            (0..per_param).map(|_| rng.random_range(0..n)).collect()
+        };
         for k in picks {
             let mut eval = |delta: f64| {
                 let mut v = base.clone();
                 v[k] += delta;
-                var.set(&Tensor::from_vec(v, var.shape().clone(), &Device::Cpu).unwrap()).unwrap();
+                var.set(&Tensor::from_vec(v, var.shape().clone(), &Device::Cpu).unwrap())
+                    .unwrap();
                 model.loss(&batch).unwrap().to_scalar::<f64>().unwrap()
             };
             let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
-            var.set(&Tensor::from_vec(base.clone(), var.shape().clone(), &Device::Cpu).unwrap()).unwrap();
+            var.set(&Tensor::from_vec(base.clone(), var.shape().clone(), &Device::Cpu).unwrap())
+                .unwrap();
             let err = (fd - g[k]).abs() / fd.abs().max(g[k].abs()).max(1e-3);
-            assert!(err < 1e-5, "{name}[{k}]: autodiff {} vs finite difference {fd} (rel err {err:.2e})", g[k]);
+            assert!(
+                err < 1e-5,
+                "{name}[{k}]: autodiff {} vs finite difference {fd} (rel err {err:.2e})",
+                g[k]
+            );
             worst = worst.max(err);
         }
     }

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::bpe::{merge_subwords, BpeModel};
 use crate::error::DataError;
 use crate::tokenize::{detokenize, Tokenizer, TokenizerConfig};
+use crate::vocab::EOS_TOKEN;
 
 /// File name of the serialized [`Preprocessor`].
 pub const PREPROCESS_FILE: &str = "preprocess.json";
@@ -49,6 +50,18 @@ impl Side {
 
     fn words(&self, line: &str) -> Vec<String> {
         self.tokenizer.tokenize(line)
+    }
+
+    fn from_words(&self, words: &[String]) -> Vec<String> {
+        let words: Vec<String> = if self.tokenizer.config().lowercase {
+            words.iter().map(|w| w.to_lowercase()).collect()
+        } else {
+            words.to_vec()
+        };
+        match &self.bpe {
+            Some(b) => b.apply(&words),
+            None => words,
+        }
     }
 
     fn tokens(&self, line: &str) -> Vec<String> {
@@ -148,13 +161,29 @@ impl Preprocessor {
         self.with_side(true, |s| s.words(line))
     }
 
-    /// Model output tokens (no EOS) → text: merge BPE subwords if the target uses BPE, then
-    /// detokenize with the target tokenizer's kind.
+    /// Already-tokenised source words → model tokens (lowercased if the tokenizer lowercases, then BPE);
+    /// used for alignment test sets whose tokens are fixed.
+    pub fn src_bpe_apply(&self, words: &[String]) -> Vec<String> {
+        self.with_side(false, |s| s.from_words(words))
+    }
+
+    /// Already-tokenised target words → model tokens.
+    pub fn tgt_bpe_apply(&self, words: &[String]) -> Vec<String> {
+        self.with_side(true, |s| s.from_words(words))
+    }
+
+    /// Model output tokens → text: drop `</s>` tokens, merge BPE subwords if the target uses
+    /// BPE, then detokenize with the target tokenizer's kind (lowercasing is not undone).
     pub fn postprocess_tgt<S: AsRef<str>>(&self, tokens: &[S]) -> String {
+        let tokens: Vec<&str> = tokens
+            .iter()
+            .map(|t| t.as_ref())
+            .filter(|t| *t != EOS_TOKEN)
+            .collect();
         let words: Vec<String> = if self.tgt.bpe.is_some() {
-            merge_subwords(tokens)
+            merge_subwords(&tokens)
         } else {
-            tokens.iter().map(|t| t.as_ref().to_owned()).collect()
+            tokens.iter().map(|t| (*t).to_owned()).collect()
         };
         detokenize(&words, self.tgt.tokenizer.kind)
     }

@@ -1,7 +1,10 @@
 //! Stand-alone front end for the evaluation subcommands (the main `cgnmt` binary mounts the
 //! same argument structs): `cargo run --release --example cgnmt-eval -- score -r REF -i HYP`.
 
-use cgnmt_eval::cli::{run_aer, run_compare, run_score, AerArgs, CompareArgs, ScoreArgs};
+use cgnmt_eval::cli::{
+    run_aer, run_analyze, run_compare, run_plot, run_score, AerArgs, AnalyzeArgs, CompareArgs,
+    PlotArgs, ScoreArgs,
+};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -19,6 +22,10 @@ enum Cmd {
     Compare(CompareArgs),
     /// Alignment error rate (and soft AER).
     Aer(AerArgs),
+    /// The paper's analyses: length groups, gates, context scaling.
+    Analyze(AnalyzeArgs),
+    /// Figures: attention heatmap, training curves.
+    Plot(PlotArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -27,6 +34,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Score(a) => run_score(a),
         Cmd::Compare(a) => run_compare(a),
         Cmd::Aer(a) => run_aer(a),
+        Cmd::Analyze(a) => run_analyze(a),
+        Cmd::Plot(a) => run_plot(a),
     };
     match r {
         Ok(()) => std::process::ExitCode::SUCCESS,

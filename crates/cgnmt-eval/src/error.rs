@@ -104,6 +104,16 @@ pub enum EvalError {
         /// What is wrong.
         reason: String,
     },
+    /// A malformed line of a JSON-lines file (translation dump, training log).
+    #[error("{path}:{line}: {reason}", path = .path.display())]
+    JsonLine {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// An invalid option value or combination.
     #[error("invalid option: {0}")]
     InvalidOption(String),

@@ -6,18 +6,25 @@
 //! - [`chrf`]: chrF / chrF++ as sacreBLEU computes them;
 //! - [`significance`]: sign test, paired bootstrap resampling and approximate randomization;
 //! - [`aer`]: alignment error rate on `.talp` files and soft AER on attention matrices;
-//! - [`cli`]: `clap` argument structs and run functions for the `score`, `compare` and `aer`
-//!   subcommands of the main binary;
+//! - [`analysis`]: the paper's analyses — BLEU and output length by source-length group,
+//!   gate values against sentence-BLEU improvement (Pearson), context scaling — and readers of
+//!   translation dumps and training logs;
+//! - [`plot`]: PNG / SVG figures (attention heatmap with gates, length groups, context
+//!   scaling, training curves) with fonts compiled in;
+//! - [`cli`]: `clap` argument structs and run functions for the `score`, `compare`, `aer`,
+//!   `analyze …` and `plot …` subcommands of the main binary;
 //! - [`io`]: reading UTF-8 text files with errors that name file and line.
 //!
 //! Every metric is checked against the oracle fixtures in `shared/fixtures` (see README.md).
 
 pub mod aer;
+pub mod analysis;
 pub mod bleu;
 pub mod chrf;
 pub mod cli;
 mod error;
 pub mod io;
+pub mod plot;
 pub mod significance;
 pub mod tokenize;
 

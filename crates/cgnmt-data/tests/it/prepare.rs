@@ -139,6 +139,9 @@ fn prepare_first_500_tatoeba_pairs() {
         assert!(tgt[k].split(' ').count() <= 8);
         let toks: Vec<String> = tgt[k].split(' ').map(String::from).collect();
         assert_eq!(pre.postprocess_tgt(&toks), raw_en[n - 1]);
+        let mut with_eos = toks.clone();
+        with_eos.push("</s>".into());
+        assert_eq!(pre.postprocess_tgt(&with_eos), raw_en[n - 1]);
     }
 
     // Vocabularies: K + 2 entries, most frequent first; counts consistent with train files.

@@ -1,0 +1,123 @@
+//! Word alignments from attention (model-spec §8): force-decode the reference, take `α`, and link every target
+//! word to its most attended source word. With subword (BPE) models the matrix is first mapped back to the
+//! given words: a word's column is the sum of its subwords' columns, a word's row the mean of its subwords'
+//! rows. The EOS row and column are left out and each row renormalised over the real source words.
+
+use candle_core::{DType, Result};
+
+use crate::model::{pad, Model};
+
+/// Attention `[target token][source token]` (EOS included on both sides) and mean gate values per target
+/// token (empty when the model has no gate), from teacher forcing on `(src, tgt)` pairs.
+pub fn force_decode(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    tgts: &[Vec<u32>],
+    eos: u32,
+) -> Result<Vec<(Vec<Vec<f32>>, Vec<f32>)>> {
+    let dev = model.tgt_emb.device().clone();
+    let dtype = model.tgt_emb.dtype();
+    let (s_ids, s_mask) = pad(srcs, eos, dtype, &dev)?;
+    let (t_ids, _) = pad(tgts, eos, dtype, &dev)?;
+    let src = model.encode(&s_ids, &s_mask)?;
+    let (b, t_len) = t_ids.dims2()?;
+    let mut t = src.t0.clone();
+    let mut cov = model.initial_coverage(&src)?;
+    let mut alphas: Vec<Vec<Vec<f32>>> = Vec::with_capacity(t_len);
+    let mut gates: Vec<Option<Vec<f32>>> = Vec::with_capacity(t_len);
+    for i in 0..t_len {
+        let o = model.attend(&src, &t, cov.as_ref())?;
+        cov = o.cov;
+        alphas.push(o.alpha.to_dtype(DType::F32)?.to_vec2()?);
+        let e = model.embed(&t_ids.narrow(1, i, 1)?.squeeze(1)?)?;
+        let (tn, sc) = model.transition(&t, &e, &o.ctx, (1.0, 1.0))?;
+        gates.push(match sc.gate {
+            Some(g) if g.rank() == 2 => Some(g.to_dtype(DType::F32)?.mean(1)?.to_vec1()?),
+            Some(g) => Some(vec![g.to_dtype(DType::F32)?.mean_all()?.to_scalar()?; b]),
+            None => None,
+        });
+        t = tn;
+    }
+    let mut out = Vec::with_capacity(b);
+    for k in 0..b {
+        let (ls, lt) = (srcs[k].len() + 1, tgts[k].len() + 1);
+        let att: Vec<Vec<f32>> = (0..lt).map(|i| alphas[i][k][..ls].to_vec()).collect();
+        let g: Vec<f32> = (0..lt - 1)
+            .filter_map(|i| gates[i].as_ref().map(|v| v[k]))
+            .collect();
+        out.push((att, g));
+    }
+    Ok(out)
+}
+
+/// Map a token-level matrix (EOS row/column last, ignored) to words: `src_word[i]` / `tgt_word[j]` give the
+/// word of each non-EOS token. Returns `[target word][source word]`, rows renormalised to sum to 1.
+pub fn to_words(att: &[Vec<f32>], src_word: &[usize], tgt_word: &[usize]) -> Vec<Vec<f64>> {
+    let nsw = src_word.iter().max().map(|m| m + 1).unwrap_or(0);
+    let ntw = tgt_word.iter().max().map(|m| m + 1).unwrap_or(0);
+    let mut m = vec![vec![0.0f64; nsw]; ntw];
+    let mut rows = vec![0usize; ntw];
+    for (j, &tw) in tgt_word.iter().enumerate() {
+        rows[tw] += 1;
+        for (i, &sw) in src_word.iter().enumerate() {
+            m[tw][sw] += att[j][i] as f64;
+        }
+    }
+    for (row, n) in m.iter_mut().zip(rows) {
+        let s: f64 = row.iter().sum();
+        if n > 0 && s > 0.0 {
+            row.iter_mut().for_each(|x| *x /= s);
+        }
+    }
+    m
+}
+
+/// Hard links `(source word, target word)`: the argmax source word of every target word row.
+pub fn argmax_links(m: &[Vec<f64>]) -> Vec<(usize, usize)> {
+    m.iter()
+        .enumerate()
+        .filter_map(|(j, row)| {
+            row.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.partial_cmp(b.1).unwrap_or(std::cmp::Ordering::Equal))
+                .map(|(i, _)| (i, j))
+        })
+        .collect()
+}
+
+/// Force-decode in batches; a convenience over [`force_decode`].
+pub fn force_decode_all(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    tgts: &[Vec<u32>],
+    eos: u32,
+    batch: usize,
+) -> Result<Vec<(Vec<Vec<f32>>, Vec<f32>)>> {
+    let mut out = Vec::with_capacity(srcs.len());
+    for (s, t) in srcs.chunks(batch.max(1)).zip(tgts.chunks(batch.max(1))) {
+        out.extend(force_decode(model, s, t, eos)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_from_subwords_and_argmax() {
+        // Source tokens: a@@ b | c | </s>  → words 0,0,1,2 ; target tokens: x | y@@ z | </s> → 0,1,1,2
+        let att = vec![
+            vec![0.1, 0.1, 0.7, 0.1],
+            vec![0.4, 0.4, 0.1, 0.1],
+            vec![0.2, 0.2, 0.5, 0.1],
+            vec![0.0, 0.0, 0.0, 1.0],
+        ];
+        let m = to_words(&att, &[0, 0, 1], &[0, 1, 1]);
+        assert_eq!(m.len(), 2);
+        assert!((m[0][0] - 0.2 / 0.9).abs() < 1e-6 && (m[0][1] - 0.7 / 0.9).abs() < 1e-6);
+        // Row 1 sums token rows 1 and 2: word0 = 0.8 + 0.4, word1 = 0.1 + 0.5, renormalised.
+        assert!((m[1][0] - 1.2 / 1.8).abs() < 1e-6 && (m[1][1] - 0.6 / 1.8).abs() < 1e-6);
+        assert_eq!(argmax_links(&m), vec![(1, 0), (0, 1)]);
+    }
+}
