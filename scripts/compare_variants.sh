@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Same-budget comparison of decoder variants on Tatoeba zh-en (issues: gates table, coverage table).
+# The same number of updates for every variant; the final model (last/) is scored on the test set.
 # Usage: scripts/compare_variants.sh [STEPS] [OUTDIR]  (prepares data into OUTDIR/prepared if needed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,16 +18,20 @@ run() {
   local name=$1; shift
   local dir="$OUT/$name"
   if [ ! -f "$dir/done" ]; then
-    rm -rf "$dir"
     local t0=$(date +%s)
+    if [ -f "$dir/last/train_state.json" ]; then
+      $BIN train --quiet --resume "$dir"
+    else
+    rm -rf "$dir"
     $BIN train --quiet --out "$dir" --set data.prepared=\""$OUT/prepared"\" \
       --set data.src_vocab_size=8000 --set data.tgt_vocab_size=6000 \
       --set model.embedding_dim=128 --set model.hidden_dim=256 --set model.attention_dim=256 \
       --set train.batch_size=64 --set train.optimizer=adam --set train.learning_rate=0.001 \
       --set train.max_steps=$STEPS --set train.eval_every=$((STEPS/4)) --set train.eval_max_sentences=400 \
       --set train.eval_beam=5 --set train.seed=1234 --set train.threads=${THREADS:-1} "$@"
+    fi
     local t1=$(date +%s)
-    $BIN translate -q -m "$dir" --beam 10 --dump "$dir/test.dump.jsonl" -i $T/test.zh -o "$dir/test.hyp"
+    $BIN translate -q -m "$dir/last" --beam 10 --dump "$dir/test.dump.jsonl" -i $T/test.zh -o "$dir/test.hyp"
     local t2=$(date +%s)
     echo "train_seconds=$((t1-t0)) decode_seconds=$((t2-t1))" > "$dir/done"
   fi

@@ -9,6 +9,7 @@ pub mod alignment;
 pub mod attention;
 pub mod batcher;
 pub mod beam_search;
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod coverage;

@@ -35,6 +35,8 @@ enum Cmd {
     Info(InfoArgs),
     /// Force-decode reference translations and write word alignments from attention (for AER/SAER).
     Align(AlignArgs),
+    /// Training and decoding throughput, peak memory and FLOP rate for a named size (prints a JSON line last).
+    Bench(BenchArgs),
     /// Train a small context-gated model on Tatoeba zh-en, translate its test set and print BLEU.
     Demo(DemoArgs),
     /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
@@ -140,6 +142,28 @@ struct AlignArgs {
 }
 
 #[derive(clap::Args)]
+struct BenchArgs {
+    /// small (E 256 / H 512 / V 8000, batch 64 × 20), paper (E 620 / H 1000 / V 30000, batch 80 × 30) or tiny.
+    #[arg(long, default_value = "small")]
+    size: String,
+    /// Timed training steps (after one warm-up step); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Sentences decoded with beam 10 and greedily.
+    #[arg(long, default_value_t = 100)]
+    decode_sentences: usize,
+    /// Repetitions of the decoding measurement.
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Model/training overrides (e.g. model.context_gate=none, model.coverage=neural).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Data directory (default: $CGNMT_DATA or ../shared/data).
+    #[arg(long)]
+    data: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
 struct DemoArgs {
     /// Data directory (default: $CGNMT_DATA or ../shared/data).
     #[arg(long)]
@@ -179,6 +203,7 @@ fn main() {
         Cmd::Info(a) => cmd_info(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Align(a) => cmd_align(a),
+        Cmd::Bench(a) => cmd_bench(a),
         Cmd::Score(a) => cgnmt_eval::cli::run_score(&a),
         Cmd::Compare(a) => cgnmt_eval::cli::run_compare(&a),
         Cmd::Aer(a) => cgnmt_eval::cli::run_aer(&a),
@@ -589,5 +614,31 @@ fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = tmp_path(p);
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
+    Ok(())
+}
+
+fn cmd_bench(a: BenchArgs) -> Result<()> {
+    let (e, h, v, b, _) = cgnmt::bench::size_preset(&a.size)
+        .with_context(|| format!("unknown --size {:?} (small, paper or tiny)", a.size))?;
+    let mut sets = vec![
+        format!("model.embedding_dim={e}"),
+        format!("model.hidden_dim={h}"),
+        format!("model.attention_dim={h}"),
+        format!("data.src_vocab_size={}", v - 2),
+        format!("data.tgt_vocab_size={}", v - 2),
+        format!("train.batch_size={b}"),
+        "train.optimizer=adam".to_string(),
+    ];
+    sets.extend(a.sets.iter().cloned());
+    let cfg = Config::load(None, &sets)?;
+    set_threads(cfg.train.threads);
+    let opts = cgnmt::bench::BenchOptions {
+        size: a.size.clone(),
+        steps: a.steps,
+        decode_sentences: a.decode_sentences,
+        repeats: a.repeats,
+    };
+    let rec = cgnmt::bench::run(&cfg, &data_dir(a.data), &opts)?;
+    println!("{rec}");
     Ok(())
 }

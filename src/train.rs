@@ -121,9 +121,13 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
                 dir.display()
             )));
         }
-        if cfg.train.eval_max_sentences > 0 {
-            s.truncate(cfg.train.eval_max_sentences);
-            r.truncate(cfg.train.eval_max_sentences);
+        let n = cfg.train.eval_max_sentences;
+        if n > 0 && s.len() > n {
+            // An evenly spaced subset: dev sets are often sorted by length, and a prefix would hold only the
+            // shortest sentences.
+            let pick: Vec<usize> = (0..n).map(|k| k * s.len() / n).collect();
+            s = pick.iter().map(|&i| s[i].clone()).collect();
+            r = pick.iter().map(|&i| r[i].clone()).collect();
         }
         (s, r)
     } else {

@@ -1,0 +1,261 @@
+//! `cgnmt bench`: training and decoding throughput on real sentences with fixed shapes, peak memory, model
+//! FLOP rate from an analytic count, and a large SGEMM measured just before as the machine's reference.
+
+use std::path::Path;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+use serde_json::json;
+
+use crate::beam_search::{beam_search, greedy, DecodeOptions};
+use crate::config::{Config, ContextGate, CoverageKind, DecoderKind};
+use crate::error::{NmtError, Result};
+use crate::model::{Batch, Model};
+use crate::optim::Optimizer;
+
+/// Named sizes: (E, H, V, batch, target length).
+pub fn size_preset(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
+    match name {
+        "small" => Some((256, 512, 8000, 64, 20)),
+        "paper" => Some((620, 1000, 30000, 80, 30)),
+        "tiny" => Some((64, 128, 2000, 16, 10)),
+        _ => None,
+    }
+}
+
+/// Peak resident set size of this process in MiB (Linux), if known.
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// GFLOP/s of an n×n×n f32 matmul (median of a few runs after a warm-up).
+pub fn sgemm_gflops(n: usize) -> Result<f64> {
+    let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let _ = a.matmul(&b)?;
+    let mut t = vec![];
+    for _ in 0..5 {
+        let s = Instant::now();
+        let _c = a.matmul(&b)?;
+        t.push(s.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (n as f64).powi(3) / median(&mut t) / 1e9)
+}
+
+/// Forward FLOPs of one training batch (matrix products only), from the configuration and shapes.
+pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f64 {
+    let m = &cfg.model;
+    let (e, h, ad) = (
+        m.embedding_dim as f64,
+        m.hidden_dim as f64,
+        m.attention_dim as f64,
+    );
+    let (b, s, t, v) = (b as f64, s as f64, t as f64, v as f64);
+    let k = if m.decoder == DecoderKind::Gru {
+        3.0
+    } else {
+        1.0
+    };
+    let enc = 2.0 * (2.0 * e * 3.0 * h + 2.0 * h * 3.0 * h) * b * s;
+    let keys = 2.0 * 2.0 * h * ad * b * s;
+    let att = (2.0 * h * ad + 3.0 * ad * s + 2.0 * s * 2.0 * h) * b * t;
+    let cell = 2.0 * (e * k * h + 2.0 * h * k * h + h * k * h) * b * t;
+    let gate = if m.context_gate != ContextGate::None {
+        2.0 * (e + h + 2.0 * h) * h * b * t
+    } else {
+        0.0
+    };
+    let cov = if m.coverage != CoverageKind::None {
+        let d = m.coverage_dim as f64;
+        2.0 * (d * ad + 3.0 * d * (d + h)) * b * t * s
+    } else {
+        0.0
+    };
+    let readout = 2.0 * ((2.0 * h + h + e) * h + h / 2.0 * e + e * v) * b * t;
+    enc + keys + att + cell + gate + cov + readout
+}
+
+/// Real sentence pairs of fixed lengths from a whitespace-tokenised corpus (Hansards fr-en): `n` pairs whose
+/// target has exactly `tgt_len − 1` tokens (EOS makes `tgt_len`) and whose source is within ±3 of it.
+fn fixed_length_pairs(
+    data: &Path,
+    n: usize,
+    src_len: usize,
+    tgt_len: usize,
+) -> Result<Vec<(Vec<String>, Vec<String>)>> {
+    let dir = data.join("hansards-en-fr");
+    let (fr, en) = (dir.join("train.fr.gz"), dir.join("train.en.gz"));
+    if !fr.is_file() {
+        return Err(NmtError::Data(format!(
+            "{}: not found (set $CGNMT_DATA to the data directory)",
+            fr.display()
+        )));
+    }
+    let mut fr_r = cgnmt_data::corpus::open_text(&fr)?;
+    let mut en_r = cgnmt_data::corpus::open_text(&en)?;
+    let mut out = vec![];
+    let (mut a, mut b) = (String::new(), String::new());
+    for _ in 0..400_000 {
+        a.clear();
+        b.clear();
+        if fr_r.read_line(&mut a).map_err(|e| NmtError::io(&fr, e))? == 0
+            || en_r.read_line(&mut b).map_err(|e| NmtError::io(&en, e))? == 0
+        {
+            break;
+        }
+        let s: Vec<String> = a.split_whitespace().map(str::to_string).collect();
+        let t: Vec<String> = b.split_whitespace().map(str::to_string).collect();
+        if t.len() + 1 == tgt_len && s.len().abs_diff(src_len.saturating_sub(1)) <= 3 {
+            out.push((s, t));
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    if out.len() < n {
+        return Err(NmtError::Data(format!(
+            "only {} pairs of the requested lengths found in {}",
+            out.len(),
+            dir.display()
+        )));
+    }
+    Ok(out)
+}
+
+use std::io::BufRead;
+
+pub struct BenchOptions {
+    pub size: String,
+    pub steps: usize,
+    pub decode_sentences: usize,
+    pub repeats: usize,
+}
+
+/// Run the benchmark; prints a human summary to stderr and returns the JSON record.
+pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json::Value> {
+    let (_, _, v, bsz, tlen) = size_preset(&opts.size)
+        .ok_or_else(|| NmtError::Config(format!("unknown size {:?}", opts.size)))?;
+    let dev = Device::Cpu;
+    let threads = candle_core::utils::get_num_threads();
+    eprintln!("measuring SGEMM peak ({} threads)...", threads);
+    let peak = sgemm_gflops(2048)?;
+    // Real sentences of the benchmark's shape, mapped to ids below V by a vocabulary built on them.
+    let pairs = fixed_length_pairs(
+        data,
+        bsz * opts.steps.max(1) + opts.decode_sentences,
+        tlen,
+        tlen,
+    )?;
+    let mut counts = cgnmt_data::vocab::WordCounts::new();
+    for (s, t) in &pairs {
+        counts.add_sentence(s);
+        counts.add_sentence(t);
+    }
+    let vocab = cgnmt_data::vocab::Vocab::build(&counts, v - 2);
+    let ids: Vec<(Vec<u32>, Vec<u32>)> = pairs
+        .iter()
+        .map(|(s, t)| (vocab.encode(s), vocab.encode(t)))
+        .collect();
+    let (model, varmap) = Model::build(&cfg.model, v, v, cfg.train.seed, DType::F32, &dev)?;
+    let mut vars: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .expect("vm")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut opt = Optimizer::new(&cfg.train);
+    let batches: Vec<Batch> = ids[..bsz * opts.steps.max(1)]
+        .chunks(bsz)
+        .map(|c| {
+            let s: Vec<Vec<u32>> = c.iter().map(|p| p.0.clone()).collect();
+            let t: Vec<Vec<u32>> = c.iter().map(|p| p.1.clone()).collect();
+            Batch::new(&s, &t, 0, DType::F32, &dev)
+        })
+        .collect::<candle_core::Result<_>>()?;
+    let src_len = batches[0].src.dim(1)?;
+    eprintln!(
+        "training: {} steps of {}×{} target tokens (source ≤ {}), V {}...",
+        opts.steps, bsz, tlen, src_len, v
+    );
+    let step = |b: &Batch, opt: &mut Optimizer| -> Result<()> {
+        let loss = model.loss(b)?;
+        let g = loss.backward()?;
+        opt.step(&vars, &g)?;
+        Ok(())
+    };
+    step(&batches[0], &mut opt)?; // warm-up
+    let mut times = vec![];
+    let mut toks = 0usize;
+    for b in &batches {
+        let s = Instant::now();
+        step(b, &mut opt)?;
+        times.push(s.elapsed().as_secs_f64());
+        toks = b.tgt_tokens;
+    }
+    let step_s = median(&mut times);
+    let train_tps = toks as f64 / step_s;
+    let flops = 3.0 * forward_flops(cfg, v, bsz, src_len, tlen);
+    let gflops = flops / step_s / 1e9;
+    // Decoding: sentences of source length ~6 so that greedy runs ≤ 21 steps, as the reference's 20.
+    let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
+    let dec_src: Vec<Vec<u32>> = dec_pairs.iter().map(|(s, _)| vocab.encode(s)).collect();
+    let mut beam_t = vec![];
+    let mut greedy_t = vec![];
+    for _ in 0..opts.repeats.max(1) {
+        let s = Instant::now();
+        for c in dec_src.chunks(32) {
+            beam_search(
+                &model,
+                c,
+                0,
+                &DecodeOptions {
+                    beam: 10,
+                    ..Default::default()
+                },
+            )?;
+        }
+        beam_t.push(s.elapsed().as_secs_f64());
+        let s = Instant::now();
+        for c in dec_src.chunks(100) {
+            greedy(&model, c, 0, (1.0, 1.0))?;
+        }
+        greedy_t.push(s.elapsed().as_secs_f64());
+    }
+    let n = dec_src.len() as f64;
+    let rec = json!({
+        "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
+                   "vocab": v, "batch": bsz, "tgt_len": tlen, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
+                   "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": "reference"},
+        "params": crate::init::count(&varmap),
+        "train_step_s_median": step_s,
+        "train_tgt_tok_per_s": train_tps,
+        "decode_beam10_sent_per_s": n / median(&mut beam_t),
+        "decode_greedy_sent_per_s": n / median(&mut greedy_t),
+        "peak_rss_mib": peak_rss_mib(),
+        "threads": threads,
+        "gflops_per_s": gflops,
+        "sgemm_peak_gflops": peak,
+    });
+    eprintln!(
+        "train: {:.0} target tok/s (median step {:.3} s, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s, greedy {:.1} sent/s; peak RSS {:.0} MiB",
+        train_tps, step_s, gflops, 100.0 * gflops / peak, peak,
+        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0),
+        peak_rss_mib().unwrap_or(0.0)
+    );
+    Ok(rec)
+}
