@@ -23,15 +23,22 @@ pub fn force_decode(
     let (b, t_len) = t_ids.dims2()?;
     let mut t = src.t0.clone();
     let mut cov = model.initial_coverage(&src)?;
+    let mut e_prev = candle_core::Tensor::zeros((b, model.tgt_emb.dim(1)?), dtype, &dev)?;
     let mut alphas: Vec<Vec<Vec<f32>>> = Vec::with_capacity(t_len);
     let mut gates: Vec<Option<Vec<f32>>> = Vec::with_capacity(t_len);
     for i in 0..t_len {
         let o = model.attend(&src, &t, cov.as_ref())?;
         cov = o.cov;
         alphas.push(o.alpha.to_dtype(DType::F32)?.to_vec2()?);
+        let (t_read, cond) = model.condition(&t, &o.ctx, &e_prev, (1.0, 1.0))?;
         let e = model.embed(&t_ids.narrow(1, i, 1)?.squeeze(1)?)?;
-        let (tn, sc) = model.transition(&t, &e, &o.ctx, (1.0, 1.0))?;
-        gates.push(match sc.gate {
+        let (tn, sc) = model.transition(&t_read, &e, &o.ctx, (1.0, 1.0))?;
+        e_prev = e;
+        let gate = match cond {
+            Some(c) => c.gate,
+            None => sc.gate,
+        };
+        gates.push(match gate {
             Some(g) if g.rank() == 2 => Some(g.to_dtype(DType::F32)?.mean(1)?.to_vec1()?),
             Some(g) => Some(vec![g.to_dtype(DType::F32)?.mean_all()?.to_scalar()?; b]),
             None => None,

@@ -114,6 +114,12 @@ pub fn beam_search(
     let mut step = 0usize;
     while !live.is_empty() {
         let out = model.attend(&cur, &t, cov.as_ref())?;
+        let (t_read, cond) = model.condition(&t, &out.ctx, &e_prev, opts.context_scale)?;
+        let cond_gate = match cond.and_then(|c| c.gate) {
+            Some(g) if opts.record => Some(mean_rows(&g)?),
+            _ => None,
+        };
+        t = t_read;
         let logp = log_softmax(&model.logits(&out.ctx, &t, &e_prev)?)?
             .to_dtype(candle_core::DType::F32)?;
         let logp: Vec<Vec<f32>> = logp.to_vec2()?;
@@ -178,6 +184,11 @@ pub fn beam_search(
                 hyp.attention
                     .push(alpha.as_ref().expect("recorded")[r][..src_lens[s]].to_vec());
                 hyp.gates = live[r].hyp.gates.clone();
+                if let Some(g) = &cond_gate {
+                    if w != eos {
+                        hyp.gates.push(if g.len() == 1 { g[0] } else { g[r] });
+                    }
+                }
             }
             if w == eos {
                 if opts.record {
@@ -302,6 +313,7 @@ pub fn greedy(
     for step in 0..max_steps {
         let o = model.attend(&source, &t, cov.as_ref())?;
         cov = o.cov.clone();
+        t = model.condition(&t, &o.ctx, &e_prev, context_scale)?.0;
         let logits: Vec<Vec<f32>> = model
             .logits(&o.ctx, &t, &e_prev)?
             .to_dtype(candle_core::DType::F32)?

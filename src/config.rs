@@ -15,6 +15,9 @@ pub enum DecoderKind {
     Gru,
     /// `t_i = tanh(W e + U t_{i-1} + C s_i + b)`.
     Vanilla,
+    /// Conditional GRU (dl4mt/Nematus): a GRU over the word, attention queried with its state, a second GRU
+    /// over the context; the gate acts on the second GRU.
+    Cgru,
 }
 
 /// Context-gate strategy (model-spec §4).

@@ -12,6 +12,7 @@ use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::config::{DecoderKind, GateForm};
+use crate::encoder::Gru;
 use crate::gate::Scales;
 
 pub struct DecoderCell {
@@ -25,6 +26,16 @@ pub struct DecoderCell {
     pub u_ru: Option<Tensor>,
     pub u: Tensor,
     pub hidden: usize,
+    /// cGRU: the word GRU (`cell.word.*`) and the context GRU (`cell.ctx.*`); the fields above are unused.
+    pub cgru: Option<(Gru, ContextGru)>,
+}
+
+/// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`.
+pub struct ContextGru {
+    pub c: Tensor,
+    pub b: Tensor,
+    pub u_ru: Tensor,
+    pub u: Tensor,
 }
 
 impl DecoderCell {
@@ -35,9 +46,36 @@ impl DecoderCell {
         emb: usize,
         hidden: usize,
     ) -> Result<Self> {
+        if kind == DecoderKind::Cgru {
+            let word = Gru::new(vb.pp("word"), emb, hidden)?;
+            let v = vb.pp("ctx");
+            let ctx = ContextGru {
+                c: v.get_with_hints((2 * hidden, 3 * hidden), "C", crate::init::ZERO)?,
+                b: v.get_with_hints(hidden, "b", crate::init::ZERO)?,
+                u_ru: v.get_with_hints((hidden, 2 * hidden), "U_ru", crate::init::ZERO)?,
+                u: v.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
+            };
+            let (w, b, c, u) = (
+                word.w.clone(),
+                word.b.clone(),
+                ctx.c.clone(),
+                word.u.clone(),
+            );
+            return Ok(Self {
+                kind,
+                form,
+                w,
+                b,
+                c,
+                u_ru: None,
+                u,
+                hidden,
+                cgru: Some((word, ctx)),
+            });
+        }
         let k = match kind {
             DecoderKind::Gru => 3,
-            DecoderKind::Vanilla => 1,
+            _ => 1,
         };
         Ok(Self {
             kind,
@@ -52,18 +90,50 @@ impl DecoderCell {
             },
             u: vb.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
             hidden,
+            cgru: None,
         })
     }
 
     fn blocks(&self) -> usize {
         match self.kind {
-            DecoderKind::Gru => 3,
+            DecoderKind::Gru | DecoderKind::Cgru => 3,
             DecoderKind::Vanilla => 1,
         }
     }
 
+    /// cGRU: the context GRU `t = GRU_ctx(t_prev, s)` with the gate's scales (source scale on the context
+    /// terms and their bias, target scale on the state; reference or paper form as the other cells).
+    pub fn context_step(&self, t_prev: &Tensor, ctx: &Tensor, sc: &Scales) -> Result<Tensor> {
+        let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
+        let h = self.hidden;
+        let cp = ctx.matmul(&g.c)?;
+        let (c_ru, c_c) = (
+            cp.narrow(1, 0, 2 * h)?,
+            cp.narrow(1, 2 * h, h)?.broadcast_add(&g.b)?,
+        );
+        let (ru, base, cand_pre) = if self.form == GateForm::Reference {
+            let ts = sc.tgt.apply(t_prev, 1)?;
+            let ru = candle_nn::ops::sigmoid(&(sc.src.apply(&c_ru, 2)? + ts.matmul(&g.u_ru)?)?)?;
+            let r = ru.narrow(1, 0, h)?;
+            let cand = (sc.src.apply(&c_c, 1)? + (r * &ts)?.matmul(&g.u)?)?;
+            (ru, ts, cand)
+        } else {
+            let ru = candle_nn::ops::sigmoid(
+                &(sc.tgt.apply(&t_prev.matmul(&g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+            )?;
+            let r = ru.narrow(1, 0, h)?;
+            let cand = (sc.tgt.apply(&(r * t_prev)?.matmul(&g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
+            (ru, t_prev.clone(), cand)
+        };
+        let u = ru.narrow(1, h, h)?;
+        &base + (u * (cand_pre.tanh()? - &base)?)?
+    }
+
     /// Word projections `[N, E]` → `[N, kH]` (the candidate's bias included).
     pub fn project_words(&self, e: &Tensor) -> Result<Tensor> {
+        if let Some((word, _)) = &self.cgru {
+            return word.project(e);
+        }
         let k = self.blocks();
         let bias = if k == 1 {
             self.b.clone()
@@ -77,6 +147,10 @@ impl DecoderCell {
     /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]`.
     pub fn step(&self, t_prev: &Tensor, wp: &Tensor, ctx: &Tensor, sc: &Scales) -> Result<Tensor> {
         let h = self.hidden;
+        if let Some((word, _)) = &self.cgru {
+            // The cGRU's word GRU: no context and no gate here.
+            return word.step(wp, t_prev);
+        }
         let cp = ctx.matmul(&self.c)?;
         match (self.kind, self.form) {
             (DecoderKind::Vanilla, GateForm::Reference) => {
@@ -86,6 +160,7 @@ impl DecoderCell {
             (DecoderKind::Vanilla, GateForm::Paper) => {
                 (sc.tgt.apply(&(wp + t_prev.matmul(&self.u)?)?, 1)? + sc.src.apply(&cp, 1)?)?.tanh()
             }
+            (DecoderKind::Cgru, _) => unreachable!("handled above"),
             (DecoderKind::Gru, form) => {
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
                 let (w_ru, w_c) = (wp.narrow(1, 0, 2 * h)?, wp.narrow(1, 2 * h, h)?);

@@ -65,6 +65,17 @@ pub struct Scales {
     pub gate: Option<Tensor>,
 }
 
+impl Scales {
+    /// No scaling and no gate.
+    pub fn none() -> Scales {
+        Scales {
+            src: Scale::One,
+            tgt: Scale::One,
+            gate: None,
+        }
+    }
+}
+
 pub enum Gate {
     None,
     Context {

@@ -201,6 +201,29 @@ impl Model {
         Ok(StepOut { alpha, ctx, cov })
     }
 
+    pub fn is_conditional(&self) -> bool {
+        self.cfg.decoder == crate::config::DecoderKind::Cgru
+    }
+
+    /// The state the readout and the next transition use after attention: for the conditional GRU the
+    /// context GRU runs here (with the gate, fed `e(y_{i−1})`, the intermediate state and the context); for the
+    /// other decoders it is `t_prev` itself.
+    pub fn condition(
+        &self,
+        t_prev: &Tensor,
+        ctx: &Tensor,
+        e_prev: &Tensor,
+        context_scale: (f64, f64),
+    ) -> Result<(Tensor, Option<Scales>)> {
+        if !self.is_conditional() {
+            return Ok((t_prev.clone(), None));
+        }
+        let wz = self.gate.word_term(e_prev)?;
+        let sc = self.gate.scales(wz.as_ref(), t_prev, ctx, context_scale)?;
+        let t = self.cell.context_step(t_prev, ctx, &sc)?;
+        Ok((t, Some(sc)))
+    }
+
     pub fn initial_coverage(&self, src: &Source) -> Result<Option<Tensor>> {
         match &self.coverage {
             Some(c) => {
@@ -242,6 +265,12 @@ impl Model {
         ctx: &Tensor,
         context_scale: (f64, f64),
     ) -> Result<(Tensor, Scales)> {
+        if self.is_conditional() {
+            return Ok((
+                self.cell.step(t_prev, wp, ctx, &Scales::none())?,
+                Scales::none(),
+            ));
+        }
         let sc = self.gate.scales(wz, t_prev, ctx, context_scale)?;
         let t = self.cell.step(t_prev, wp, ctx, &sc)?;
         Ok((t, sc))
@@ -268,9 +297,19 @@ impl Model {
         let mut cov = self.initial_coverage(&src)?;
         let mut states = Vec::with_capacity(t_len);
         let mut ctxs = Vec::with_capacity(t_len);
+        let e3 = e_all.reshape((b, t_len, e_dim))?;
+        let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
         for i in 0..t_len {
             let out = self.attend(&src, &t, cov.as_ref())?;
             cov = out.cov;
+            if self.is_conditional() {
+                let e_prev = if i == 0 {
+                    zeros_e.clone()
+                } else {
+                    e3.i((.., i - 1))?
+                };
+                t = self.condition(&t, &out.ctx, &e_prev, (1.0, 1.0))?.0;
+            }
             states.push(t.clone());
             ctxs.push(out.ctx.clone());
             if i + 1 < t_len {
@@ -286,7 +325,6 @@ impl Model {
         // Readout for all steps at once: batch-major rows (b, i).
         let states = Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?;
         let ctxs = Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?;
-        let e3 = e_all.reshape((b, t_len, e_dim))?;
         let e_prev = Tensor::cat(
             &[
                 Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,

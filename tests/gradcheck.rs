@@ -54,6 +54,15 @@ fn every_decoder_variant_gradients_match_finite_differences() {
             ]);
         }
     }
+    for form in ["reference", "paper"] {
+        for gate in ["none", "both", "source"] {
+            variants.push(vec![
+                "model.decoder=cgru".into(),
+                format!("model.gate_form={form}"),
+                format!("model.context_gate={gate}"),
+            ]);
+        }
+    }
     for (i, v) in variants.iter().enumerate() {
         let sets: Vec<&str> = v.iter().map(|s| s.as_str()).collect();
         let cfg = tiny_model_config(&sets);
@@ -105,6 +114,40 @@ fn every_parameter_gets_a_nonzero_gradient_at_normal_size() {
                 .to_scalar::<f32>()
                 .unwrap();
             assert!(s > 0.0 && s.is_finite(), "{name}: gradient sum {s}");
+        }
+    }
+}
+
+#[test]
+fn coverage_gradients_match_finite_differences() {
+    let cases: Vec<Vec<&str>> = vec![
+        vec![
+            "model.coverage=linguistic",
+            "model.coverage_dim=1",
+            "model.coverage_fertility=false",
+        ],
+        vec![
+            "model.coverage=linguistic",
+            "model.coverage_dim=1",
+            "model.coverage_fertility=true",
+        ],
+        vec![
+            "model.coverage=neural",
+            "model.coverage_dim=2",
+            "model.coverage_gated=true",
+        ],
+        vec![
+            "model.coverage=neural",
+            "model.coverage_dim=2",
+            "model.coverage_gated=false",
+        ],
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        for gate in ["none", "both"] {
+            let g = format!("model.context_gate={gate}");
+            let mut sets = c.clone();
+            sets.push(&g);
+            grad_check(&tiny_model_config(&sets), 300 + i as u64, 8);
         }
     }
 }

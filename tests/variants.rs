@@ -368,6 +368,8 @@ fn every_variant_learns_on_real_data() {
         ],
         vec!["model.decoder=vanilla", "model.context_gate=none"],
         vec!["model.decoder=vanilla", "model.context_gate=both"],
+        vec!["model.decoder=cgru", "model.context_gate=none"],
+        vec!["model.decoder=cgru", "model.context_gate=both"],
         vec![
             "model.context_gate=none",
             "model.coverage=linguistic",
@@ -381,5 +383,115 @@ fn every_variant_learns_on_real_data() {
             last < first * 0.8,
             "{v:?}: loss per token {first:.3} → {last:.3}"
         );
+    }
+}
+
+/// Beam search carries coverage (and the cGRU's state) per hypothesis: batched decoding equals one sentence at a
+/// time, and the recorded attention, gates and coverage have the right shapes.
+#[test]
+fn batched_beam_search_equals_single_with_coverage_and_cgru() {
+    use cgnmt::beam_search::{beam_search, DecodeOptions};
+    let cases: Vec<Vec<&str>> = vec![
+        vec![
+            "model.coverage=neural",
+            "model.coverage_dim=3",
+            "model.context_gate=both",
+        ],
+        vec![
+            "model.coverage=linguistic",
+            "model.coverage_dim=1",
+            "model.context_gate=none",
+        ],
+        vec!["model.decoder=cgru", "model.context_gate=both"],
+    ];
+    for sets in cases {
+        let mut all = vec![
+            "model.embedding_dim=8",
+            "model.hidden_dim=12",
+            "model.attention_dim=8",
+        ];
+        all.extend(sets.iter().copied());
+        let cfg =
+            Config::load(None, &all.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let (m, vm) = Model::build(&cfg.model, 30, 25, 2, DType::F32, &Device::Cpu).unwrap();
+        randomize(&vm, 6, 0.6);
+        let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(4);
+        let srcs = random_seqs(&mut rng, 9, 30, 1, 9);
+        let opts = DecodeOptions {
+            beam: 4,
+            nbest: 4,
+            record: true,
+            ..Default::default()
+        };
+        let batched = beam_search(&m, &srcs, 0, &opts).unwrap();
+        for (i, s) in srcs.iter().enumerate() {
+            let single = beam_search(&m, std::slice::from_ref(s), 0, &opts).unwrap();
+            let a: Vec<&Vec<u32>> = batched[i].iter().map(|h| &h.tokens).collect();
+            let b: Vec<&Vec<u32>> = single[0].iter().map(|h| &h.tokens).collect();
+            assert_eq!(a, b, "{sets:?}: sentence {i}");
+            let h = &batched[i][0];
+            // One row per emitted word: the tokens, plus EOS unless the hypothesis stopped at the length limit.
+            assert!(
+                h.attention.len() == h.tokens.len() + 1 || h.attention.len() == h.tokens.len(),
+                "{sets:?}"
+            );
+            assert!(h.attention.iter().all(|r| r.len() == s.len() + 1));
+            for row in &h.attention {
+                let sum: f32 = row.iter().sum();
+                assert!((sum - 1.0).abs() < 1e-4);
+            }
+            if cfg.model.coverage != cgnmt::config::CoverageKind::None {
+                assert_eq!(h.coverage.len(), s.len() + 1);
+            }
+            if cfg.model.context_gate != cgnmt::config::ContextGate::None {
+                assert_eq!(
+                    h.gates.len(),
+                    h.tokens.len(),
+                    "{sets:?}: one gate value per emitted word"
+                );
+            }
+        }
+        // Linguistic coverage without fertility is exactly the sum of past attention.
+        if sets.contains(&"model.coverage=linguistic") {
+            let cfg2 = Config::load(
+                None,
+                &[
+                    "model.embedding_dim=8",
+                    "model.hidden_dim=12",
+                    "model.attention_dim=8",
+                    "model.coverage=linguistic",
+                    "model.coverage_dim=1",
+                    "model.coverage_fertility=false",
+                    "model.context_gate=none",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let (m2, vm2) = Model::build(&cfg2.model, 30, 25, 2, DType::F32, &Device::Cpu).unwrap();
+            randomize(&vm2, 7, 0.6);
+            let out = beam_search(
+                &m2,
+                &srcs[..1],
+                0,
+                &DecodeOptions {
+                    beam: 1,
+                    record: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let h = &out[0][0];
+            for j in 0..srcs[0].len() + 1 {
+                // Coverage is recorded after the last emitted word (EOS included when it finished).
+                let sum: f32 = h.attention.iter().map(|r| r[j]).sum();
+                assert!(
+                    (sum - h.coverage[j]).abs() < 1e-4,
+                    "coverage {} vs summed attention {sum}",
+                    h.coverage[j]
+                );
+            }
+        }
     }
 }
