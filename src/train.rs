@@ -37,6 +37,8 @@ pub struct TrainData {
     pub tgt_vocab: Vocab,
     pub dev_src: Vec<String>,
     pub dev_ref: Vec<String>,
+    /// Tokenised dev targets (for the dev loss), aligned with `dev_src`; empty when `dev.tgt` is absent.
+    pub dev_tgt: Vec<String>,
     pub dropped_long: usize,
 }
 
@@ -112,33 +114,49 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
             cfg.data.max_len
         );
     }
-    let (dev_src, dev_ref) = if dir.join("dev.src").is_file() && dir.join("dev.ref").is_file() {
-        let mut s = cgnmt_data::corpus::read_lines(&dir.join("dev.src"))?;
-        let mut r = cgnmt_data::corpus::read_lines(&dir.join("dev.ref"))?;
-        if s.len() != r.len() {
-            return Err(NmtError::Data(format!(
-                "{}: dev.src and dev.ref differ in line count",
-                dir.display()
-            )));
-        }
-        let n = cfg.train.eval_max_sentences;
-        if n > 0 && s.len() > n {
-            // An evenly spaced subset: dev sets are often sorted by length, and a prefix would hold only the
-            // shortest sentences.
-            let pick: Vec<usize> = (0..n).map(|k| k * s.len() / n).collect();
-            s = pick.iter().map(|&i| s[i].clone()).collect();
-            r = pick.iter().map(|&i| r[i].clone()).collect();
-        }
-        (s, r)
-    } else {
-        (vec![], vec![])
-    };
+    let (dev_src, dev_ref, dev_tgt) =
+        if dir.join("dev.src").is_file() && dir.join("dev.ref").is_file() {
+            let mut s = cgnmt_data::corpus::read_lines(&dir.join("dev.src"))?;
+            let mut r = cgnmt_data::corpus::read_lines(&dir.join("dev.ref"))?;
+            let mut t = if dir.join("dev.tgt").is_file() {
+                cgnmt_data::corpus::read_lines(&dir.join("dev.tgt"))?
+            } else {
+                vec![]
+            };
+            if !t.is_empty() && t.len() != s.len() {
+                return Err(NmtError::Data(format!(
+                    "{}: dev.src and dev.tgt differ in line count",
+                    dir.display()
+                )));
+            }
+            if s.len() != r.len() {
+                return Err(NmtError::Data(format!(
+                    "{}: dev.src and dev.ref differ in line count",
+                    dir.display()
+                )));
+            }
+            let n = cfg.train.eval_max_sentences;
+            if n > 0 && s.len() > n {
+                // An evenly spaced subset: dev sets are often sorted by length, and a prefix would hold only the
+                // shortest sentences.
+                let pick: Vec<usize> = (0..n).map(|k| k * s.len() / n).collect();
+                s = pick.iter().map(|&i| s[i].clone()).collect();
+                r = pick.iter().map(|&i| r[i].clone()).collect();
+                if !t.is_empty() {
+                    t = pick.iter().map(|&i| t[i].clone()).collect();
+                }
+            }
+            (s, r, t)
+        } else {
+            (vec![], vec![], vec![])
+        };
     Ok(TrainData {
         corpus,
         src_vocab,
         tgt_vocab,
         dev_src,
         dev_ref,
+        dev_tgt,
         dropped_long,
     })
 }
@@ -175,6 +193,36 @@ pub fn evaluate(
     let out = tr.translate(dev_src, &opts, 32, true, |_| {})?;
     let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
     Ok(bleu_v11b(&hyps, dev_ref))
+}
+
+/// Mean per-token loss (EOS included) on tokenised pairs.
+pub fn corpus_loss(
+    model: &Model,
+    src_vocab: &Vocab,
+    tgt_vocab: &Vocab,
+    src: &[String],
+    tgt: &[String],
+) -> Result<f64> {
+    let (mut total, mut tokens) = (0.0f64, 0usize);
+    let enc = |v: &Vocab, l: &String| v.encode(&l.split_whitespace().collect::<Vec<_>>());
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = src
+        .iter()
+        .zip(tgt)
+        .map(|(s, t)| (enc(src_vocab, s), enc(tgt_vocab, t)))
+        .filter(|(s, t)| !s.is_empty() && !t.is_empty())
+        .collect();
+    for chunk in pairs.chunks(64) {
+        let s: Vec<Vec<u32>> = chunk.iter().map(|p| p.0.clone()).collect();
+        let t: Vec<Vec<u32>> = chunk.iter().map(|p| p.1.clone()).collect();
+        let b = Batch::new(&s, &t, tgt_vocab.eos(), DType::F32, &Device::Cpu)?;
+        total += model.loss(&b)?.to_scalar::<f32>()? as f64 * s.len() as f64;
+        tokens += b.tgt_tokens;
+    }
+    Ok(if tokens > 0 {
+        total / tokens as f64
+    } else {
+        f64::NAN
+    })
 }
 
 pub struct TrainSummary {
@@ -433,6 +481,17 @@ fn eval_and_keep(
         &data.dev_ref,
         tc.eval_beam,
     )?;
+    let dev_loss = if data.dev_tgt.is_empty() {
+        None
+    } else {
+        Some(corpus_loss(
+            model,
+            &data.src_vocab,
+            &data.tgt_vocab,
+            &data.dev_src,
+            &data.dev_tgt,
+        )?)
+    };
     let rec = EvalRecord {
         step: state.step,
         epoch: state.epoch,
@@ -444,14 +503,17 @@ fn eval_and_keep(
         log,
         "{}",
         serde_json::json!({"eval": rec.step, "epoch": rec.epoch, "seconds": rec.seconds,
-        "loss_per_token": train_loss, "dev_bleu": bleu})
+        "loss_per_token": dev_loss, "train_loss_per_token": train_loss, "dev_bleu": bleu})
     )
     .map_err(|e| NmtError::io(log_path, e))?;
     state.history.push(rec);
     let improved = state.best_bleu.map(|b| bleu > b).unwrap_or(true);
     pb.println(format!(
-        "step {}: dev BLEU {bleu:.2}{}",
+        "step {}: dev BLEU {bleu:.2}{}{}",
         state.step,
+        dev_loss
+            .map(|l| format!(", dev loss/token {l:.3}"))
+            .unwrap_or_default(),
         if improved { " (best so far)" } else { "" }
     ));
     if improved {
