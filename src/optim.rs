@@ -161,6 +161,15 @@ impl Optimizer {
 
     /// Clip (globally, to `clip_norm`) and apply one update. Returns the gradient norm before clipping.
     pub fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
+        self.step_with(vars, grads, true)
+    }
+
+    /// The same update through composed tensor ops (the reference the fused kernel is tested against).
+    pub fn step_composed(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
+        self.step_with(vars, grads, false)
+    }
+
+    fn step_with(&mut self, vars: &[(String, Var)], grads: &GradStore, fused: bool) -> Result<f64> {
         let norm = Self::grad_norm(vars, grads)?;
         let scale = if self.clip_norm > 0.0 && norm > self.clip_norm {
             self.clip_norm / norm
@@ -179,7 +188,7 @@ impl Optimizer {
                 a: vec![0.0; n],
                 b: vec![0.0; n],
             });
-            if var.device().is_cpu() && var.dtype() == DType::F32 {
+            if fused && var.device().is_cpu() && var.dtype() == DType::F32 {
                 let g = if g.is_contiguous() {
                     g.clone()
                 } else {
@@ -244,31 +253,6 @@ impl Optimizer {
         slot.a = na.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         slot.b = nb.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
         Ok(())
-    }
-
-    /// Force the composed path (for testing the fused kernel against it).
-    pub fn step_composed(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
-        let norm = Self::grad_norm(vars, grads)?;
-        let scale = if self.clip_norm > 0.0 && norm > self.clip_norm {
-            self.clip_norm / norm
-        } else {
-            1.0
-        };
-        self.step += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.step as i32);
-        let bc2 = 1.0 - self.beta2.powi(self.step as i32);
-        for (name, var) in vars {
-            let Some(g) = grads.get(var.as_tensor()) else {
-                continue;
-            };
-            let n = var.elem_count();
-            self.state.entry(name.clone()).or_insert_with(|| SlotState {
-                a: vec![0.0; n],
-                b: vec![0.0; n],
-            });
-            self.composed_update(var, g, scale, bc1, bc2, name)?;
-        }
-        Ok(norm)
     }
 }
 

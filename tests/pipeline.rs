@@ -477,15 +477,27 @@ fn align_writes_valid_links_and_soft_matrices_for_aer() {
     let links = tmp.path().join("links.talp");
     let soft = tmp.path().join("soft.jsonl");
     run_ok(&[
-        "align", "-m", o.run.to_str().unwrap(), "--src", a.join("test.zh").to_str().unwrap(), "--tgt",
-        a.join("test.en").to_str().unwrap(), "-o", links.to_str().unwrap(), "--soft", soft.to_str().unwrap(),
+        "align",
+        "-m",
+        o.run.to_str().unwrap(),
+        "--src",
+        a.join("test.zh").to_str().unwrap(),
+        "--tgt",
+        a.join("test.en").to_str().unwrap(),
+        "-o",
+        links.to_str().unwrap(),
+        "--soft",
+        soft.to_str().unwrap(),
     ]);
     let src = lines(&a.join("test.zh"));
     let tgt = lines(&a.join("test.en"));
     let l = lines(&links);
     assert_eq!(l.len(), src.len());
     for (k, line) in l.iter().enumerate() {
-        let (ns, nt) = (src[k].split_whitespace().count(), tgt[k].split_whitespace().count());
+        let (ns, nt) = (
+            src[k].split_whitespace().count(),
+            tgt[k].split_whitespace().count(),
+        );
         let pairs: Vec<(usize, usize)> = line
             .split_whitespace()
             .map(|p| {
@@ -502,12 +514,26 @@ fn align_writes_valid_links_and_soft_matrices_for_aer() {
         let m = v["attention"].as_array().unwrap();
         assert_eq!(m.len(), tgt[k].split_whitespace().count());
         for row in m {
-            let s: f64 = row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).sum();
+            let s: f64 = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .sum();
             assert!((s - 1.0).abs() < 1e-6);
         }
     }
     // The AER scorer accepts both files.
-    let out = run_ok(&["aer", "--gold", a.join("test.talp").to_str().unwrap(), "--pred", links.to_str().unwrap(), "--soft", soft.to_str().unwrap(), "--json"]);
+    let out = run_ok(&[
+        "aer",
+        "--gold",
+        a.join("test.talp").to_str().unwrap(),
+        "--pred",
+        links.to_str().unwrap(),
+        "--soft",
+        soft.to_str().unwrap(),
+        "--json",
+    ]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let aer = v["aer"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&aer));
