@@ -400,7 +400,7 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {
                 if eval_and_keep(
                     &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path,
-                    &save, &opt,
+                    &save, &opt, quiet,
                 )? {
                     stop_reason = format!("no dev BLEU improvement in {} evaluations", tc.patience);
                     break 'outer;
@@ -425,7 +425,7 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     // Final evaluation unless this step was just evaluated.
     if state.history.last().map(|h| h.step) != Some(state.step) {
         eval_and_keep(
-            &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt,
+            &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt, quiet,
         )?;
     }
     state.finished = true;
@@ -464,6 +464,7 @@ fn eval_and_keep(
     log_path: &Path,
     save: &dyn Fn(&TrainState, &Optimizer, &Path, bool) -> Result<()>,
     opt: &Optimizer,
+    quiet: bool,
 ) -> Result<bool> {
     if data.dev_src.is_empty() {
         return Ok(false);
@@ -508,14 +509,22 @@ fn eval_and_keep(
     .map_err(|e| NmtError::io(log_path, e))?;
     state.history.push(rec);
     let improved = state.best_bleu.map(|b| bleu > b).unwrap_or(true);
-    pb.println(format!(
+    let line = format!(
         "step {}: dev BLEU {bleu:.2}{}{}",
         state.step,
         dev_loss
             .map(|l| format!(", dev loss/token {l:.3}"))
             .unwrap_or_default(),
         if improved { " (best so far)" } else { "" }
-    ));
+    );
+    // A hidden bar (no terminal, or --quiet) prints nothing; messages must still reach the log reader.
+    if !quiet {
+        if pb.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            pb.println(line);
+        }
+    }
     if improved {
         state.best_bleu = Some(bleu);
         state.best_step = state.step;
