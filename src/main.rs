@@ -467,7 +467,7 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         "model.attention_dim=256".into(),
         "train.batch_size=64".into(),
         "train.optimizer=adam".into(),
-        "train.learning_rate=0.001".into(),
+        "train.learning_rate=0.003".into(),
         format!("train.max_seconds={}", a.seconds),
         "train.eval_every=400".into(),
         "train.eval_max_sentences=300".into(),
