@@ -1,6 +1,6 @@
 //! The `cgnmt` command-line tool.
 
-use std::io::{BufRead, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -554,7 +554,6 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         "Tatoeba zh-en test BLEU (sacreBLEU 13a, cased):          {:.2}  {}",
         sacre.score, sacre.signature
     );
-    let _ = std::io::stdin().lock().lines();
     Ok(())
 }
 

@@ -425,7 +425,8 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     // Final evaluation unless this step was just evaluated.
     if state.history.last().map(|h| h.step) != Some(state.step) {
         eval_and_keep(
-            &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt, quiet,
+            &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt,
+            quiet,
         )?;
     }
     state.finished = true;
