@@ -26,7 +26,7 @@ run() {
     $BIN train --quiet --out "$dir" --set data.prepared=\""$OUT/prepared"\" \
       --set data.src_vocab_size=8000 --set data.tgt_vocab_size=6000 \
       --set model.embedding_dim=128 --set model.hidden_dim=256 --set model.attention_dim=256 \
-      --set train.batch_size=64 --set train.optimizer=adam --set train.learning_rate=0.001 \
+      --set train.batch_size=64 --set train.optimizer=adam --set train.learning_rate=${LR:-0.001} \
       --set train.max_steps=$STEPS --set train.eval_every=$((STEPS/4)) --set train.eval_max_sentences=400 \
       --set train.eval_beam=5 --set train.seed=1234 --set train.threads=${THREADS:-1} "$@"
     fi
