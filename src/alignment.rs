@@ -1,6 +1,6 @@
 //! Word alignments from attention (model-spec §8): force-decode the reference, take `α`, and link every target
 //! word to its most attended source word. With subword (BPE) models the matrix is first mapped back to the
-//! given words: a word's column is the sum of its subwords' columns, a word's row the mean of its subwords'
+//! given words: a word's column is the sum of its subwords' columns, a word's row the sum of its subwords'
 //! rows. The EOS row and column are left out and each row renormalised over the real source words.
 
 use candle_core::{DType, Result};
