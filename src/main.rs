@@ -482,22 +482,23 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         run.display()
     );
     let resume = run.join("last").exists();
-    let cfg = if resume {
+    let (cfg, finished) = if resume {
         let dir = checkpoint::complete_dir(&run.join("last")).context("incomplete checkpoint")?;
-        let st = checkpoint::load_state(&dir)?;
-        if st.finished {
+        let finished = checkpoint::load_state(&dir)?.finished;
+        if finished {
             eprintln!(
                 "(a finished run exists in {}; delete it to train again)",
                 run.display()
             );
         }
-        Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?
+        (
+            Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?,
+            finished,
+        )
     } else {
-        cfg
+        (cfg, false)
     };
-    let already = resume
-        && checkpoint::load_state(&checkpoint::complete_dir(&run.join("last")).unwrap())?.finished;
-    if !already {
+    if !finished {
         cgnmt::train::train(cfg, &run, resume, false)?;
     }
     let lm = checkpoint::load(&run.join("best"), DType::F32, &Device::Cpu)?;
