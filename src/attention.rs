@@ -1,7 +1,10 @@
 //! Bahdanau MLP attention (model-spec §2): `e_ij = vᵀ tanh(A h_j + B t_{i−1} [+ V_cov C_{i−1,j}])`, masked
 //! softmax over the source positions, context `s_i = Σ_j α_ij h_j`. `A h_j` is computed once per sentence.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real};
 use candle_nn::VarBuilder;
 
 pub struct Attention {
@@ -9,6 +12,7 @@ pub struct Attention {
     pub b: Tensor,
     pub v: Tensor,
     pub dim: usize,
+    pub kernels: Kernels,
 }
 
 /// Per-sentence attention keys: `A h_j` and the additive padding mask.
@@ -36,6 +40,7 @@ impl Attention {
             b: vb.get_with_hints((hidden, dim), "B", crate::init::ZERO)?,
             v: vb.get_with_hints((dim, 1), "v", crate::init::ZERO)?,
             dim,
+            kernels: Kernels::default(),
         })
     }
 
@@ -61,19 +66,375 @@ impl Attention {
         t_prev: &Tensor,
         cov: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor)> {
-        let (b, s, _) = keys.ah.dims3()?;
-        let bt = t_prev.matmul(&self.b)?.unsqueeze(1)?;
-        let mut pre = keys.ah.broadcast_add(&bt)?;
-        if let Some(c) = cov {
-            pre = (pre + c)?;
+        let bt = crate::kernels::rec_matmul(self.kernels, t_prev, &self.b)?;
+        let pre = match cov {
+            Some(c) => (&keys.ah + c)?,
+            None => keys.ah.clone(),
+        };
+        let e = if self.kernels.fused_on(pre.device()) {
+            scores_fused(&pre, &bt, &self.v)?
+        } else {
+            scores_reference(&pre, &bt, &self.v)?
+        };
+        let e = (e + &keys.mask_bias)?;
+        if self.kernels.fused_on(e.device()) {
+            softmax_context_fused(&e, &keys.annotations)
+        } else {
+            softmax_context_reference(&e, &keys.annotations)
         }
-        let e = pre
-            .tanh()?
-            .reshape((b * s, self.dim))?
-            .matmul(&self.v)?
-            .reshape((b, s))?;
-        let alpha = softmax_last(&(e + &keys.mask_bias)?)?;
-        let ctx = alpha.unsqueeze(1)?.matmul(&keys.annotations)?.squeeze(1)?;
-        Ok((alpha, ctx))
+    }
+}
+
+/// The attention scores `e_bj = vᵀ tanh(pre_bj + bt_b)` `[B, S]` for `pre` `[B, S, Ad]` (`A h_j`, plus the
+/// coverage term when coverage is on), `bt` `[B, Ad]` (`B t_{i−1}`) and `v` `[Ad, 1]`, composed (reference).
+pub fn scores_reference(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (b, s, ad) = pre.dims3()?;
+    pre.broadcast_add(&bt.unsqueeze(1)?)?
+        .tanh()?
+        .reshape((b * s, ad))?
+        .matmul(v)?
+        .reshape((b, s))
+}
+
+/// The same scores from one fused kernel: no `[B, S, Ad]` tensor is materialised or kept for the backward
+/// pass, which recomputes the tanh.
+pub fn scores_fused(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
+    pre.contiguous()?
+        .apply_op3(&bt.contiguous()?, &v.contiguous()?, ScoreOp)
+}
+
+#[inline(always)]
+fn score_rows<T: Real>(pre: &[T], bt: &[T], v: &[T], out: &mut [T]) {
+    let ad = v.len();
+    let mut t = vec![T::zero(); ad];
+    for (j, o) in out.iter_mut().enumerate() {
+        let p = &pre[j * ad..(j + 1) * ad];
+        for a in 0..ad {
+            t[a] = (p[a] + bt[a]).tanh_v();
+        }
+        *o = crate::kernels::dot(&t, v);
+    }
+}
+simd_dispatch!(score_rows_d, score_rows_avx, score_rows, (pre: &[T], bt: &[T], v: &[T], out: &mut [T]));
+
+/// For one sentence: `d_pre` (`[S, Ad]`), `d_bt` and this sentence's share of `d_v` (`[Ad]` each).
+#[inline(always)]
+fn score_grad_rows<T: Real>(
+    pre: &[T],
+    bt: &[T],
+    v: &[T],
+    g: &[T],
+    d_pre: &mut [T],
+    d_bt: &mut [T],
+    d_v: &mut [T],
+) {
+    let ad = v.len();
+    for (j, &gj) in g.iter().enumerate() {
+        let p = &pre[j * ad..(j + 1) * ad];
+        let dp = &mut d_pre[j * ad..(j + 1) * ad];
+        for a in 0..ad {
+            let t = (p[a] + bt[a]).tanh_v();
+            let d = gj * v[a] * (T::one() - t * t);
+            dp[a] = d;
+            d_bt[a] = d_bt[a] + d;
+            d_v[a] = d_v[a] + gj * t;
+        }
+    }
+}
+simd_dispatch!(score_grad_rows_d, score_grad_rows_avx, score_grad_rows, (pre: &[T], bt: &[T], v: &[T], g: &[T], d_pre: &mut [T], d_bt: &mut [T], d_v: &mut [T]));
+
+struct ScoreOp;
+
+fn score_fwd<T: Real>(
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (b, s, ad) = l1.shape().dims3()?;
+    let pre = slice::<T>(s1, l1)?;
+    let bt = slice::<T>(s2, l2)?;
+    let v = slice::<T>(s3, l3)?;
+    if bt.len() != b * ad || v.len() != ad {
+        candle_core::bail!("fused attention scores: shape mismatch");
+    }
+    let mut out = vec![T::zero(); b * s];
+    out.par_chunks_mut(s).enumerate().for_each(|(i, o)| {
+        score_rows_d(
+            &pre[i * s * ad..(i + 1) * s * ad],
+            &bt[i * ad..(i + 1) * ad],
+            v,
+            o,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((b, s))))
+}
+
+impl CustomOp3 for ScoreOp {
+    fn name(&self) -> &'static str {
+        "fused-attention-scores"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, score_fwd, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        pre: &Tensor,
+        bt: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, s, ad) = pre.dims3()?;
+        let packed = pre.apply_op3_no_bwd(
+            bt,
+            v,
+            &ScoreGradOp {
+                grad: grad.contiguous()?,
+            },
+        )?;
+        // Packed per sentence: [S·Ad d_pre | Ad d_bt | Ad d_v-share].
+        let packed = packed.reshape((b, (s + 2) * ad))?;
+        let d_pre = packed.narrow(1, 0, s * ad)?.reshape((b, s, ad))?;
+        let d_bt = packed.narrow(1, s * ad, ad)?;
+        let d_v = packed
+            .narrow(1, (s + 1) * ad, ad)?
+            .sum(0)?
+            .reshape((ad, 1))?;
+        Ok((Some(d_pre), Some(d_bt), Some(d_v)))
+    }
+}
+
+struct ScoreGradOp {
+    grad: Tensor,
+}
+
+fn score_grad<T: Real>(
+    grad: &Tensor,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (b, s, ad) = l1.shape().dims3()?;
+    let pre = slice::<T>(s1, l1)?;
+    let bt = slice::<T>(s2, l2)?;
+    let v = slice::<T>(s3, l3)?;
+    let (gs, gl) = grad.storage_and_layout();
+    let g = match &*gs {
+        candle_core::Storage::Cpu(c) => slice::<T>(c, gl)?.to_vec(),
+        _ => candle_core::bail!("fused attention scores: gradient not on the CPU"),
+    };
+    let w = (s + 2) * ad;
+    let mut out = vec![T::zero(); b * w];
+    out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
+        let (d_pre, rest) = o.split_at_mut(s * ad);
+        let (d_bt, d_v) = rest.split_at_mut(ad);
+        score_grad_rows_d(
+            &pre[i * s * ad..(i + 1) * s * ad],
+            &bt[i * ad..(i + 1) * ad],
+            v,
+            &g[i * s..(i + 1) * s],
+            d_pre,
+            d_bt,
+            d_v,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from(b * w)))
+}
+
+impl CustomOp3 for ScoreGradOp {
+    fn name(&self) -> &'static str {
+        "fused-attention-scores-grad"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, score_grad, &self.grad, s1, l1, s2, l2, s3, l3)
+    }
+}
+
+/// Masked softmax and context from scores `e` `[B, S]` (the padding mask already added), composed
+/// reference: `(α [B, S], s [B, 2H])`.
+pub fn softmax_context_reference(e: &Tensor, annotations: &Tensor) -> Result<(Tensor, Tensor)> {
+    let alpha = softmax_last(e)?;
+    let ctx = alpha.unsqueeze(1)?.matmul(annotations)?.squeeze(1)?;
+    Ok((alpha, ctx))
+}
+
+/// The same as one fused kernel (`α` and `s = Σ_j α_j h_j` per sentence) with a hand-derived backward pass.
+pub fn softmax_context_fused(e: &Tensor, annotations: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (_, s) = e.dims2()?;
+    let a2 = annotations.dim(2)?;
+    let packed = e
+        .contiguous()?
+        .apply_op2(&annotations.contiguous()?, SoftmaxContext)?;
+    Ok((
+        packed.narrow(1, 0, s)?,
+        packed.narrow(1, s, a2)?.contiguous()?,
+    ))
+}
+
+#[inline(always)]
+fn softmax_context_row<T: Real>(e: &[T], h: &[T], out: &mut [T]) {
+    let s = e.len();
+    let a2 = h.len() / s.max(1);
+    let (alpha, ctx) = out.split_at_mut(s);
+    let m = crate::kernels::max_of(e);
+    let mut z = T::zero();
+    for j in 0..s {
+        alpha[j] = (e[j] - m).exp_v();
+        z = z + alpha[j];
+    }
+    let inv = T::one() / z;
+    for c in ctx.iter_mut() {
+        *c = T::zero();
+    }
+    for j in 0..s {
+        alpha[j] = alpha[j] * inv;
+        let aj = alpha[j];
+        let hj = &h[j * a2..(j + 1) * a2];
+        for k in 0..a2 {
+            ctx[k] = ctx[k] + aj * hj[k];
+        }
+    }
+}
+simd_dispatch!(softmax_context_row_d, softmax_context_row_avx, softmax_context_row, (e: &[T], h: &[T], out: &mut [T]));
+
+/// Packed gradient row `[∂e (S) | ∂h (S·2H)]` from the forward row `[α | s]` and its gradient.
+#[inline(always)]
+fn softmax_context_grad_row<T: Real>(res: &[T], h: &[T], g: &[T], out: &mut [T]) {
+    let s = out.len() - h.len();
+    let a2 = h.len() / s.max(1);
+    let (alpha, g_alpha, g_ctx) = (&res[..s], &g[..s], &g[s..s + a2]);
+    let (d_e, d_h) = out.split_at_mut(s);
+    let mut total = T::zero();
+    for j in 0..s {
+        let hj = &h[j * a2..(j + 1) * a2];
+        d_e[j] = g_alpha[j] + crate::kernels::dot(g_ctx, hj);
+        total = total + alpha[j] * d_e[j];
+        let dh = &mut d_h[j * a2..(j + 1) * a2];
+        for k in 0..a2 {
+            dh[k] = alpha[j] * g_ctx[k];
+        }
+    }
+    for j in 0..s {
+        d_e[j] = alpha[j] * (d_e[j] - total);
+    }
+}
+simd_dispatch!(softmax_context_grad_row_d, softmax_context_grad_row_avx, softmax_context_grad_row, (res: &[T], h: &[T], g: &[T], out: &mut [T]));
+
+struct SoftmaxContext;
+
+fn softmax_context_fwd<T: Real>(
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (b, s) = l1.shape().dims2()?;
+    let (b2, s2_, a2) = l2.shape().dims3()?;
+    if b != b2 || s != s2_ {
+        candle_core::bail!("fused attention context: shape mismatch");
+    }
+    let e = slice::<T>(s1, l1)?;
+    let h = slice::<T>(s2, l2)?;
+    let w = s + a2;
+    let mut out = vec![T::zero(); b * w];
+    out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
+        softmax_context_row_d(&e[i * s..(i + 1) * s], &h[i * s * a2..(i + 1) * s * a2], o)
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((b, w))))
+}
+
+impl CustomOp2 for SoftmaxContext {
+    fn name(&self) -> &'static str {
+        "fused-attention-context"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, softmax_context_fwd, s1, l1, s2, l2)
+    }
+    fn bwd(
+        &self,
+        e: &Tensor,
+        annotations: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (b, s) = e.dims2()?;
+        let a2 = annotations.dim(2)?;
+        let packed = res.apply_op3_no_bwd(annotations, &grad.contiguous()?, &SoftmaxContextGrad)?;
+        let d_e = packed.narrow(1, 0, s)?;
+        let d_h = packed.narrow(1, s, s * a2)?.reshape((b, s, a2))?;
+        Ok((Some(d_e), Some(d_h)))
+    }
+}
+
+struct SoftmaxContextGrad;
+
+fn softmax_context_grad<T: Real>(
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (b, w) = l1.shape().dims2()?;
+    let (_, s, a2) = l2.shape().dims3()?;
+    let res = slice::<T>(s1, l1)?;
+    let h = slice::<T>(s2, l2)?;
+    let g = slice::<T>(s3, l3)?;
+    let wo = s + s * a2;
+    let mut out = vec![T::zero(); b * wo];
+    out.par_chunks_mut(wo).enumerate().for_each(|(i, o)| {
+        softmax_context_grad_row_d(
+            &res[i * w..(i + 1) * w],
+            &h[i * s * a2..(i + 1) * s * a2],
+            &g[i * w..(i + 1) * w],
+            o,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((b, wo))))
+}
+
+impl CustomOp3 for SoftmaxContextGrad {
+    fn name(&self) -> &'static str {
+        "fused-attention-context-grad"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, softmax_context_grad, s1, l1, s2, l2, s3, l3)
     }
 }

@@ -6,7 +6,7 @@
 use candle_core::{Device, IndexOp, Result, Tensor};
 
 use crate::model::{pad, Model};
-use crate::readout::log_softmax;
+use crate::readout::{log_softmax, log_softmax_inference};
 
 #[derive(Debug, Clone)]
 pub struct DecodeOptions {
@@ -120,8 +120,13 @@ pub fn beam_search(
             _ => None,
         };
         t = t_read;
-        let logp = log_softmax(&model.logits(&out.ctx, &t, &e_prev)?)?
-            .to_dtype(candle_core::DType::F32)?;
+        let logits = model.logits(&out.ctx, &t, &e_prev)?;
+        let logp = if model.kernels.fused_on(&dev) {
+            log_softmax_inference(&logits)?
+        } else {
+            log_softmax(&logits)?
+        }
+        .to_dtype(candle_core::DType::F32)?;
         let logp: Vec<Vec<f32>> = logp.to_vec2()?;
         let alpha: Option<Vec<Vec<f32>>> = if opts.record {
             Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?)

@@ -55,6 +55,21 @@ pub fn sgemm_gflops(n: usize) -> Result<f64> {
     Ok(2.0 * (n as f64).powi(3) / median(&mut t) / 1e9)
 }
 
+/// GFLOP/s of an `[m, k] × [k, n]` f32 matmul (median of 20 runs after a warm-up): what the machine gives
+/// at the shapes of one recurrent step.
+pub fn gemm_gflops(m: usize, k: usize, n: usize) -> Result<f64> {
+    let a = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu)?;
+    let _ = a.matmul(&b)?;
+    let mut t = vec![];
+    for _ in 0..20 {
+        let s = Instant::now();
+        let _c = a.matmul(&b)?;
+        t.push(s.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9)
+}
+
 /// Forward FLOPs of one training batch (matrix products only), from the configuration and shapes.
 pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f64 {
     let m = &cfg.model;
@@ -152,6 +167,16 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let threads = candle_core::utils::get_num_threads();
     eprintln!("measuring SGEMM peak ({} threads)...", threads);
     let peak = sgemm_gflops(2048)?;
+    let (e_dim, h_dim) = (cfg.model.embedding_dim, cfg.model.hidden_dim);
+    // The recurrent step's products: [B, 2H] × [2H, 3H] (context), [B, H] × [H, 2H] (state), and the
+    // readout's [B·T, E] × [E, V].
+    let step_gemm = json!({
+        "ctx_BxC": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim)?,
+        "state_BxU": gemm_gflops(bsz, h_dim, 2 * h_dim)?,
+        "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim)?,
+        "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v)?,
+    });
+    eprintln!("GEMM GFLOP/s at the model's shapes: {step_gemm}");
     // Real sentences of the benchmark's shape, mapped to ids below V by a vocabulary built on them.
     let pairs = fixed_length_pairs(
         data,
@@ -192,28 +217,42 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "training: {} steps of {}×{} target tokens (source ≤ {}), V {}...",
         opts.steps, bsz, tlen, src_len, v
     );
-    let step = |b: &Batch, opt: &mut Optimizer| -> Result<()> {
+    // Seconds in forward, backward and optimiser update.
+    let step = |b: &Batch, opt: &mut Optimizer| -> Result<[f64; 3]> {
+        let s = Instant::now();
         let loss = model.loss(b)?;
-        let g = loss.backward()?;
+        let f = s.elapsed().as_secs_f64();
+        let g = model.backward(&loss)?;
+        let bw = s.elapsed().as_secs_f64() - f;
         opt.step(&vars, &g)?;
-        Ok(())
+        Ok([f, bw, s.elapsed().as_secs_f64() - f - bw])
     };
     step(&batches[0], &mut opt)?; // warm-up
     let mut times = vec![];
+    let mut phases: [Vec<f64>; 3] = [vec![], vec![], vec![]];
     let mut toks = 0usize;
     for b in &batches {
         let s = Instant::now();
-        step(b, &mut opt)?;
+        let p = step(b, &mut opt)?;
         times.push(s.elapsed().as_secs_f64());
+        for (v, x) in phases.iter_mut().zip(p) {
+            v.push(x);
+        }
         toks = b.tgt_tokens;
     }
     let step_s = median(&mut times);
+    let [fwd_s, bwd_s, opt_s] = [
+        median(&mut phases[0]),
+        median(&mut phases[1]),
+        median(&mut phases[2]),
+    ];
     let train_tps = toks as f64 / step_s;
     let flops = 3.0 * forward_flops(cfg, v, bsz, src_len, tlen);
     let gflops = flops / step_s / 1e9;
     // Decoding: sentences of source length ~6 so that greedy runs ≤ 21 steps, as the reference's 20.
     let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
     let dec_src: Vec<Vec<u32>> = dec_pairs.iter().map(|(s, _)| vocab.encode(s)).collect();
+    let model = model.frozen(&varmap)?;
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
     for _ in 0..opts.repeats.max(1) {
@@ -240,9 +279,11 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let rec = json!({
         "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
                    "vocab": v, "batch": bsz, "tgt_len": tlen, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
-                   "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": "reference"},
+                   "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
+                   "simd": crate::kernels::simd_level()},
         "params": crate::init::count(&varmap),
         "train_step_s_median": step_s,
+        "train_phase_s_median": {"forward": fwd_s, "backward": bwd_s, "optimizer": opt_s},
         "train_tgt_tok_per_s": train_tps,
         "decode_beam10_sent_per_s": n / median(&mut beam_t),
         "decode_greedy_sent_per_s": n / median(&mut greedy_t),
@@ -250,10 +291,11 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "threads": threads,
         "gflops_per_s": gflops,
         "sgemm_peak_gflops": peak,
+        "gemm_gflops_at_step_shapes": step_gemm,
     });
     eprintln!(
-        "train: {:.0} target tok/s (median step {:.3} s, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s, greedy {:.1} sent/s; peak RSS {:.0} MiB",
-        train_tps, step_s, gflops, 100.0 * gflops / peak, peak,
+        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s, greedy {:.1} sent/s; peak RSS {:.0} MiB",
+        train_tps, step_s, fwd_s, bwd_s, opt_s, gflops, 100.0 * gflops / peak, peak,
         rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0),
         peak_rss_mib().unwrap_or(0.0)
     );

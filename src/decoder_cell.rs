@@ -12,8 +12,9 @@ use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::config::{DecoderKind, GateForm};
-use crate::encoder::Gru;
+use crate::encoder::{gru_update, Gru};
 use crate::gate::Scales;
+use crate::kernels::{rec_matmul, Kernels};
 
 pub struct DecoderCell {
     pub kind: DecoderKind,
@@ -28,6 +29,7 @@ pub struct DecoderCell {
     pub hidden: usize,
     /// cGRU: the word GRU (`cell.word.*`) and the context GRU (`cell.ctx.*`); the fields above are unused.
     pub cgru: Option<(Gru, ContextGru)>,
+    pub kernels: Kernels,
 }
 
 /// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`.
@@ -71,6 +73,7 @@ impl DecoderCell {
                 u,
                 hidden,
                 cgru: Some((word, ctx)),
+                kernels: Kernels::default(),
             });
         }
         let k = match kind {
@@ -91,7 +94,13 @@ impl DecoderCell {
             u: vb.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
             hidden,
             cgru: None,
+            kernels: Kernels::default(),
         })
+    }
+
+    /// A per-step product with a weight (its gradient deferred with fused kernels).
+    fn mm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        rec_matmul(self.kernels, x, w)
     }
 
     fn blocks(&self) -> usize {
@@ -106,27 +115,27 @@ impl DecoderCell {
     pub fn context_step(&self, t_prev: &Tensor, ctx: &Tensor, sc: &Scales) -> Result<Tensor> {
         let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
         let h = self.hidden;
-        let cp = ctx.matmul(&g.c)?;
+        let cp = self.mm(ctx, &g.c)?;
         let (c_ru, c_c) = (
             cp.narrow(1, 0, 2 * h)?,
             cp.narrow(1, 2 * h, h)?.broadcast_add(&g.b)?,
         );
         let (ru, base, cand_pre) = if self.form == GateForm::Reference {
             let ts = sc.tgt.apply(t_prev, 1)?;
-            let ru = candle_nn::ops::sigmoid(&(sc.src.apply(&c_ru, 2)? + ts.matmul(&g.u_ru)?)?)?;
+            let ru = candle_nn::ops::sigmoid(&(sc.src.apply(&c_ru, 2)? + self.mm(&ts, &g.u_ru)?)?)?;
             let r = ru.narrow(1, 0, h)?;
-            let cand = (sc.src.apply(&c_c, 1)? + (r * &ts)?.matmul(&g.u)?)?;
+            let cand = (sc.src.apply(&c_c, 1)? + self.mm(&(r * &ts)?, &g.u)?)?;
             (ru, ts, cand)
         } else {
             let ru = candle_nn::ops::sigmoid(
-                &(sc.tgt.apply(&t_prev.matmul(&g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+                &(sc.tgt.apply(&self.mm(t_prev, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
-            let cand = (sc.tgt.apply(&(r * t_prev)?.matmul(&g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
+            let cand =
+                (sc.tgt.apply(&self.mm(&(r * t_prev)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
             (ru, t_prev.clone(), cand)
         };
-        let u = ru.narrow(1, h, h)?;
-        &base + (u * (cand_pre.tanh()? - &base)?)?
+        gru_update(self.kernels, &ru, &cand_pre, &base, None)
     }
 
     /// Word projections `[N, E]` → `[N, kH]` (the candidate's bias included).
@@ -151,14 +160,15 @@ impl DecoderCell {
             // The cGRU's word GRU: no context and no gate here.
             return word.step(wp, t_prev);
         }
-        let cp = ctx.matmul(&self.c)?;
+        let cp = self.mm(ctx, &self.c)?;
         match (self.kind, self.form) {
             (DecoderKind::Vanilla, GateForm::Reference) => {
                 let ts = sc.tgt.apply(t_prev, 1)?;
-                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + ts.matmul(&self.u)?)?.tanh()
+                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + self.mm(&ts, &self.u)?)?.tanh()
             }
             (DecoderKind::Vanilla, GateForm::Paper) => {
-                (sc.tgt.apply(&(wp + t_prev.matmul(&self.u)?)?, 1)? + sc.src.apply(&cp, 1)?)?.tanh()
+                (sc.tgt.apply(&(wp + self.mm(t_prev, &self.u)?)?, 1)? + sc.src.apply(&cp, 1)?)?
+                    .tanh()
             }
             (DecoderKind::Cgru, _) => unreachable!("handled above"),
             (DecoderKind::Gru, form) => {
@@ -168,26 +178,28 @@ impl DecoderCell {
                 let (ru, base, cand_pre) = if form == GateForm::Reference {
                     let ts = sc.tgt.apply(t_prev, 1)?;
                     let ru = candle_nn::ops::sigmoid(
-                        &(sc.tgt.apply(&w_ru, 2)? + sc.src.apply(&c_ru, 2)? + ts.matmul(u_ru)?)?,
+                        &(sc.tgt.apply(&w_ru, 2)?
+                            + sc.src.apply(&c_ru, 2)?
+                            + self.mm(&ts, u_ru)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
                     let cand = (sc.tgt.apply(&w_c, 1)?
                         + sc.src.apply(&c_c, 1)?
-                        + (r * &ts)?.matmul(&self.u)?)?;
+                        + self.mm(&(r * &ts)?, &self.u)?)?;
                     (ru, ts, cand)
                 } else {
                     let ru = candle_nn::ops::sigmoid(
-                        &(sc.tgt.apply(&(w_ru + t_prev.matmul(u_ru)?)?, 2)?
+                        &(sc.tgt.apply(&(w_ru + self.mm(t_prev, u_ru)?)?, 2)?
                             + sc.src.apply(&c_ru, 2)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
-                    let cand = (sc.tgt.apply(&(w_c + (r * t_prev)?.matmul(&self.u)?)?, 1)?
+                    let cand = (sc
+                        .tgt
+                        .apply(&(w_c + self.mm(&(r * t_prev)?, &self.u)?)?, 1)?
                         + sc.src.apply(&c_c, 1)?)?;
                     (ru, t_prev.clone(), cand)
                 };
-                let u = ru.narrow(1, h, h)?;
-                let cand = cand_pre.tanh()?;
-                &base + (u * (cand - &base)?)?
+                gru_update(self.kernels, &ru, &cand_pre, &base, None)
             }
         }
     }

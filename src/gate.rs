@@ -38,8 +38,16 @@ impl Scale {
                 if blocks == 1 || s.dims().last() == Some(&1) {
                     x.broadcast_mul(s)
                 } else {
-                    let rep = vec![s; blocks];
-                    x.broadcast_mul(&Tensor::cat(&rep, s.rank() - 1)?)
+                    // View `x` as `[B, k, H]` and broadcast the scale over the k blocks.
+                    let (b, kh) = x.dims2()?;
+                    let s = if s.rank() == 2 {
+                        s.unsqueeze(1)?
+                    } else {
+                        s.clone()
+                    };
+                    x.reshape((b, blocks, kh / blocks))?
+                        .broadcast_mul(&s)?
+                        .reshape((b, kh))
                 }
             }
         }
@@ -146,6 +154,7 @@ impl Gate {
     /// Scales for one step. `wz_e` is `W_z e(y)` for the word fed to the transition.
     pub fn scales(
         &self,
+        kernels: crate::kernels::Kernels,
         wz_e: Option<&Tensor>,
         t_prev: &Tensor,
         ctx: &Tensor,
@@ -178,10 +187,10 @@ impl Gate {
                     Ok(())
                 };
                 if let Some(u) = u_z {
-                    add(t_prev.matmul(u)?)?;
+                    add(crate::kernels::rec_matmul(kernels, t_prev, u)?)?;
                 }
                 if let Some(c) = c_z {
-                    add(ctx.matmul(c)?)?;
+                    add(crate::kernels::rec_matmul(kernels, ctx, c)?)?;
                 }
                 let z = candle_nn::ops::sigmoid(&pre.expect("a gate has at least one input"))?;
                 match strategy {

@@ -18,6 +18,7 @@ pub mod encoder;
 pub mod error;
 pub mod gate;
 pub mod init;
+pub mod kernels;
 pub mod model;
 pub mod optim;
 pub mod readout;

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use cgnmt::beam_search::DecodeOptions;
 use cgnmt::checkpoint;
 use cgnmt::config::Config;
+use cgnmt::kernels::Kernels;
 use cgnmt::translate::Translator;
 
 #[derive(Parser)]
@@ -21,6 +22,9 @@ use cgnmt::translate::Translator;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Implementation of the recurrent steps: fused CPU kernels, or the composed reference (for debugging).
+    #[arg(long, global = true, value_enum, default_value_t = Kernels::Fused)]
+    kernels: Kernels,
 }
 
 #[derive(Subcommand)]
@@ -196,6 +200,7 @@ fn parse_pair(s: &str) -> std::result::Result<(f64, f64), String> {
 
 fn main() {
     let cli = Cli::parse();
+    Kernels::set_process_default(cli.kernels);
     let r = match cli.cmd {
         Cmd::Prepare(a) => cgnmt_data::prepare::run_prepare(&a),
         Cmd::Train(a) => cmd_train(a),
@@ -334,8 +339,9 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
     };
+    let model = lm.model.frozen(&lm.varmap)?;
     let tr = Translator {
-        model: &lm.model,
+        model: &model,
         src_vocab: &lm.src_vocab,
         tgt_vocab: &lm.tgt_vocab,
         preprocess: &lm.preprocess,
@@ -505,8 +511,9 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
     let src = cgnmt_data::corpus::read_lines(&tat.join("test.zh"))?;
     let refs = cgnmt_data::corpus::read_lines(&tat.join("test.en"))?;
     eprintln!("== translating {} test sentences (beam 10)", src.len());
+    let model = lm.model.frozen(&lm.varmap)?;
     let tr = Translator {
-        model: &lm.model,
+        model: &model,
         src_vocab: &lm.src_vocab,
         tgt_vocab: &lm.tgt_vocab,
         preprocess: &lm.preprocess,
@@ -575,8 +582,13 @@ fn cmd_align(a: AlignArgs) -> Result<()> {
         sids.push(lm.src_vocab.encode(&st));
         tids.push(lm.tgt_vocab.encode(&tt));
     }
-    let res =
-        cgnmt::alignment::force_decode_all(&lm.model, &sids, &tids, lm.tgt_vocab.eos(), a.batch)?;
+    let res = cgnmt::alignment::force_decode_all(
+        &lm.model.frozen(&lm.varmap)?,
+        &sids,
+        &tids,
+        lm.tgt_vocab.eos(),
+        a.batch,
+    )?;
     let mut hard = String::new();
     let mut soft = String::new();
     for (k, (att, gates)) in res.iter().enumerate() {

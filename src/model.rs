@@ -11,7 +11,8 @@ use crate::coverage::{CovKeys, Coverage};
 use crate::decoder_cell::DecoderCell;
 use crate::encoder::Encoder;
 use crate::gate::{Gate, Scales};
-use crate::readout::{log_softmax, Readout};
+use crate::kernels::Kernels;
+use crate::readout::{nll_fused, nll_reference, Readout};
 
 pub struct Model {
     pub cfg: ModelConfig,
@@ -26,6 +27,8 @@ pub struct Model {
     pub gate: Gate,
     pub cell: DecoderCell,
     pub readout: Readout,
+    /// Reference (composed) or fused kernels for the hot recurrent steps.
+    pub kernels: Kernels,
 }
 
 /// A padded batch: ids `[B, S]` / `[B, T]` (u32; targets end with EOS) and 0/1 masks in the model dtype.
@@ -136,7 +139,36 @@ impl Model {
             gate: Gate::new(dec.clone(), cfg)?,
             cell: DecoderCell::new(dec.pp("cell"), cfg.decoder, cfg.gate_form, e, h)?,
             readout: Readout::new(dec.pp("readout"), e, h, tgt_vocab)?,
+            kernels: Kernels::default(),
         })
+    }
+
+    /// Choose reference or fused kernels for every part of the model.
+    pub fn set_kernels(&mut self, k: Kernels) {
+        self.kernels = k;
+        self.encoder.fwd.kernels = k;
+        self.encoder.bwd.kernels = k;
+        self.attention.kernels = k;
+        self.cell.kernels = k;
+        if let Some((word, _)) = &mut self.cell.cgru {
+            word.kernels = k;
+        }
+    }
+
+    /// The inference-only twin of this model: the same parameter storage (so it sees every optimiser
+    /// update) as plain tensors rather than variables, so decoding builds no autodiff graph.
+    pub fn frozen(&self, varmap: &VarMap) -> Result<Model> {
+        let map: std::collections::HashMap<String, Tensor> = varmap
+            .data()
+            .lock()
+            .expect("varmap lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().detach()))
+            .collect();
+        let vb = VarBuilder::from_tensors(map, self.tgt_emb.dtype(), self.tgt_emb.device());
+        let mut m = Model::new(vb, &self.cfg, self.src_vocab, self.tgt_vocab)?;
+        m.set_kernels(self.kernels);
+        Ok(m)
     }
 
     /// Build a model with fresh variables (paper initialisation from `seed`) in `varmap`.
@@ -219,7 +251,9 @@ impl Model {
             return Ok((t_prev.clone(), None));
         }
         let wz = self.gate.word_term(e_prev)?;
-        let sc = self.gate.scales(wz.as_ref(), t_prev, ctx, context_scale)?;
+        let sc = self
+            .gate
+            .scales(self.kernels, wz.as_ref(), t_prev, ctx, context_scale)?;
         let t = self.cell.context_step(t_prev, ctx, &sc)?;
         Ok((t, Some(sc)))
     }
@@ -271,9 +305,21 @@ impl Model {
                 Scales::none(),
             ));
         }
-        let sc = self.gate.scales(wz, t_prev, ctx, context_scale)?;
+        let sc = self
+            .gate
+            .scales(self.kernels, wz, t_prev, ctx, context_scale)?;
         let t = self.cell.step(t_prev, wp, ctx, &sc)?;
         Ok((t, sc))
+    }
+
+    /// Gradients of `loss` (from [`Model::loss`]) for every parameter. Use this rather than
+    /// `loss.backward()`: with fused kernels the recurrent weights' gradients are formed here, one GEMM per
+    /// weight over all time steps.
+    pub fn backward(&self, loss: &Tensor) -> Result<candle_core::backprop::GradStore> {
+        crate::kernels::clear_weight_grads();
+        let mut grads = loss.backward()?;
+        crate::kernels::flush_weight_grads(&mut grads)?;
+        Ok(grads)
     }
 
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
@@ -334,11 +380,12 @@ impl Model {
         )?
         .reshape((b * t_len, e_dim))?;
         let logits = self.readout.logits(&ctxs, &states, &e_prev)?;
-        let logp = log_softmax(&logits)?;
-        let nll = logp
-            .gather(&batch.tgt.flatten_all()?.unsqueeze(1)?, 1)?
-            .squeeze(1)?
-            .neg()?;
+        let targets = batch.tgt.flatten_all()?;
+        let nll = if self.kernels.fused_on(logits.device()) {
+            nll_fused(&logits, &targets)?
+        } else {
+            nll_reference(&logits, &targets)?
+        };
         (nll * batch.tgt_mask.flatten_all()?)?
             .sum_all()?
             .affine(1.0 / b as f64, 0.0)

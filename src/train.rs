@@ -368,7 +368,7 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
                     state.step + 1
                 )));
             }
-            let grads = loss.backward()?;
+            let grads = model.backward(&loss)?;
             opt.step(&vars, &grads)?;
             state.step += 1;
             state.batch_in_epoch += 1;
@@ -399,8 +399,18 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
                 || (tc.max_seconds > 0.0 && state.seconds >= tc.max_seconds);
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {
                 if eval_and_keep(
-                    &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path,
-                    &save, &opt, quiet,
+                    &model.frozen(&varmap)?,
+                    &data,
+                    &pre,
+                    &tc,
+                    &mut state,
+                    last_loss,
+                    &pb,
+                    &mut log,
+                    &log_path,
+                    &save,
+                    &opt,
+                    quiet,
                 )? {
                     stop_reason = format!("no dev BLEU improvement in {} evaluations", tc.patience);
                     break 'outer;
@@ -425,7 +435,17 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     // Final evaluation unless this step was just evaluated.
     if state.history.last().map(|h| h.step) != Some(state.step) {
         eval_and_keep(
-            &model, &data, &pre, &tc, &mut state, last_loss, &pb, &mut log, &log_path, &save, &opt,
+            &model.frozen(&varmap)?,
+            &data,
+            &pre,
+            &tc,
+            &mut state,
+            last_loss,
+            &pb,
+            &mut log,
+            &log_path,
+            &save,
+            &opt,
             quiet,
         )?;
     }

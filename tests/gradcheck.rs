@@ -98,10 +98,10 @@ fn every_parameter_gets_a_nonzero_gradient_at_normal_size() {
         // The paper's initialisation sets v = 0, which makes A and B's true gradient zero at step 0: take a
         // few steps first.
         for _ in 0..3 {
-            let g = model.loss(&batch).unwrap().backward().unwrap();
+            let g = model.backward(&model.loss(&batch).unwrap()).unwrap();
             opt.step(&vars, &g).unwrap();
         }
-        let g = model.loss(&batch).unwrap().backward().unwrap();
+        let g = model.backward(&model.loss(&batch).unwrap()).unwrap();
         for (name, var) in &vars {
             let gt = g
                 .get(var.as_tensor())

@@ -331,7 +331,7 @@ fn train_loss_curve(sets: &[&str], steps: usize) -> (f64, f64) {
         let b = Batch::new(&s, &t, 0, DType::F32, &Device::Cpu).unwrap();
         let loss = m.loss(&b).unwrap();
         losses.push(loss.to_scalar::<f32>().unwrap() as f64 * 20.0 / b.tgt_tokens as f64);
-        let g = loss.backward().unwrap();
+        let g = m.backward(&loss).unwrap();
         opt.step(&vars, &g).unwrap();
     }
     let first: f64 = losses[..8].iter().sum::<f64>() / 8.0;

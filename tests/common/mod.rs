@@ -90,7 +90,7 @@ pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
     randomize(&varmap, seed + 1, 0.5);
     let batch = tiny_batch(seed + 2, vs, vt, DType::F64);
     let loss = model.loss(&batch).unwrap();
-    let grads = loss.backward().unwrap();
+    let grads = model.backward(&loss).unwrap();
     let mut worst: f64 = 0.0;
     let eps = 1e-5;
     let mut rng = StdRng::seed_from_u64(seed + 3);
@@ -115,7 +115,7 @@ pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
             (0..per_param).map(|_| rng.random_range(0..n)).collect()
         };
         for k in picks {
-            let mut eval = |delta: f64| {
+            let eval = |delta: f64| {
                 let mut v = base.clone();
                 v[k] += delta;
                 var.set(&Tensor::from_vec(v, var.shape().clone(), &Device::Cpu).unwrap())

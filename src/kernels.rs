@@ -1,0 +1,391 @@
+//! Shared machinery of the fused CPU kernels: the `--kernels reference|fused` switch, element-type dispatch
+//! (f32, and f64 for the gradient checks), contiguous slice access, run-time AVX2/FMA dispatch and
+//! branch-free `exp`/`tanh`/`σ` that the compiler can vectorise.
+//!
+//! The fused kernels themselves sit next to their composed reference in the module of the paper concept
+//! they compute: `readout` (log-softmax + NLL), `attention` (the MLP attention scores), `encoder` (the GRU
+//! update, shared by the encoder and the decoder cells). Each is a candle custom op with a hand-derived
+//! backward pass; on devices without a fused twin (CUDA, Metal) the composed reference runs instead.
+
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Tensor, WithDType};
+use serde::{Deserialize, Serialize};
+
+/// Which implementation of the hot recurrent steps runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// Composed candle ops (the reference every fused kernel is tested against).
+    Reference,
+    /// Fused CPU kernels with hand-derived backward passes (composed ops on other devices).
+    Fused,
+}
+
+static PROCESS_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl Default for Kernels {
+    /// Fused, unless the process chose otherwise with [`Kernels::set_process_default`] (the CLI's
+    /// `--kernels`).
+    fn default() -> Self {
+        match PROCESS_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Kernels::Reference,
+            _ => Kernels::Fused,
+        }
+    }
+}
+
+impl Kernels {
+    /// Whether a fused kernel should run for tensors on `dev`.
+    pub fn fused_on(self, dev: &Device) -> bool {
+        self == Kernels::Fused && dev.is_cpu()
+    }
+
+    /// The kernels every model built afterwards in this process uses.
+    pub fn set_process_default(k: Kernels) {
+        let v = match k {
+            Kernels::Fused => 0,
+            Kernels::Reference => 1,
+        };
+        PROCESS_KERNELS.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Reference => "reference",
+            Kernels::Fused => "fused",
+        }
+    }
+}
+
+/// Whether this CPU has AVX2 and FMA (checked once at run time).
+pub fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The instruction set the fused kernels use on this machine.
+pub fn simd_level() -> &'static str {
+    if has_avx2_fma() {
+        "avx2+fma"
+    } else {
+        "generic"
+    }
+}
+
+/// Element types the fused kernels support.
+pub trait Real: WithDType + num_traits::Float + Send + Sync + 'static {
+    fn from_f64c(x: f64) -> Self;
+    /// `exp`, vectorisable (f32: a degree-6 polynomial after range reduction, relative error < 3e-7).
+    fn exp_v(self) -> Self;
+    /// `tanh`, vectorisable.
+    fn tanh_v(self) -> Self;
+    #[inline(always)]
+    fn sigmoid_v(self) -> Self {
+        Self::one() / (Self::one() + (-self).exp_v())
+    }
+}
+
+impl Real for f64 {
+    #[inline(always)]
+    fn from_f64c(x: f64) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn exp_v(self) -> Self {
+        self.exp()
+    }
+    #[inline(always)]
+    fn tanh_v(self) -> Self {
+        self.tanh()
+    }
+}
+
+impl Real for f32 {
+    #[inline(always)]
+    fn from_f64c(x: f64) -> Self {
+        x as f32
+    }
+    #[inline(always)]
+    fn exp_v(self) -> Self {
+        exp_f32(self)
+    }
+    #[inline(always)]
+    fn tanh_v(self) -> Self {
+        tanh_f32(self)
+    }
+}
+
+/// `exp(x)` for f32 without branches: `x = n ln2 + r`, `|r| ≤ ln2/2`, `exp(r)` by its Taylor polynomial to
+/// degree 7 (truncation error < 3e-8 relative), scaled by `2^n` through the exponent bits.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * std::f32::consts::LOG2_E).round();
+    // ln 2 split in a high part exact in f32 and a low correction.
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let mut p = 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // Underflow to 0 as libm does (softmax over masked positions must give exactly 0).
+    if x <= -87.0 {
+        0.0
+    } else {
+        p * scale
+    }
+}
+
+/// `tanh(x)` for f32: an odd Taylor/Padé-free form `sign(x)(1 − 2/(e^{2|x|}+1))` for |x| ≥ 0.5 and the odd
+/// series to x¹¹ below (relative error < 1e-6 everywhere), blended without branches.
+#[inline(always)]
+pub fn tanh_f32(x: f32) -> f32 {
+    let a = x.abs();
+    let big = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
+    let z = x * x;
+    // tanh x = x − x³/3 + 2x⁵/15 − 17x⁷/315 + 62x⁹/2835 − 1382x¹¹/155925 + 21844x¹³/6081075
+    let mut p = 21844.0 / 6_081_075.0;
+    p = p * z - 1382.0 / 155_925.0;
+    p = p * z + 62.0 / 2835.0;
+    p = p * z - 17.0 / 315.0;
+    p = p * z + 2.0 / 15.0;
+    p = p * z - 1.0 / 3.0;
+    let small = a + a * z * p;
+    let t = if a < 0.5 { small } else { big };
+    t.copysign(x)
+}
+
+/// The contiguous elements of an input of a custom op.
+pub fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [T]> {
+    let all = T::cpu_storage_as_slice(s)?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&all[a..b]),
+        None => candle_core::bail!("fused kernel: input is not contiguous"),
+    }
+}
+
+/// Dispatch a generic kernel on the storage's element type (f32 or f64).
+macro_rules! by_dtype {
+    ($s:expr, $f:ident, $($arg:expr),*) => {
+        match $s {
+            candle_core::CpuStorage::F32(_) => $f::<f32>($($arg),*),
+            candle_core::CpuStorage::F64(_) => $f::<f64>($($arg),*),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    };
+}
+pub(crate) use by_dtype;
+
+/// Define `$name` that runs the `#[inline(always)]` generic `$inner` compiled for AVX2+FMA when the CPU has
+/// them (run-time detection), or as generic x86-64 code otherwise.
+macro_rules! simd_dispatch {
+    ($name:ident, $avx:ident, $inner:ident, ($($arg:ident : $ty:ty),*)) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $avx<T: $crate::kernels::Real>($($arg: $ty),*) {
+            $inner::<T>($($arg),*)
+        }
+        fn $name<T: $crate::kernels::Real>($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if $crate::kernels::has_avx2_fma() {
+                // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+                unsafe { $avx::<T>($($arg),*) };
+                return;
+            }
+            $inner::<T>($($arg),*)
+        }
+    };
+}
+pub(crate) use simd_dispatch;
+
+/// Relative difference `max|a−b| / max(max|b|, tiny)` of two tensors (for the kernel tests and `bench`).
+pub fn max_rel_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> Result<f64> {
+    let a = a.to_dtype(candle_core::DType::F64)?.flatten_all()?;
+    let b = b.to_dtype(candle_core::DType::F64)?.flatten_all()?;
+    let d = (&a - &b)?.abs()?.max(0)?.to_scalar::<f64>()?;
+    let m = b.abs()?.max(0)?.to_scalar::<f64>()?;
+    Ok(d / m.max(1e-30))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_and_tanh_match_libm() {
+        let mut worst = (0f64, 0f64);
+        let mut x = -80.0f32;
+        while x < 30.0 {
+            let e = (exp_f32(x) as f64 - (x as f64).exp()).abs() / (x as f64).exp();
+            let t =
+                (tanh_f32(x) as f64 - (x as f64).tanh()).abs() / (x as f64).tanh().abs().max(1e-30);
+            worst.0 = worst.0.max(e);
+            worst.1 = worst.1.max(t);
+            x += 0.000_731;
+        }
+        assert!(worst.0 < 1e-6, "exp rel err {}", worst.0);
+        assert!(worst.1 < 2e-6, "tanh rel err {}", worst.1);
+        assert_eq!(tanh_f32(0.0), 0.0);
+        assert!(exp_f32(-200.0) == 0.0 && exp_f32(200.0) > 1e38);
+        assert!((1.0f32.sigmoid_v() - 0.731_058_6).abs() < 1e-6);
+    }
+}
+
+/// A recurrent product `x W` (`[B, in] × [in, out]`) whose weight gradient is deferred: the backward pass
+/// returns only `∂x = g Wᵀ` and records `(x, g)`; [`flush_weight_grads`] then forms `∂W = Σ_t x_tᵀ g_t` for
+/// all time steps as one GEMM (`[in, T·B] × [T·B, out]`) instead of T small ones plus T accumulations.
+/// With reference kernels, or when `w` is not a trained variable, it is a plain `matmul`.
+pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if k.fused_on(x.device()) && w.is_variable() && x.rank() == 2 {
+        x.apply_op2(w, RecMatmul)
+    } else {
+        x.matmul(w)
+    }
+}
+
+struct RecMatmul;
+
+thread_local! {
+    /// `(W, x, g)` recorded by the backward passes of [`rec_matmul`] on this thread.
+    static DEFERRED: std::cell::RefCell<Vec<(Tensor, Tensor, Tensor)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl CustomOp2 for RecMatmul {
+    fn name(&self) -> &'static str {
+        "recurrent-matmul"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        let (m, k) = l1.shape().dims2()?;
+        let (k2, n) = l2.shape().dims2()?;
+        if k != k2 {
+            candle_core::bail!("recurrent matmul: [{m}, {k}] × [{k2}, {n}]");
+        }
+        Ok((s1.matmul(s2, (1, m, n, k), l1, l2)?, Shape::from((m, n))))
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = grad.matmul(&w.detach().t()?)?;
+        DEFERRED.with(|d| d.borrow_mut().push((w.clone(), x.detach(), grad.detach())));
+        Ok((Some(dx), None))
+    }
+}
+
+/// Drop deferred weight gradients left by an abandoned backward pass on this thread.
+pub fn clear_weight_grads() {
+    DEFERRED.with(|d| d.borrow_mut().clear());
+}
+
+/// Add the deferred weight gradients of [`rec_matmul`] to `grads`: one GEMM per weight.
+pub fn flush_weight_grads(grads: &mut GradStore) -> Result<()> {
+    let entries = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
+    let mut groups: Vec<(Tensor, Vec<Tensor>, Vec<Tensor>)> = Vec::new();
+    for (w, x, g) in entries {
+        match groups.iter_mut().find(|e| e.0.id() == w.id()) {
+            Some(e) => {
+                e.1.push(x);
+                e.2.push(g);
+            }
+            None => groups.push((w, vec![x], vec![g])),
+        }
+    }
+    for (w, xs, gs) in groups {
+        let x = Tensor::cat(&xs, 0)?;
+        let g = Tensor::cat(&gs, 0)?;
+        let dw = x.t()?.matmul(&g)?;
+        let total = match grads.get(&w) {
+            Some(old) => (old + dw)?,
+            None => dw,
+        };
+        grads.insert(&w, total);
+    }
+    Ok(())
+}
+
+/// Lanes of the vectorisable reductions below (8 × f32 = one AVX register).
+const LANES: usize = 8;
+
+/// `Σ a_i b_i` with independent accumulators so that the loop vectorises.
+#[inline(always)]
+pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let mut acc = [T::zero(); LANES];
+    let (ca, cb) = (a[..n].chunks_exact(LANES), b[..n].chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] = acc[l] + x[l] * y[l];
+        }
+    }
+    let mut s = acc.iter().fold(T::zero(), |s, &x| s + x);
+    for (x, y) in ra.iter().zip(rb) {
+        s = s + *x * *y;
+    }
+    s
+}
+
+/// `max_i a_i` (−∞ for an empty slice), vectorisable.
+#[inline(always)]
+pub fn max_of<T: Real>(a: &[T]) -> T {
+    let mut acc = [T::neg_infinity(); LANES];
+    let c = a.chunks_exact(LANES);
+    let r = c.remainder();
+    for x in c {
+        for l in 0..LANES {
+            acc[l] = if x[l] > acc[l] { x[l] } else { acc[l] };
+        }
+    }
+    let mut m = acc
+        .iter()
+        .fold(T::neg_infinity(), |m, &x| if x > m { x } else { m });
+    for &x in r {
+        if x > m {
+            m = x;
+        }
+    }
+    m
+}
+
+/// `Σ_i exp(a_i − m)`, vectorisable.
+#[inline(always)]
+pub fn sum_exp_shifted<T: Real>(a: &[T], m: T) -> T {
+    let mut acc = [T::zero(); LANES];
+    let c = a.chunks_exact(LANES);
+    let r = c.remainder();
+    for x in c {
+        for l in 0..LANES {
+            acc[l] = acc[l] + (x[l] - m).exp_v();
+        }
+    }
+    let mut s = acc.iter().fold(T::zero(), |s, &x| s + x);
+    for &x in r {
+        s = s + (x - m).exp_v();
+    }
+    s
+}

@@ -1,0 +1,354 @@
+//! Every fused kernel against its composed reference: forward values equal to 1e-5 relative (f32) and
+//! gradients equal (f32 to 1e-4, f64 to 1e-10), op by op and for the whole model in every decoder, gate and
+//! coverage variant; decoding gives the same translations with either kernel set.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use cgnmt::attention::{
+    scores_fused, scores_reference, softmax_context_fused, softmax_context_reference,
+};
+use cgnmt::beam_search::{beam_search, greedy, DecodeOptions};
+use cgnmt::encoder::{gru_update_fused, gru_update_reference};
+use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
+use cgnmt::model::{Batch, Model};
+use cgnmt::readout::{log_softmax, log_softmax_inference, nll_fused, nll_reference};
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn rand_var(rng: &mut StdRng, shape: &[usize], scale: f64, dtype: DType) -> Var {
+    let n: usize = shape.iter().product();
+    let v: Vec<f64> = (0..n)
+        .map(|_| (rng.random::<f64>() * 2.0 - 1.0) * scale)
+        .collect();
+    let t = Tensor::from_vec(v, shape, &Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap();
+    Var::from_tensor(&t).unwrap()
+}
+
+/// Forward outputs and the gradients of `Σ out ⊙ R` (R random) for the inputs, with both implementations.
+fn compare(
+    dtype: DType,
+    inputs: &[Var],
+    fused: &dyn Fn(&[Tensor]) -> Vec<Tensor>,
+    reference: &dyn Fn(&[Tensor]) -> Vec<Tensor>,
+    fwd_tol: f64,
+    grad_tol: f64,
+    what: &str,
+) {
+    let xs: Vec<Tensor> = inputs.iter().map(|v| v.as_tensor().clone()).collect();
+    let of = fused(&xs);
+    let or = reference(&xs);
+    let mut rng = StdRng::seed_from_u64(99);
+    let mut lf = Tensor::zeros((), dtype, &Device::Cpu).unwrap();
+    let mut lr = lf.clone();
+    for (a, b) in of.iter().zip(&or) {
+        let d = max_rel_diff(a, b).unwrap();
+        assert!(d < fwd_tol, "{what}: forward differs by {d:e}");
+        let r = rand_var(&mut rng, a.dims(), 1.0, dtype);
+        lf = (lf + (a * r.as_tensor()).unwrap().sum_all().unwrap()).unwrap();
+        lr = (lr + (b * r.as_tensor()).unwrap().sum_all().unwrap()).unwrap();
+    }
+    let gf = lf.backward().unwrap();
+    let gr = lr.backward().unwrap();
+    for (i, x) in xs.iter().enumerate() {
+        let (a, b) = (gf.get(x), gr.get(x));
+        match (a, b) {
+            (Some(a), Some(b)) => {
+                let d = max_rel_diff(a, b).unwrap();
+                assert!(
+                    d < grad_tol,
+                    "{what}: gradient of input {i} differs by {d:e}"
+                );
+            }
+            (None, None) => {}
+            _ => panic!("{what}: input {i} has a gradient in only one implementation"),
+        }
+    }
+}
+
+#[test]
+fn fused_ops_match_their_composed_reference() {
+    for (dtype, ft, gt) in [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)] {
+        let mut rng = StdRng::seed_from_u64(1);
+        // Attention scores, with shapes that leave a remainder after the 8-lane loops.
+        let (b, s, ad) = (5, 7, 37);
+        let vars = [
+            rand_var(&mut rng, &[b, s, ad], 1.5, dtype),
+            rand_var(&mut rng, &[b, ad], 1.5, dtype),
+            rand_var(&mut rng, &[ad, 1], 1.0, dtype),
+        ];
+        compare(
+            dtype,
+            &vars,
+            &|x| vec![scores_fused(&x[0], &x[1], &x[2]).unwrap()],
+            &|x| vec![scores_reference(&x[0], &x[1], &x[2]).unwrap()],
+            ft,
+            gt,
+            "attention scores",
+        );
+        // Softmax + context, with masked positions.
+        let mask: Vec<f64> = (0..b * s)
+            .map(|i| if i % s >= s - (i / s) % 3 { -1e9 } else { 0.0 })
+            .collect();
+        let mask = Tensor::from_vec(mask, (b, s), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let vars = [
+            rand_var(&mut rng, &[b, s], 3.0, dtype),
+            rand_var(&mut rng, &[b, s, 2 * 13], 1.0, dtype),
+        ];
+        let m2 = mask.clone();
+        compare(
+            dtype,
+            &vars,
+            &|x| {
+                let (a, c) = softmax_context_fused(&(&x[0] + &mask).unwrap(), &x[1]).unwrap();
+                vec![a, c]
+            },
+            &|x| {
+                let (a, c) = softmax_context_reference(&(&x[0] + &m2).unwrap(), &x[1]).unwrap();
+                vec![a, c]
+            },
+            ft,
+            gt,
+            "attention softmax + context",
+        );
+        // GRU update, with and without a padding mask.
+        let h = 19;
+        let vars = [
+            rand_var(&mut rng, &[b, 2 * h], 1.0, dtype)
+                .as_tensor()
+                .affine(0.5, 0.5)
+                .map(|t| Var::from_tensor(&t).unwrap())
+                .unwrap(),
+            rand_var(&mut rng, &[b, h], 2.0, dtype),
+            rand_var(&mut rng, &[b, h], 1.0, dtype),
+        ];
+        let m = Tensor::from_vec(vec![1.0, 0.0, 1.0, 1.0, 0.0], (b, 1), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        for mask in [None, Some(&m)] {
+            compare(
+                dtype,
+                &vars,
+                &|x| vec![gru_update_fused(&x[0], &x[1], &x[2], mask).unwrap()],
+                &|x| vec![gru_update_reference(&x[0], &x[1], &x[2], mask).unwrap()],
+                ft,
+                gt,
+                "GRU update",
+            );
+        }
+        // Log-softmax + NLL over a vocabulary, and the inference log-softmax.
+        let (n, v) = (9, 301);
+        let vars = [rand_var(&mut rng, &[n, v], 8.0, dtype)];
+        let tg: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
+        let tg = Tensor::from_vec(tg, n, &Device::Cpu).unwrap();
+        compare(
+            dtype,
+            &vars,
+            &|x| vec![nll_fused(&x[0], &tg).unwrap()],
+            &|x| vec![nll_reference(&x[0], &tg).unwrap()],
+            ft,
+            gt,
+            "log-softmax + NLL",
+        );
+        let x = vars[0].as_tensor();
+        let d = max_rel_diff(&log_softmax_inference(x).unwrap(), &log_softmax(x).unwrap()).unwrap();
+        assert!(d < ft, "inference log-softmax differs by {d:e}");
+    }
+}
+
+#[test]
+fn deferred_weight_gradients_equal_per_step_gradients() {
+    // h_{t+1} = tanh(h_t W + x_t): W's gradient summed over steps by one GEMM after the backward pass.
+    let mut rng = StdRng::seed_from_u64(5);
+    let dtype = DType::F64;
+    let w = rand_var(&mut rng, &[6, 6], 0.5, dtype);
+    let xs: Vec<Var> = (0..4)
+        .map(|_| rand_var(&mut rng, &[3, 6], 1.0, dtype))
+        .collect();
+    let run = |k: Kernels| {
+        let mut h = Tensor::zeros((3, 6), dtype, &Device::Cpu).unwrap();
+        for x in &xs {
+            h = (rec_matmul(k, &h, w.as_tensor()).unwrap() + x.as_tensor())
+                .unwrap()
+                .tanh()
+                .unwrap();
+        }
+        let loss = h.sqr().unwrap().sum_all().unwrap();
+        cgnmt::kernels::clear_weight_grads();
+        let mut g = loss.backward().unwrap();
+        cgnmt::kernels::flush_weight_grads(&mut g).unwrap();
+        let gw = g.get(w.as_tensor()).unwrap().clone();
+        let gx = g.get(xs[0].as_tensor()).unwrap().clone();
+        (gw, gx)
+    };
+    let (fw, fx) = run(Kernels::Fused);
+    let (rw, rx) = run(Kernels::Reference);
+    assert!(max_rel_diff(&fw, &rw).unwrap() < 1e-12);
+    assert!(max_rel_diff(&fx, &rx).unwrap() < 1e-12);
+    assert!(
+        rw.abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+            > 1e-3
+    );
+}
+
+/// Model variants covered by the whole-model comparison.
+fn variants() -> Vec<Vec<String>> {
+    let mut v: Vec<Vec<String>> = Vec::new();
+    for dec in ["gru", "vanilla", "cgru"] {
+        for form in ["reference", "paper"] {
+            for gate in ["none", "source", "target", "both"] {
+                v.push(vec![
+                    format!("model.decoder={dec}"),
+                    format!("model.gate_form={form}"),
+                    format!("model.context_gate={gate}"),
+                ]);
+            }
+        }
+    }
+    for extra in [
+        "model.gating_scalar=true",
+        "model.static_interpolation=true",
+    ] {
+        v.push(vec!["model.context_gate=none".into(), extra.into()]);
+    }
+    v.push(vec!["model.gate_inputs=[\"state\"]".into()]);
+    for cov in [
+        vec!["model.coverage=linguistic", "model.coverage_dim=1"],
+        vec![
+            "model.coverage=linguistic",
+            "model.coverage_dim=1",
+            "model.coverage_fertility=true",
+        ],
+        vec!["model.coverage=neural", "model.coverage_dim=3"],
+        vec![
+            "model.coverage=neural",
+            "model.coverage_dim=3",
+            "model.coverage_gated=false",
+        ],
+    ] {
+        let mut x: Vec<String> = cov.iter().map(|s| s.to_string()).collect();
+        x.push("model.context_gate=both".into());
+        v.push(x);
+    }
+    v
+}
+
+fn loss_and_grads(
+    cfg: &cgnmt::config::ModelConfig,
+    k: Kernels,
+    dtype: DType,
+) -> (f64, Vec<(String, Tensor)>) {
+    let (vs, vt) = (11, 9);
+    let (mut model, varmap) = Model::build(cfg, vs, vt, 7, dtype, &Device::Cpu).unwrap();
+    model.set_kernels(k);
+    randomize(&varmap, 8, 0.4);
+    let mut rng = StdRng::seed_from_u64(9);
+    let src = random_seqs(&mut rng, 4, vs, 1, 6);
+    let tgt = random_seqs(&mut rng, 4, vt, 1, 5);
+    let batch = Batch::new(&src, &tgt, 0, dtype, &Device::Cpu).unwrap();
+    let loss = model.loss(&batch).unwrap();
+    let g = model.backward(&loss).unwrap();
+    let grads = sorted_vars(&varmap)
+        .into_iter()
+        .map(|(n, v)| {
+            let gt = g
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("{n}: no gradient with {k:?} kernels"))
+                .clone();
+            (n, gt)
+        })
+        .collect();
+    let l = loss
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    (l, grads)
+}
+
+#[test]
+fn whole_model_fused_equals_reference_for_every_variant() {
+    for sets in variants() {
+        let mut all = vec![
+            "model.embedding_dim=6".to_string(),
+            "model.hidden_dim=10".into(),
+            "model.attention_dim=7".into(),
+        ];
+        all.extend(sets.iter().cloned());
+        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        for (dtype, lt, gt) in [(DType::F64, 1e-12, 1e-9), (DType::F32, 1e-5, 2e-3)] {
+            let (lf, gf) = loss_and_grads(&cfg, Kernels::Fused, dtype);
+            let (lr, gr) = loss_and_grads(&cfg, Kernels::Reference, dtype);
+            assert!(
+                ((lf - lr) / lr).abs() < lt,
+                "{sets:?} {dtype:?}: loss {lf} (fused) vs {lr} (reference)"
+            );
+            for ((n, a), (_, b)) in gf.iter().zip(&gr) {
+                let d = max_rel_diff(a, b).unwrap();
+                assert!(
+                    d < gt,
+                    "{sets:?} {dtype:?}: gradient of {n} differs by {d:e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn fused_and_reference_decoding_agree() {
+    for sets in [
+        vec!["model.context_gate=both"],
+        vec!["model.decoder=cgru", "model.coverage=neural"],
+    ] {
+        let mut all = vec![
+            "model.embedding_dim=16".to_string(),
+            "model.hidden_dim=24".into(),
+            "model.attention_dim=20".into(),
+        ];
+        all.extend(sets.iter().map(|s| s.to_string()));
+        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
+        randomize(&varmap, 4, 0.6);
+        let mut rng = StdRng::seed_from_u64(6);
+        let srcs = random_seqs(&mut rng, 7, 30, 1, 9);
+        let mut outs = vec![];
+        for k in [Kernels::Fused, Kernels::Reference] {
+            let mut m = model.frozen(&varmap).unwrap();
+            m.set_kernels(k);
+            let beam = beam_search(
+                &m,
+                &srcs,
+                0,
+                &DecodeOptions {
+                    beam: 5,
+                    nbest: 3,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let gr = greedy(&m, &srcs, 0, (1.0, 1.0)).unwrap();
+            outs.push((beam, gr));
+        }
+        let ((bf, gf), (br, grr)) = (&outs[0], &outs[1]);
+        assert_eq!(gf, grr, "{sets:?}: greedy output differs");
+        for (a, b) in bf.iter().zip(br) {
+            for (x, y) in a.iter().zip(b) {
+                assert_eq!(x.tokens, y.tokens, "{sets:?}: beam output differs");
+                assert!((x.score - y.score).abs() < 1e-4 * y.score.abs().max(1.0));
+            }
+        }
+    }
+}
