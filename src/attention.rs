@@ -4,7 +4,7 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real};
+use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real, Shared};
 use candle_nn::VarBuilder;
 
 pub struct Attention {
@@ -23,6 +23,8 @@ pub struct Keys {
     pub annotations: Tensor,
     /// `[B, S]`: 0 on words, a large negative number on padding.
     pub mask_bias: Tensor,
+    /// Training with fused kernels: `ah` and `annotations` as [`Shared`] inputs of the decoder steps.
+    pub shared: Option<(Shared, Shared)>,
 }
 
 /// A numerically stable softmax over the last dimension built from differentiable ops (candle's fused softmax
@@ -55,6 +57,7 @@ impl Attention {
             ah,
             annotations: annotations.clone(),
             mask_bias,
+            shared: None,
         })
     }
 
@@ -71,16 +74,17 @@ impl Attention {
             Some(c) => (&keys.ah + c)?,
             None => keys.ah.clone(),
         };
-        let e = if self.kernels.fused_on(pre.device()) {
-            scores_fused(&pre, &bt, &self.v)?
-        } else {
-            scores_reference(&pre, &bt, &self.v)?
+        let fused = self.kernels.fused_on(pre.device());
+        let e = match (&keys.shared, cov) {
+            (Some((ah, _)), None) if fused => scores_shared(ah, &bt, &self.v)?,
+            _ if fused => scores_fused(&pre, &bt, &self.v)?,
+            _ => scores_reference(&pre, &bt, &self.v)?,
         };
         let e = (e + &keys.mask_bias)?;
-        if self.kernels.fused_on(e.device()) {
-            softmax_context_fused(&e, &keys.annotations)
-        } else {
-            softmax_context_reference(&e, &keys.annotations)
+        match &keys.shared {
+            Some((_, ann)) if fused => softmax_context_shared(&e, ann),
+            _ if fused => softmax_context_fused(&e, &keys.annotations),
+            _ => softmax_context_reference(&e, &keys.annotations),
         }
     }
 }
@@ -99,8 +103,22 @@ pub fn scores_reference(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor>
 /// The same scores from one fused kernel: no `[B, S, Ad]` tensor is materialised or kept for the backward
 /// pass, which recomputes the tanh.
 pub fn scores_fused(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
-    pre.contiguous()?
-        .apply_op3(&bt.contiguous()?, &v.contiguous()?, ScoreOp)
+    pre.contiguous()?.apply_op3(
+        &bt.contiguous()?,
+        &v.contiguous()?,
+        ScoreOp { shared: None },
+    )
+}
+
+/// Fused scores over shared keys (see [`Shared`]): the keys' gradient is accumulated in place.
+pub fn scores_shared(pre: &Shared, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
+    pre.token.apply_op3(
+        &bt.contiguous()?,
+        &v.contiguous()?,
+        ScoreOp {
+            shared: Some(pre.clone()),
+        },
+    )
 }
 
 #[inline(always)]
@@ -117,7 +135,8 @@ fn score_rows<T: Real>(pre: &[T], bt: &[T], v: &[T], out: &mut [T]) {
 }
 simd_dispatch!(score_rows_d, score_rows_avx, score_rows, (pre: &[T], bt: &[T], v: &[T], out: &mut [T]));
 
-/// For one sentence: `d_pre` (`[S, Ad]`), `d_bt` and this sentence's share of `d_v` (`[Ad]` each).
+/// For one sentence: `d_pre` (`[S, Ad]`, added to its contents when `add`), `d_bt` and this sentence's
+/// share of `d_v` (`[Ad]` each).
 #[inline(always)]
 fn score_grad_rows<T: Real>(
     pre: &[T],
@@ -127,6 +146,7 @@ fn score_grad_rows<T: Real>(
     d_pre: &mut [T],
     d_bt: &mut [T],
     d_v: &mut [T],
+    add: bool,
 ) {
     let ad = v.len();
     for (j, &gj) in g.iter().enumerate() {
@@ -135,17 +155,20 @@ fn score_grad_rows<T: Real>(
         for a in 0..ad {
             let t = (p[a] + bt[a]).tanh_v();
             let d = gj * v[a] * (T::one() - t * t);
-            dp[a] = d;
+            dp[a] = if add { dp[a] + d } else { d };
             d_bt[a] = d_bt[a] + d;
             d_v[a] = d_v[a] + gj * t;
         }
     }
 }
-simd_dispatch!(score_grad_rows_d, score_grad_rows_avx, score_grad_rows, (pre: &[T], bt: &[T], v: &[T], g: &[T], d_pre: &mut [T], d_bt: &mut [T], d_v: &mut [T]));
+simd_dispatch!(score_grad_rows_d, score_grad_rows_avx, score_grad_rows, (pre: &[T], bt: &[T], v: &[T], g: &[T], d_pre: &mut [T], d_bt: &mut [T], d_v: &mut [T], add: bool));
 
-struct ScoreOp;
+struct ScoreOp {
+    shared: Option<Shared>,
+}
 
 fn score_fwd<T: Real>(
+    shared: &Option<Shared>,
     s1: &CpuStorage,
     l1: &Layout,
     s2: &CpuStorage,
@@ -153,23 +176,27 @@ fn score_fwd<T: Real>(
     s3: &CpuStorage,
     l3: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
-    let (b, s, ad) = l1.shape().dims3()?;
-    let pre = slice::<T>(s1, l1)?;
     let bt = slice::<T>(s2, l2)?;
     let v = slice::<T>(s3, l3)?;
-    if bt.len() != b * ad || v.len() != ad {
-        candle_core::bail!("fused attention scores: shape mismatch");
+    let run = |pre: &[T], (b, s, ad): (usize, usize, usize)| -> Result<(CpuStorage, Shape)> {
+        if bt.len() != b * ad || v.len() != ad || pre.len() != b * s * ad {
+            candle_core::bail!("fused attention scores: shape mismatch");
+        }
+        let mut out = vec![T::zero(); b * s];
+        out.par_chunks_mut(s.max(1)).enumerate().for_each(|(i, o)| {
+            score_rows_d(
+                &pre[i * s * ad..(i + 1) * s * ad],
+                &bt[i * ad..(i + 1) * ad],
+                v,
+                o,
+            )
+        });
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b, s))))
+    };
+    match shared {
+        Some(sh) => sh.with_slice::<T, _>(|pre| run(pre, sh.tensor.dims3()?)),
+        None => run(slice::<T>(s1, l1)?, l1.shape().dims3()?),
     }
-    let mut out = vec![T::zero(); b * s];
-    out.par_chunks_mut(s).enumerate().for_each(|(i, o)| {
-        score_rows_d(
-            &pre[i * s * ad..(i + 1) * s * ad],
-            &bt[i * ad..(i + 1) * ad],
-            v,
-            o,
-        )
-    });
-    Ok((T::to_cpu_storage_owned(out), Shape::from((b, s))))
 }
 
 impl CustomOp3 for ScoreOp {
@@ -185,7 +212,7 @@ impl CustomOp3 for ScoreOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, score_fwd, s1, l1, s2, l2, s3, l3)
+        by_dtype!(s2, score_fwd, &self.shared, s1, l1, s2, l2, s3, l3)
     }
     fn bwd(
         &self,
@@ -195,17 +222,20 @@ impl CustomOp3 for ScoreOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (b, s, ad) = pre.dims3()?;
-        let packed = pre.apply_op3_no_bwd(
-            bt,
-            v,
-            &ScoreGradOp {
-                grad: grad.contiguous()?,
-            },
-        )?;
-        // Packed per sentence: [S·Ad d_pre | Ad d_bt | Ad d_v-share].
-        let packed = packed.reshape((b, (s + 2) * ad))?;
-        let d_pre = packed.narrow(1, 0, s * ad)?.reshape((b, s, ad))?;
+        let (b, ad) = bt.dims2()?;
+        let op = ScoreGradOp {
+            grad: grad.contiguous()?,
+            shared: self.shared.clone(),
+        };
+        let packed = pre.apply_op3_no_bwd(bt, v, &op)?;
+        let w = packed.elem_count() / b;
+        let packed = packed.reshape((b, w))?;
+        let s = w / ad - 2;
+        // Packed per sentence: [S·Ad d_pre (absent for shared keys) | Ad d_bt | Ad d_v-share].
+        let d_pre = match &self.shared {
+            Some(_) => pre.zeros_like()?,
+            None => packed.narrow(1, 0, s * ad)?.reshape((b, s, ad))?,
+        };
         let d_bt = packed.narrow(1, s * ad, ad)?;
         let d_v = packed
             .narrow(1, (s + 1) * ad, ad)?
@@ -217,10 +247,13 @@ impl CustomOp3 for ScoreOp {
 
 struct ScoreGradOp {
     grad: Tensor,
+    shared: Option<Shared>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn score_grad<T: Real>(
     grad: &Tensor,
+    shared: &Option<Shared>,
     s1: &CpuStorage,
     l1: &Layout,
     s2: &CpuStorage,
@@ -228,31 +261,63 @@ fn score_grad<T: Real>(
     s3: &CpuStorage,
     l3: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
-    let (b, s, ad) = l1.shape().dims3()?;
-    let pre = slice::<T>(s1, l1)?;
     let bt = slice::<T>(s2, l2)?;
     let v = slice::<T>(s3, l3)?;
     let (gs, gl) = grad.storage_and_layout();
     let g = match &*gs {
-        candle_core::Storage::Cpu(c) => slice::<T>(c, gl)?.to_vec(),
+        candle_core::Storage::Cpu(c) => slice::<T>(c, gl)?,
         _ => candle_core::bail!("fused attention scores: gradient not on the CPU"),
     };
-    let w = (s + 2) * ad;
-    let mut out = vec![T::zero(); b * w];
-    out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
-        let (d_pre, rest) = o.split_at_mut(s * ad);
-        let (d_bt, d_v) = rest.split_at_mut(ad);
-        score_grad_rows_d(
-            &pre[i * s * ad..(i + 1) * s * ad],
-            &bt[i * ad..(i + 1) * ad],
-            v,
-            &g[i * s..(i + 1) * s],
-            d_pre,
-            d_bt,
-            d_v,
-        )
-    });
-    Ok((T::to_cpu_storage_owned(out), Shape::from(b * w)))
+    match shared {
+        None => {
+            let (b, s, ad) = l1.shape().dims3()?;
+            let pre = slice::<T>(s1, l1)?;
+            let w = (s + 2) * ad;
+            let mut out = vec![T::zero(); b * w];
+            out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
+                let (d_pre, rest) = o.split_at_mut(s * ad);
+                let (d_bt, d_v) = rest.split_at_mut(ad);
+                score_grad_rows_d(
+                    &pre[i * s * ad..(i + 1) * s * ad],
+                    &bt[i * ad..(i + 1) * ad],
+                    v,
+                    &g[i * s..(i + 1) * s],
+                    d_pre,
+                    d_bt,
+                    d_v,
+                    false,
+                )
+            });
+            Ok((T::to_cpu_storage_owned(out), Shape::from(b * w)))
+        }
+        Some(sh) => {
+            let (b, s, ad) = sh.tensor.dims3()?;
+            let w = 2 * ad;
+            let mut out = vec![T::zero(); b * w];
+            sh.with_slice::<T, _>(|pre| {
+                sh.accumulate::<T>(|acc| {
+                    out.par_chunks_mut(w)
+                        .zip(acc.par_chunks_mut(s * ad))
+                        .enumerate()
+                        .for_each(|(i, (o, d_pre))| {
+                            let (d_bt, d_v) = o.split_at_mut(ad);
+                            score_grad_rows_d(
+                                &pre[i * s * ad..(i + 1) * s * ad],
+                                &bt[i * ad..(i + 1) * ad],
+                                v,
+                                &g[i * s..(i + 1) * s],
+                                d_pre,
+                                d_bt,
+                                d_v,
+                                true,
+                            )
+                        })
+                });
+                Ok(())
+            })?;
+            Ok((T::to_cpu_storage_owned(out), Shape::from(b * w)))
+        }
+    }
 }
 
 impl CustomOp3 for ScoreGradOp {
@@ -268,7 +333,18 @@ impl CustomOp3 for ScoreGradOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, score_grad, &self.grad, s1, l1, s2, l2, s3, l3)
+        by_dtype!(
+            s2,
+            score_grad,
+            &self.grad,
+            &self.shared,
+            s1,
+            l1,
+            s2,
+            l2,
+            s3,
+            l3
+        )
     }
 }
 
@@ -282,11 +358,26 @@ pub fn softmax_context_reference(e: &Tensor, annotations: &Tensor) -> Result<(Te
 
 /// The same as one fused kernel (`α` and `s = Σ_j α_j h_j` per sentence) with a hand-derived backward pass.
 pub fn softmax_context_fused(e: &Tensor, annotations: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (_, s) = e.dims2()?;
-    let a2 = annotations.dim(2)?;
+    let annotations = annotations.contiguous()?;
+    let (_, s, a2) = annotations.dims3()?;
     let packed = e
         .contiguous()?
-        .apply_op2(&annotations.contiguous()?, SoftmaxContext)?;
+        .apply_op2(&annotations, SoftmaxContext { shared: None })?;
+    Ok((
+        packed.narrow(1, 0, s)?,
+        packed.narrow(1, s, a2)?.contiguous()?,
+    ))
+}
+
+/// Fused softmax + context over shared annotations (see [`Shared`]).
+pub fn softmax_context_shared(e: &Tensor, annotations: &Shared) -> Result<(Tensor, Tensor)> {
+    let (_, s, a2) = annotations.tensor.dims3()?;
+    let packed = e.contiguous()?.apply_op2(
+        &annotations.token,
+        SoftmaxContext {
+            shared: Some(annotations.clone()),
+        },
+    )?;
     Ok((
         packed.narrow(1, 0, s)?,
         packed.narrow(1, s, a2)?.contiguous()?,
@@ -319,50 +410,70 @@ fn softmax_context_row<T: Real>(e: &[T], h: &[T], out: &mut [T]) {
 }
 simd_dispatch!(softmax_context_row_d, softmax_context_row_avx, softmax_context_row, (e: &[T], h: &[T], out: &mut [T]));
 
-/// Packed gradient row `[∂e (S) | ∂h (S·2H)]` from the forward row `[α | s]` and its gradient.
+/// Gradient row: `∂e` (S) into `d_e`, `∂h` (S·2H) into `d_h` (added to its contents when `add`), from the
+/// forward row `[α | s]` and its gradient.
 #[inline(always)]
-fn softmax_context_grad_row<T: Real>(res: &[T], h: &[T], g: &[T], out: &mut [T]) {
-    let s = out.len() - h.len();
+fn softmax_context_grad_row<T: Real>(
+    res: &[T],
+    h: &[T],
+    g: &[T],
+    d_e: &mut [T],
+    d_h: &mut [T],
+    add: bool,
+) {
+    let s = d_e.len();
     let a2 = h.len() / s.max(1);
     let (alpha, g_alpha, g_ctx) = (&res[..s], &g[..s], &g[s..s + a2]);
-    let (d_e, d_h) = out.split_at_mut(s);
     let mut total = T::zero();
     for j in 0..s {
         let hj = &h[j * a2..(j + 1) * a2];
         d_e[j] = g_alpha[j] + crate::kernels::dot(g_ctx, hj);
         total = total + alpha[j] * d_e[j];
         let dh = &mut d_h[j * a2..(j + 1) * a2];
-        for k in 0..a2 {
-            dh[k] = alpha[j] * g_ctx[k];
+        if add {
+            for k in 0..a2 {
+                dh[k] = dh[k] + alpha[j] * g_ctx[k];
+            }
+        } else {
+            for k in 0..a2 {
+                dh[k] = alpha[j] * g_ctx[k];
+            }
         }
     }
     for j in 0..s {
         d_e[j] = alpha[j] * (d_e[j] - total);
     }
 }
-simd_dispatch!(softmax_context_grad_row_d, softmax_context_grad_row_avx, softmax_context_grad_row, (res: &[T], h: &[T], g: &[T], out: &mut [T]));
+simd_dispatch!(softmax_context_grad_row_d, softmax_context_grad_row_avx, softmax_context_grad_row, (res: &[T], h: &[T], g: &[T], d_e: &mut [T], d_h: &mut [T], add: bool));
 
-struct SoftmaxContext;
+struct SoftmaxContext {
+    shared: Option<Shared>,
+}
 
 fn softmax_context_fwd<T: Real>(
+    shared: &Option<Shared>,
     s1: &CpuStorage,
     l1: &Layout,
     s2: &CpuStorage,
     l2: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
     let (b, s) = l1.shape().dims2()?;
-    let (b2, s2_, a2) = l2.shape().dims3()?;
-    if b != b2 || s != s2_ {
-        candle_core::bail!("fused attention context: shape mismatch");
-    }
     let e = slice::<T>(s1, l1)?;
-    let h = slice::<T>(s2, l2)?;
-    let w = s + a2;
-    let mut out = vec![T::zero(); b * w];
-    out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
-        softmax_context_row_d(&e[i * s..(i + 1) * s], &h[i * s * a2..(i + 1) * s * a2], o)
-    });
-    Ok((T::to_cpu_storage_owned(out), Shape::from((b, w))))
+    let run = |h: &[T], (b2, s2_, a2): (usize, usize, usize)| -> Result<(CpuStorage, Shape)> {
+        if b != b2 || s != s2_ {
+            candle_core::bail!("fused attention context: shape mismatch");
+        }
+        let w = s + a2;
+        let mut out = vec![T::zero(); b * w];
+        out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
+            softmax_context_row_d(&e[i * s..(i + 1) * s], &h[i * s * a2..(i + 1) * s * a2], o)
+        });
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b, w))))
+    };
+    match shared {
+        Some(sh) => sh.with_slice::<T, _>(|h| run(h, sh.tensor.dims3()?)),
+        None => run(slice::<T>(s2, l2)?, l2.shape().dims3()?),
+    }
 }
 
 impl CustomOp2 for SoftmaxContext {
@@ -376,7 +487,7 @@ impl CustomOp2 for SoftmaxContext {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, softmax_context_fwd, s1, l1, s2, l2)
+        by_dtype!(s1, softmax_context_fwd, &self.shared, s1, l1, s2, l2)
     }
     fn bwd(
         &self,
@@ -386,17 +497,28 @@ impl CustomOp2 for SoftmaxContext {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (b, s) = e.dims2()?;
-        let a2 = annotations.dim(2)?;
-        let packed = res.apply_op3_no_bwd(annotations, &grad.contiguous()?, &SoftmaxContextGrad)?;
-        let d_e = packed.narrow(1, 0, s)?;
-        let d_h = packed.narrow(1, s, s * a2)?.reshape((b, s, a2))?;
-        Ok((Some(d_e), Some(d_h)))
+        let op = SoftmaxContextGrad {
+            shared: self.shared.clone(),
+        };
+        let packed = res.apply_op3_no_bwd(annotations, &grad.contiguous()?, &op)?;
+        match &self.shared {
+            Some(_) => Ok((Some(packed), Some(annotations.zeros_like()?))),
+            None => {
+                let a2 = annotations.dim(2)?;
+                let d_e = packed.narrow(1, 0, s)?;
+                let d_h = packed.narrow(1, s, s * a2)?.reshape((b, s, a2))?;
+                Ok((Some(d_e), Some(d_h)))
+            }
+        }
     }
 }
 
-struct SoftmaxContextGrad;
+struct SoftmaxContextGrad {
+    shared: Option<Shared>,
+}
 
 fn softmax_context_grad<T: Real>(
+    shared: &Option<Shared>,
     s1: &CpuStorage,
     l1: &Layout,
     s2: &CpuStorage,
@@ -405,21 +527,51 @@ fn softmax_context_grad<T: Real>(
     l3: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
     let (b, w) = l1.shape().dims2()?;
-    let (_, s, a2) = l2.shape().dims3()?;
     let res = slice::<T>(s1, l1)?;
-    let h = slice::<T>(s2, l2)?;
     let g = slice::<T>(s3, l3)?;
-    let wo = s + s * a2;
-    let mut out = vec![T::zero(); b * wo];
-    out.par_chunks_mut(wo).enumerate().for_each(|(i, o)| {
-        softmax_context_grad_row_d(
-            &res[i * w..(i + 1) * w],
-            &h[i * s * a2..(i + 1) * s * a2],
-            &g[i * w..(i + 1) * w],
-            o,
-        )
-    });
-    Ok((T::to_cpu_storage_owned(out), Shape::from((b, wo))))
+    match shared {
+        None => {
+            let (_, s, a2) = l2.shape().dims3()?;
+            let h = slice::<T>(s2, l2)?;
+            let wo = s + s * a2;
+            let mut out = vec![T::zero(); b * wo];
+            out.par_chunks_mut(wo).enumerate().for_each(|(i, o)| {
+                let (d_e, d_h) = o.split_at_mut(s);
+                softmax_context_grad_row_d(
+                    &res[i * w..(i + 1) * w],
+                    &h[i * s * a2..(i + 1) * s * a2],
+                    &g[i * w..(i + 1) * w],
+                    d_e,
+                    d_h,
+                    false,
+                )
+            });
+            Ok((T::to_cpu_storage_owned(out), Shape::from((b, wo))))
+        }
+        Some(sh) => {
+            let (_, s, a2) = sh.tensor.dims3()?;
+            let mut out = vec![T::zero(); b * s];
+            sh.with_slice::<T, _>(|h| {
+                sh.accumulate::<T>(|acc| {
+                    out.par_chunks_mut(s)
+                        .zip(acc.par_chunks_mut(s * a2))
+                        .enumerate()
+                        .for_each(|(i, (d_e, d_h))| {
+                            softmax_context_grad_row_d(
+                                &res[i * w..(i + 1) * w],
+                                &h[i * s * a2..(i + 1) * s * a2],
+                                &g[i * w..(i + 1) * w],
+                                d_e,
+                                d_h,
+                                true,
+                            )
+                        })
+                });
+                Ok(())
+            })?;
+            Ok((T::to_cpu_storage_owned(out), Shape::from((b, s))))
+        }
+    }
 }
 
 impl CustomOp3 for SoftmaxContextGrad {
@@ -435,6 +587,16 @@ impl CustomOp3 for SoftmaxContextGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, softmax_context_grad, s1, l1, s2, l2, s3, l3)
+        by_dtype!(
+            s1,
+            softmax_context_grad,
+            &self.shared,
+            s1,
+            l1,
+            s2,
+            l2,
+            s3,
+            l3
+        )
     }
 }

@@ -86,6 +86,10 @@ pub fn simd_level() -> &'static str {
 /// Element types the fused kernels support.
 pub trait Real: WithDType + num_traits::Float + Send + Sync + 'static {
     fn from_f64c(x: f64) -> Self;
+    /// This type's zero-initialised buffer of `n` elements in an accumulator.
+    fn acc_slice(acc: &mut AccBuf, n: usize) -> &mut [Self];
+    /// Take the accumulated buffer out as a vector of this type.
+    fn acc_take(acc: &mut AccBuf) -> Option<Vec<Self>>;
     /// `exp`, vectorisable (f32: a degree-6 polynomial after range reduction, relative error < 3e-7).
     fn exp_v(self) -> Self;
     /// `tanh`, vectorisable.
@@ -101,6 +105,21 @@ impl Real for f64 {
     fn from_f64c(x: f64) -> Self {
         x
     }
+    fn acc_slice(acc: &mut AccBuf, n: usize) -> &mut [Self] {
+        if !matches!(acc, AccBuf::F64(v) if v.len() == n) {
+            *acc = AccBuf::F64(vec![0.0; n]);
+        }
+        match acc {
+            AccBuf::F64(v) => v,
+            _ => unreachable!(),
+        }
+    }
+    fn acc_take(acc: &mut AccBuf) -> Option<Vec<Self>> {
+        match std::mem::replace(acc, AccBuf::Empty) {
+            AccBuf::F64(v) => Some(v),
+            _ => None,
+        }
+    }
     #[inline(always)]
     fn exp_v(self) -> Self {
         self.exp()
@@ -115,6 +134,21 @@ impl Real for f32 {
     #[inline(always)]
     fn from_f64c(x: f64) -> Self {
         x as f32
+    }
+    fn acc_slice(acc: &mut AccBuf, n: usize) -> &mut [Self] {
+        if !matches!(acc, AccBuf::F32(v) if v.len() == n) {
+            *acc = AccBuf::F32(vec![0.0; n]);
+        }
+        match acc {
+            AccBuf::F32(v) => v,
+            _ => unreachable!(),
+        }
+    }
+    fn acc_take(acc: &mut AccBuf) -> Option<Vec<Self>> {
+        match std::mem::replace(acc, AccBuf::Empty) {
+            AccBuf::F32(v) => Some(v),
+            _ => None,
+        }
     }
     #[inline(always)]
     fn exp_v(self) -> Self {
@@ -388,4 +422,88 @@ pub fn sum_exp_shifted<T: Real>(a: &[T], m: T) -> T {
         s = s + (x - m).exp_v();
     }
     s
+}
+
+/// A gradient accumulated in place across decoder steps.
+#[derive(Default)]
+pub enum AccBuf {
+    #[default]
+    Empty,
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// A large per-sentence tensor that every decoder step reads (the annotations, the attention keys `A h_j`).
+/// With autodiff, the steps' fused backward passes add their gradient for it into one buffer in place, and
+/// the tensor receives that sum once, instead of one `[B, S, ·]` gradient tensor allocated and added per
+/// step. `token` is the one-element graph handle the steps take as their input in its place.
+pub struct Shared {
+    pub tensor: Tensor,
+    pub token: Tensor,
+    pub acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+}
+
+impl Shared {
+    pub fn new(x: &Tensor) -> Result<Shared> {
+        let tensor = x.contiguous()?;
+        let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
+        let token = tensor.apply_op1(ShareTap { acc: acc.clone() })?;
+        Ok(Shared { tensor, token, acc })
+    }
+
+    /// The tensor's storage as a slice (for a fused kernel's forward pass).
+    pub fn with_slice<T: Real, R>(&self, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
+        let (st, l) = self.tensor.storage_and_layout();
+        match &*st {
+            candle_core::Storage::Cpu(c) => f(slice::<T>(c, l)?),
+            _ => candle_core::bail!("shared tensor is not on the CPU"),
+        }
+    }
+
+    /// Add `f`'s contribution into the accumulated gradient (zero-initialised on first use).
+    pub fn accumulate<T: Real>(&self, f: impl FnOnce(&mut [T])) {
+        let mut acc = self.acc.lock().expect("gradient accumulator");
+        f(T::acc_slice(&mut acc, self.tensor.elem_count()));
+    }
+}
+
+impl Clone for Shared {
+    fn clone(&self) -> Self {
+        Shared {
+            tensor: self.tensor.clone(),
+            token: self.token.clone(),
+            acc: self.acc.clone(),
+        }
+    }
+}
+
+struct ShareTap {
+    acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+}
+
+impl candle_core::CustomOp1 for ShareTap {
+    fn name(&self) -> &'static str {
+        "shared-input"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let out = match s {
+            CpuStorage::F32(_) => CpuStorage::F32(vec![0.0]),
+            CpuStorage::F64(_) => CpuStorage::F64(vec![0.0]),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        Ok((out, Shape::from(1)))
+    }
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
+        let mut acc = self.acc.lock().expect("gradient accumulator");
+        let v = match arg.dtype() {
+            candle_core::DType::F32 => {
+                f32::acc_take(&mut acc).map(|v| Tensor::from_vec(v, arg.shape(), arg.device()))
+            }
+            candle_core::DType::F64 => {
+                f64::acc_take(&mut acc).map(|v| Tensor::from_vec(v, arg.shape(), arg.device()))
+            }
+            _ => None,
+        };
+        v.transpose()
+    }
 }

@@ -96,6 +96,7 @@ impl Source {
                 ah: self.keys.ah.index_select(idx, 0)?,
                 annotations: self.keys.annotations.index_select(idx, 0)?,
                 mask_bias: self.keys.mask_bias.index_select(idx, 0)?,
+                shared: None,
             },
             cov_keys: match &self.cov_keys {
                 Some(k) => Some(k.select(idx)?),
@@ -325,7 +326,14 @@ impl Model {
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        let src = self.encode(&batch.src, &batch.src_mask)?;
+        let mut src = self.encode(&batch.src, &batch.src_mask)?;
+        if self.kernels.fused_on(src.keys.ah.device()) {
+            // Every step reads the same keys and annotations: accumulate their gradients in place.
+            src.keys.shared = Some((
+                crate::kernels::Shared::new(&src.keys.ah)?,
+                crate::kernels::Shared::new(&src.keys.annotations)?,
+            ));
+        }
         let e_all = self.tgt_emb.embedding(&batch.tgt.flatten_all()?)?; // [B*T, E]
         let e_dim = e_all.dim(1)?;
         let wp = self.cell.project_words(&e_all)?;
