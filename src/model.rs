@@ -12,7 +12,7 @@ use crate::decoder_cell::DecoderCell;
 use crate::encoder::Encoder;
 use crate::gate::{Gate, Scales};
 use crate::kernels::Kernels;
-use crate::readout::{nll_fused, nll_reference, Readout};
+use crate::readout::{output_nll_fused, output_nll_reference, Readout};
 
 pub struct Model {
     pub cfg: ModelConfig,
@@ -151,6 +151,7 @@ impl Model {
         self.encoder.bwd.kernels = k;
         self.attention.kernels = k;
         self.cell.kernels = k;
+        self.readout.kernels = k;
         if let Some((word, _)) = &mut self.cell.cgru {
             word.kernels = k;
         }
@@ -387,12 +388,13 @@ impl Model {
             1,
         )?
         .reshape((b * t_len, e_dim))?;
-        let logits = self.readout.logits(&ctxs, &states, &e_prev)?;
+        let hid = self.readout.hidden(&ctxs, &states, &e_prev)?;
         let targets = batch.tgt.flatten_all()?;
-        let nll = if self.kernels.fused_on(logits.device()) {
-            nll_fused(&logits, &targets)?
+        let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
+        let nll = if self.kernels.fused_on(hid.device()) {
+            output_nll_fused(&hid, w_2, b_out, &targets)?
         } else {
-            nll_reference(&logits, &targets)?
+            output_nll_reference(&hid, w_2, b_out, &targets)?
         };
         (nll * batch.tgt_mask.flatten_all()?)?
             .sum_all()?

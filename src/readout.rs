@@ -6,7 +6,7 @@ use candle_core::{
 };
 use rayon::prelude::*;
 
-use crate::kernels::{by_dtype, simd_dispatch, slice, Real};
+use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real};
 use candle_nn::VarBuilder;
 
 pub struct Readout {
@@ -18,6 +18,7 @@ pub struct Readout {
     pub w_2: Tensor,
     pub b: Tensor,
     pub hidden: usize,
+    pub kernels: Kernels,
 }
 
 impl Readout {
@@ -31,22 +32,93 @@ impl Readout {
             w_2: vb.get_with_hints((emb, vocab), "W_2", crate::init::ZERO)?,
             b: vb.get_with_hints(vocab, "b", crate::init::ZERO)?,
             hidden,
+            kernels: Kernels::default(),
         })
+    }
+
+    /// The readout's hidden layer `W_1 maxout(r~)` `[N, E]` from contexts `[N, 2H]`, previous states `[N, H]`
+    /// and previous-word embeddings `[N, E]`.
+    pub fn hidden(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+        let n = ctx.dim(0)?;
+        let r = (ctx.matmul(&self.w_o)? + t_prev.matmul(&self.u_o)? + e_prev.matmul(&self.v_o)?)?
+            .broadcast_add(&self.b_o)?;
+        let m = if self.kernels.fused_on(r.device()) {
+            maxout_fused(&r)?
+        } else {
+            maxout_reference(&r)?
+        };
+        let _ = n;
+        m.matmul(&self.w_1)
     }
 
     /// Logits `[N, V]` from contexts `[N, 2H]`, previous states `[N, H]` and previous-word embeddings `[N, E]`.
     pub fn logits(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        let n = ctx.dim(0)?;
-        let r = (ctx.matmul(&self.w_o)? + t_prev.matmul(&self.u_o)? + e_prev.matmul(&self.v_o)?)?
-            .broadcast_add(&self.b_o)?;
-        let pairs = r.reshape((n, self.hidden / 2, 2))?;
-        let m = pairs
-            .narrow(D::Minus1, 0, 1)?
-            .maximum(&pairs.narrow(D::Minus1, 1, 1)?)?
-            .reshape((n, self.hidden / 2))?;
-        m.matmul(&self.w_1)?
+        self.hidden(ctx, t_prev, e_prev)?
             .matmul(&self.w_2)?
             .broadcast_add(&self.b)
+    }
+}
+
+/// Maxout over adjacent pairs `[N, H]` → `[N, H/2]`, composed (reference).
+pub fn maxout_reference(r: &Tensor) -> Result<Tensor> {
+    let (n, h) = r.dims2()?;
+    let pairs = r.reshape((n, h / 2, 2))?;
+    pairs
+        .narrow(D::Minus1, 0, 1)?
+        .maximum(&pairs.narrow(D::Minus1, 1, 1)?)?
+        .reshape((n, h / 2))
+}
+
+/// Maxout as one fused op (the gradient goes to the larger of each pair, split evenly on a tie as the
+/// reference does).
+pub fn maxout_fused(r: &Tensor) -> Result<Tensor> {
+    r.contiguous()?.apply_op1(Maxout)
+}
+
+struct Maxout;
+
+fn maxout_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+    let (n, h) = l.shape().dims2()?;
+    let x = slice::<T>(s, l)?;
+    let out: Vec<T> = x
+        .chunks_exact(2)
+        .map(|p| if p[0] >= p[1] { p[0] } else { p[1] })
+        .collect();
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, h / 2))))
+}
+
+fn maxout_grad<T: Real>(r: &Tensor, g: &Tensor) -> Result<Tensor> {
+    let x: Vec<T> = r.flatten_all()?.to_vec1()?;
+    let g: Vec<T> = g.flatten_all()?.to_vec1()?;
+    let half = T::from_f64c(0.5);
+    let mut d = vec![T::zero(); x.len()];
+    for ((p, dp), &gk) in x.chunks_exact(2).zip(d.chunks_exact_mut(2)).zip(&g) {
+        if p[0] > p[1] {
+            dp[0] = gk;
+        } else if p[1] > p[0] {
+            dp[1] = gk;
+        } else {
+            dp[0] = gk * half;
+            dp[1] = gk * half;
+        }
+    }
+    Tensor::from_vec(d, r.shape(), r.device())
+}
+
+impl CustomOp1 for Maxout {
+    fn name(&self) -> &'static str {
+        "fused-maxout"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s, maxout_fwd, s, l)
+    }
+    fn bwd(&self, r: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let d = match r.dtype() {
+            DType::F32 => maxout_grad::<f32>(r, grad)?,
+            DType::F64 => maxout_grad::<f64>(r, grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        Ok(Some(d))
     }
 }
 
@@ -252,5 +324,166 @@ impl CustomOp1 for LogSoftmaxOp {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         by_dtype!(s, log_softmax_fwd, s, l)
+    }
+}
+
+/// The output layer and its loss, composed (reference): `−log softmax(x W_2 + b)[target]` per row `[N]`.
+pub fn output_nll_reference(x: &Tensor, w_2: &Tensor, b: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    nll_reference(&x.matmul(w_2)?.broadcast_add(b)?, targets)
+}
+
+/// The output layer and its loss as one op: the `[N, V]` logits are computed by one GEMM into a buffer that
+/// the backward pass turns in place into `g (softmax − onehot)`; only `∂x`, `∂W_2` and `∂b` reach the
+/// autodiff graph (no `[N, V]` tensor is allocated, broadcast or accumulated by it).
+pub fn output_nll_fused(x: &Tensor, w_2: &Tensor, b: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let targets: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+    x.contiguous()?.apply_op3(
+        &w_2.contiguous()?,
+        &b.contiguous()?,
+        OutputNll {
+            targets,
+            logits: std::sync::Mutex::new(None),
+        },
+    )
+}
+
+struct OutputNll {
+    targets: Vec<u32>,
+    /// The forward pass's logits (bias included), consumed by the backward pass.
+    logits: std::sync::Mutex<Option<CpuStorage>>,
+}
+
+#[inline(always)]
+fn bias_nll_rows<T: Real>(logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T]) {
+    let v = b.len();
+    for (i, o) in out.iter_mut().enumerate() {
+        let row = &mut logits[i * v..(i + 1) * v];
+        for (x, &bb) in row.iter_mut().zip(b) {
+            *x = *x + bb;
+        }
+        let (_, lse) = row_lse(row);
+        *o = lse - row[tgt[i] as usize];
+    }
+}
+simd_dispatch!(bias_nll_rows_d, bias_nll_rows_avx, bias_nll_rows, (logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T]));
+
+#[inline(always)]
+fn nll_grad_rows_inplace<T: Real>(logits: &mut [T], tgt: &[u32], g: &[T], v: usize) {
+    for (i, &gi) in g.iter().enumerate() {
+        let row = &mut logits[i * v..(i + 1) * v];
+        let (_, lse) = row_lse(row);
+        for x in row.iter_mut() {
+            *x = gi * (*x - lse).exp_v();
+        }
+        row[tgt[i] as usize] = row[tgt[i] as usize] - gi;
+    }
+}
+simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], v: usize));
+
+#[allow(clippy::too_many_arguments)]
+fn output_nll_fwd<T: Real>(
+    op: &OutputNll,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    use candle_core::backend::BackendStorage;
+    let (n, e) = l1.shape().dims2()?;
+    let (e2, v) = l2.shape().dims2()?;
+    let b = slice::<T>(s3, l3)?;
+    if e != e2 || b.len() != v || op.targets.len() != n {
+        candle_core::bail!("fused output layer: shape mismatch");
+    }
+    check_targets(&op.targets, v)?;
+    let mut logits = s1.matmul(s2, (1, n, v, e), l1, l2)?;
+    let mut out = vec![T::zero(); n];
+    {
+        let buf: &mut [T] = match &mut logits {
+            CpuStorage::F32(x) => bytemuck_cast::<f32, T>(x),
+            CpuStorage::F64(x) => bytemuck_cast::<f64, T>(x),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        out.par_chunks_mut(ROWS_PER_TASK)
+            .zip(buf.par_chunks_mut(ROWS_PER_TASK * v))
+            .enumerate()
+            .for_each(|(c, (o, x))| {
+                let r0 = c * ROWS_PER_TASK;
+                bias_nll_rows_d(x, b, &op.targets[r0..r0 + o.len()], o)
+            });
+    }
+    *op.logits.lock().expect("logits cache") = Some(logits);
+    Ok((T::to_cpu_storage_owned(out), Shape::from(n)))
+}
+
+/// View a `Vec<A>` as `&mut [B]` when A and B are the same type (dispatch on the storage's element type).
+fn bytemuck_cast<A: 'static, B: 'static>(x: &mut [A]) -> &mut [B] {
+    assert_eq!(std::any::TypeId::of::<A>(), std::any::TypeId::of::<B>());
+    // SAFETY: A and B are the same type (checked above).
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut B, x.len()) }
+}
+
+fn output_nll_grad<T: Real>(targets: &[u32], mut logits: Vec<T>, g: &Tensor, v: usize) -> Result<Vec<T>> {
+    let g: Vec<T> = g.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?;
+    logits
+        .par_chunks_mut(ROWS_PER_TASK * v)
+        .enumerate()
+        .for_each(|(c, x)| {
+            let r0 = c * ROWS_PER_TASK;
+            let r1 = r0 + x.len() / v;
+            nll_grad_rows_inplace_d(x, &targets[r0..r1], &g[r0..r1], v)
+        });
+    Ok(logits)
+}
+
+impl CustomOp3 for OutputNll {
+    fn name(&self) -> &'static str {
+        "fused-output-nll"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, output_nll_fwd, self, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w_2: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let n = x.dim(0)?;
+        let v = b.dim(0)?;
+        let cached = self.logits.lock().expect("logits cache").take();
+        let logits = match cached {
+            Some(c) => c,
+            None => {
+                // A second backward pass: recompute the logits.
+                let l = x.detach().matmul(&w_2.detach())?.broadcast_add(&b.detach())?;
+                let (st, _) = l.storage_and_layout();
+                match &*st {
+                    candle_core::Storage::Cpu(c) => c.clone(),
+                    _ => candle_core::bail!("fused output layer: not on the CPU"),
+                }
+            }
+        };
+        let d = match logits {
+            CpuStorage::F32(buf) => Tensor::from_vec(output_nll_grad(&self.targets, buf, grad, v)?, (n, v), x.device())?,
+            CpuStorage::F64(buf) => Tensor::from_vec(output_nll_grad(&self.targets, buf, grad, v)?, (n, v), x.device())?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        let dx = d.matmul(&w_2.detach().t()?)?;
+        let dw = x.detach().t()?.matmul(&d)?;
+        let db = d.sum(0)?;
+        Ok((Some(dx), Some(dw), Some(db)))
     }
 }

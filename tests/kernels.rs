@@ -12,7 +12,10 @@ use cgnmt::beam_search::{beam_search, greedy, DecodeOptions};
 use cgnmt::encoder::{gru_update_fused, gru_update_reference};
 use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
 use cgnmt::model::{Batch, Model};
-use cgnmt::readout::{log_softmax, log_softmax_inference, nll_fused, nll_reference};
+use cgnmt::readout::{
+    log_softmax, log_softmax_inference, maxout_fused, maxout_reference, nll_fused, nll_reference,
+    output_nll_fused, output_nll_reference,
+};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -157,6 +160,35 @@ fn fused_ops_match_their_composed_reference() {
             ft,
             gt,
             "log-softmax + NLL",
+        );
+        // The output layer with its loss, and maxout (with exact ties).
+        let e = 11;
+        let vars2 = [
+            rand_var(&mut rng, &[n, e], 1.0, dtype),
+            rand_var(&mut rng, &[e, v], 1.0, dtype),
+            rand_var(&mut rng, &[v], 1.0, dtype),
+        ];
+        compare(
+            dtype,
+            &vars2,
+            &|x| vec![output_nll_fused(&x[0], &x[1], &x[2], &tg).unwrap()],
+            &|x| vec![output_nll_reference(&x[0], &x[1], &x[2], &tg).unwrap()],
+            ft,
+            gt,
+            "output layer + NLL",
+        );
+        let mut r = rand_var(&mut rng, &[n, 14], 1.0, dtype).as_tensor().to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap();
+        r[0][3] = r[0][2];
+        r[4][0] = r[4][1];
+        let r = Var::from_tensor(&Tensor::new(r, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+        compare(
+            dtype,
+            &[r],
+            &|x| vec![maxout_fused(&x[0]).unwrap()],
+            &|x| vec![maxout_reference(&x[0]).unwrap()],
+            ft,
+            gt,
+            "maxout",
         );
         let x = vars[0].as_tensor();
         let d = max_rel_diff(&log_softmax_inference(x).unwrap(), &log_softmax(x).unwrap()).unwrap();
