@@ -104,16 +104,27 @@ impl Encoder {
             .contiguous()?;
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
         let h0 = Tensor::zeros((b, self.hidden), e.dtype(), e.device())?;
+        // With fused kernels each step reads its slice of the projections through a shared handle, so the
+        // backward pass adds the steps' gradients in place instead of building a full-size tensor per step.
+        let steps = |x: &Tensor, k: Kernels| -> Result<Vec<Tensor>> {
+            if k.fused_on(x.device()) {
+                let sh = crate::kernels::Shared::new(x)?;
+                (0..s).map(|t| sh.index(t)).collect()
+            } else {
+                (0..s).map(|t| x.i(t)).collect()
+            }
+        };
+        let (xf, xb) = (steps(&xf, self.fwd.kernels)?, steps(&xb, self.bwd.kernels)?);
         let mut fwd = Vec::with_capacity(s);
         let mut h = h0.clone();
         for t in 0..s {
-            h = self.fwd.step_masked(&xf.i(t)?, &h, Some(&m.i(t)?))?;
+            h = self.fwd.step_masked(&xf[t], &h, Some(&m.i(t)?))?;
             fwd.push(h.clone());
         }
         let mut bwd = vec![h0.clone(); s];
         let mut h = h0;
         for t in (0..s).rev() {
-            h = self.bwd.step_masked(&xb.i(t)?, &h, Some(&m.i(t)?))?;
+            h = self.bwd.step_masked(&xb[t], &h, Some(&m.i(t)?))?;
             bwd[t] = h.clone();
         }
         let annotations = Tensor::cat(&[Tensor::stack(&fwd, 1)?, Tensor::stack(&bwd, 1)?], 2)?;

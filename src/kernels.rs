@@ -451,6 +451,15 @@ impl Shared {
         Ok(Shared { tensor, token, acc })
     }
 
+    /// Block `i` of the first dimension (`[n, …]` → `[…]`, e.g. one time step of a time-major tensor) as a
+    /// graph node whose gradient is added in place into the shared buffer: no full-size gradient per step.
+    pub fn index(&self, i: usize) -> Result<Tensor> {
+        self.token.apply_op1(StepSlice {
+            shared: self.clone(),
+            i,
+        })
+    }
+
     /// The tensor's storage as a slice (for a fused kernel's forward pass).
     pub fn with_slice<T: Real, R>(&self, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
         let (st, l) = self.tensor.storage_and_layout();
@@ -505,5 +514,55 @@ impl candle_core::CustomOp1 for ShareTap {
             _ => None,
         };
         v.transpose()
+    }
+}
+
+struct StepSlice {
+    shared: Shared,
+    i: usize,
+}
+
+fn step_slice_fwd<T: Real>(sh: &Shared, i: usize) -> Result<(CpuStorage, Shape)> {
+    let dims = sh.tensor.dims();
+    let n = dims.first().copied().unwrap_or(0);
+    if i >= n {
+        candle_core::bail!("step slice {i} of a tensor with {n} steps");
+    }
+    let block = sh.tensor.elem_count() / n;
+    let v = sh.with_slice::<T, _>(|x| Ok(x[i * block..(i + 1) * block].to_vec()))?;
+    Ok((T::to_cpu_storage_owned(v), Shape::from(dims[1..].to_vec())))
+}
+
+fn step_slice_bwd<T: Real>(sh: &Shared, i: usize, grad: &Tensor) -> Result<()> {
+    let n = sh.tensor.dim(0)?;
+    let block = sh.tensor.elem_count() / n;
+    let g = grad.contiguous()?;
+    let (gs, gl) = g.storage_and_layout();
+    let g = match &*gs {
+        candle_core::Storage::Cpu(c) => slice::<T>(c, gl)?,
+        _ => candle_core::bail!("step slice: gradient not on the CPU"),
+    };
+    sh.accumulate::<T>(|acc| {
+        for (a, &x) in acc[i * block..(i + 1) * block].iter_mut().zip(g) {
+            *a = *a + x;
+        }
+    });
+    Ok(())
+}
+
+impl candle_core::CustomOp1 for StepSlice {
+    fn name(&self) -> &'static str {
+        "shared-step-slice"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s, step_slice_fwd, &self.shared, self.i)
+    }
+    fn bwd(&self, token: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        match grad.dtype() {
+            candle_core::DType::F32 => step_slice_bwd::<f32>(&self.shared, self.i, grad)?,
+            candle_core::DType::F64 => step_slice_bwd::<f64>(&self.shared, self.i, grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+        Ok(Some(token.zeros_like()?))
     }
 }

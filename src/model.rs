@@ -348,12 +348,33 @@ impl Model {
             ),
             None => None,
         };
+        // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
+        let fused = self.kernels.fused_on(wp.device());
+        let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
+            if fused {
+                let sh = crate::kernels::Shared::new(x)?;
+                (0..t_len).map(|i| sh.index(i)).collect()
+            } else {
+                (0..t_len).map(|i| x.i(i)).collect()
+            }
+        };
+        let wp_steps = steps(&wp)?;
+        let wz_steps = match &wz {
+            Some(w) => Some(steps(w)?),
+            None => None,
+        };
         let mut t = src.t0.clone();
         let mut cov = self.initial_coverage(&src)?;
         let mut states = Vec::with_capacity(t_len);
         let mut ctxs = Vec::with_capacity(t_len);
         let e3 = e_all.reshape((b, t_len, e_dim))?;
         let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
+        // cGRU: the previous word's embedding per step (time-major).
+        let e_steps = if self.is_conditional() {
+            steps(&e3.transpose(0, 1)?.contiguous()?)?
+        } else {
+            vec![]
+        };
         for i in 0..t_len {
             let out = self.attend(&src, &t, cov.as_ref())?;
             cov = out.cov;
@@ -361,19 +382,16 @@ impl Model {
                 let e_prev = if i == 0 {
                     zeros_e.clone()
                 } else {
-                    e3.i((.., i - 1))?
+                    e_steps[i - 1].clone()
                 };
                 t = self.condition(&t, &out.ctx, &e_prev, (1.0, 1.0))?.0;
             }
             states.push(t.clone());
             ctxs.push(out.ctx.clone());
             if i + 1 < t_len {
-                let wz_i = match &wz {
-                    Some(w) => Some(w.i(i)?),
-                    None => None,
-                };
+                let wz_i = wz_steps.as_ref().map(|w| &w[i]);
                 t = self
-                    .transition_projected(&t, &wp.i(i)?, wz_i.as_ref(), &out.ctx, (1.0, 1.0))?
+                    .transition_projected(&t, &wp_steps[i], wz_i, &out.ctx, (1.0, 1.0))?
                     .0;
             }
         }

@@ -328,7 +328,12 @@ impl CustomOp1 for LogSoftmaxOp {
 }
 
 /// The output layer and its loss, composed (reference): `−log softmax(x W_2 + b)[target]` per row `[N]`.
-pub fn output_nll_reference(x: &Tensor, w_2: &Tensor, b: &Tensor, targets: &Tensor) -> Result<Tensor> {
+pub fn output_nll_reference(
+    x: &Tensor,
+    w_2: &Tensor,
+    b: &Tensor,
+    targets: &Tensor,
+) -> Result<Tensor> {
     nll_reference(&x.matmul(w_2)?.broadcast_add(b)?, targets)
 }
 
@@ -425,7 +430,12 @@ fn bytemuck_cast<A: 'static, B: 'static>(x: &mut [A]) -> &mut [B] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut B, x.len()) }
 }
 
-fn output_nll_grad<T: Real>(targets: &[u32], mut logits: Vec<T>, g: &Tensor, v: usize) -> Result<Vec<T>> {
+fn output_nll_grad<T: Real>(
+    targets: &[u32],
+    mut logits: Vec<T>,
+    g: &Tensor,
+    v: usize,
+) -> Result<Vec<T>> {
     let g: Vec<T> = g.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?;
     logits
         .par_chunks_mut(ROWS_PER_TASK * v)
@@ -468,7 +478,10 @@ impl CustomOp3 for OutputNll {
             Some(c) => c,
             None => {
                 // A second backward pass: recompute the logits.
-                let l = x.detach().matmul(&w_2.detach())?.broadcast_add(&b.detach())?;
+                let l = x
+                    .detach()
+                    .matmul(&w_2.detach())?
+                    .broadcast_add(&b.detach())?;
                 let (st, _) = l.storage_and_layout();
                 match &*st {
                     candle_core::Storage::Cpu(c) => c.clone(),
@@ -477,8 +490,16 @@ impl CustomOp3 for OutputNll {
             }
         };
         let d = match logits {
-            CpuStorage::F32(buf) => Tensor::from_vec(output_nll_grad(&self.targets, buf, grad, v)?, (n, v), x.device())?,
-            CpuStorage::F64(buf) => Tensor::from_vec(output_nll_grad(&self.targets, buf, grad, v)?, (n, v), x.device())?,
+            CpuStorage::F32(buf) => Tensor::from_vec(
+                output_nll_grad(&self.targets, buf, grad, v)?,
+                (n, v),
+                x.device(),
+            )?,
+            CpuStorage::F64(buf) => Tensor::from_vec(
+                output_nll_grad(&self.targets, buf, grad, v)?,
+                (n, v),
+                x.device(),
+            )?,
             _ => candle_core::bail!("fused kernels support f32 and f64"),
         };
         let dx = d.matmul(&w_2.detach().t()?)?;

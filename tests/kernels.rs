@@ -177,10 +177,21 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "output layer + NLL",
         );
-        let mut r = rand_var(&mut rng, &[n, 14], 1.0, dtype).as_tensor().to_dtype(DType::F64).unwrap().to_vec2::<f64>().unwrap();
+        let mut r = rand_var(&mut rng, &[n, 14], 1.0, dtype)
+            .as_tensor()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec2::<f64>()
+            .unwrap();
         r[0][3] = r[0][2];
         r[4][0] = r[4][1];
-        let r = Var::from_tensor(&Tensor::new(r, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()).unwrap();
+        let r = Var::from_tensor(
+            &Tensor::new(r, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap(),
+        )
+        .unwrap();
         compare(
             dtype,
             &[r],
