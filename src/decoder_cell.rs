@@ -13,7 +13,7 @@ use candle_nn::VarBuilder;
 
 use crate::config::{DecoderKind, GateForm};
 use crate::encoder::{gru_update, Gru};
-use crate::gate::Scales;
+use crate::gate::{mix_fused, Scales};
 use crate::kernels::{rec_matmul, Kernels};
 
 pub struct DecoderCell {
@@ -161,6 +161,22 @@ impl DecoderCell {
             return word.step(wp, t_prev);
         }
         let cp = self.mm(ctx, &self.c)?;
+        if let Some(m) = sc.mix.as_ref() {
+            if self.form == GateForm::Reference && self.kernels.fused_on(wp.device()) {
+                // Fused: the gate's scales applied to the word and context terms of all blocks at once.
+                let ts = sc.tgt.apply(t_prev, 1)?;
+                let pre = mix_fused(wp, &cp, m)?;
+                if self.kind == DecoderKind::Vanilla {
+                    return (pre + self.mm(&ts, &self.u)?)?.tanh();
+                }
+                let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
+                let ru =
+                    candle_nn::ops::sigmoid(&(pre.narrow(1, 0, 2 * h)? + self.mm(&ts, u_ru)?)?)?;
+                let r = ru.narrow(1, 0, h)?;
+                let cand = (pre.narrow(1, 2 * h, h)? + self.mm(&(r * &ts)?, &self.u)?)?;
+                return gru_update(self.kernels, &ru, &cand, &ts, None);
+            }
+        }
         match (self.kind, self.form) {
             (DecoderKind::Vanilla, GateForm::Reference) => {
                 let ts = sc.tgt.apply(t_prev, 1)?;

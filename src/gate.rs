@@ -14,7 +14,10 @@
 //!
 //! `(a, b)` is the decode-time context scaling of the paper's Figure 2 (1, 1 in training).
 
-use candle_core::{Result, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+use crate::kernels::{by_dtype, simd_dispatch, slice, Real};
+use candle_core::WithDType;
 use candle_nn::VarBuilder;
 
 use crate::config::{ContextGate, GateInput, ModelConfig};
@@ -71,6 +74,36 @@ pub struct Scales {
     pub tgt: Scale,
     /// `z` (`[B, H]`), `β` (`[B, 1]`) or the static `σ(θ)` (`[H]`).
     pub gate: Option<Tensor>,
+    /// For a context gate: the same scales as functions of `z`, for the fused kernels.
+    pub mix: Option<GateMix>,
+}
+
+/// How a scale depends on the gate value `z`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ZKind {
+    One,
+    Z,
+    OneMinusZ,
+}
+
+impl ZKind {
+    /// The scale `c·kind(z)` and its derivative in `z`.
+    #[inline(always)]
+    pub fn eval(self, c: f64, z: f64) -> (f64, f64) {
+        match self {
+            ZKind::One => (c, 0.0),
+            ZKind::Z => (c * z, c),
+            ZKind::OneMinusZ => (c * (1.0 - z), -c),
+        }
+    }
+}
+
+/// A context gate's scales as `src = c_s·kind_s(z)`, `tgt = c_t·kind_t(z)`.
+#[derive(Debug, Clone)]
+pub struct GateMix {
+    pub z: Tensor,
+    pub src: (ZKind, f64),
+    pub tgt: (ZKind, f64),
 }
 
 impl Scales {
@@ -80,6 +113,7 @@ impl Scales {
             src: Scale::One,
             tgt: Scale::One,
             gate: None,
+            mix: None,
         }
     }
 }
@@ -161,6 +195,7 @@ impl Gate {
         context_scale: (f64, f64),
     ) -> Result<Scales> {
         let (a, b) = context_scale;
+        let mut mix = None;
         let (src, tgt, gate) = match self {
             Gate::None => (Scale::One, Scale::One, None),
             Gate::Scalar { w, b: bias } => {
@@ -193,6 +228,16 @@ impl Gate {
                     add(crate::kernels::rec_matmul(kernels, ctx, c)?)?;
                 }
                 let z = candle_nn::ops::sigmoid(&pre.expect("a gate has at least one input"))?;
+                let kinds = match strategy {
+                    ContextGate::Source => (ZKind::Z, ZKind::One),
+                    ContextGate::Target => (ZKind::One, ZKind::Z),
+                    _ => (ZKind::Z, ZKind::OneMinusZ),
+                };
+                mix = Some(GateMix {
+                    z: z.clone(),
+                    src: (kinds.0, a),
+                    tgt: (kinds.1, b),
+                });
                 match strategy {
                     ContextGate::Source => (Scale::T(z.clone()), Scale::One, Some(z)),
                     ContextGate::Target => (Scale::One, Scale::T(z.clone()), Some(z)),
@@ -207,6 +252,225 @@ impl Gate {
             src: src.times(a)?,
             tgt: tgt.times(b)?,
             gate,
+            mix,
         })
+    }
+}
+
+/// `T∘a + S∘b` for target-side terms `a` and source-side terms `b` (`[B, k·H]`, the scales repeated over
+/// the k blocks), composed from the scales (reference).
+pub fn mix_reference(a: &Tensor, b: &Tensor, sc: &Scales, blocks: usize) -> Result<Tensor> {
+    sc.tgt.apply(a, blocks)? + sc.src.apply(b, blocks)?
+}
+
+/// The same as one fused kernel from the gate value (a context gate's [`GateMix`]).
+pub fn mix_fused(a: &Tensor, b: &Tensor, m: &GateMix) -> Result<Tensor> {
+    a.contiguous()?.apply_op3(
+        &b.contiguous()?,
+        &m.z.contiguous()?,
+        MixOp {
+            src: m.src,
+            tgt: m.tgt,
+        },
+    )
+}
+
+struct MixOp {
+    src: (ZKind, f64),
+    tgt: (ZKind, f64),
+}
+
+#[inline(always)]
+fn mix_row<T: Real>(
+    a: &[T],
+    b: &[T],
+    z: &[T],
+    out: &mut [T],
+    src: (ZKind, f64),
+    tgt: (ZKind, f64),
+) {
+    let h = z.len();
+    let k = a.len() / h;
+    for j in 0..h {
+        let zj = WithDType::to_f64(z[j]);
+        let (s, _) = src.0.eval(src.1, zj);
+        let (t, _) = tgt.0.eval(tgt.1, zj);
+        let (s, t) = (T::from_f64c(s), T::from_f64c(t));
+        for blk in 0..k {
+            let i = blk * h + j;
+            out[i] = t * a[i] + s * b[i];
+        }
+    }
+}
+simd_dispatch!(mix_row_d, mix_row_avx, mix_row, (a: &[T], b: &[T], z: &[T], out: &mut [T], src: (ZKind, f64), tgt: (ZKind, f64)));
+
+/// Packed gradient row `[∂a (kH) | ∂b (kH) | ∂z (H)]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn mix_grad_row<T: Real>(
+    a: &[T],
+    b: &[T],
+    z: &[T],
+    g: &[T],
+    out: &mut [T],
+    src: (ZKind, f64),
+    tgt: (ZKind, f64),
+) {
+    let h = z.len();
+    let kh = a.len();
+    let k = kh / h;
+    let (da, rest) = out.split_at_mut(kh);
+    let (db, dz) = rest.split_at_mut(kh);
+    for j in 0..h {
+        let zj = WithDType::to_f64(z[j]);
+        let (s, ds) = src.0.eval(src.1, zj);
+        let (t, dt) = tgt.0.eval(tgt.1, zj);
+        let (s, ds, t, dt) = (
+            T::from_f64c(s),
+            T::from_f64c(ds),
+            T::from_f64c(t),
+            T::from_f64c(dt),
+        );
+        let mut acc = T::zero();
+        for blk in 0..k {
+            let i = blk * h + j;
+            da[i] = g[i] * t;
+            db[i] = g[i] * s;
+            acc = acc + g[i] * (a[i] * dt + b[i] * ds);
+        }
+        dz[j] = acc;
+    }
+}
+simd_dispatch!(mix_grad_row_d, mix_grad_row_avx, mix_grad_row, (a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], src: (ZKind, f64), tgt: (ZKind, f64)));
+
+fn mix_fwd<T: Real>(
+    op: &MixOp,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (n, kh) = l1.shape().dims2()?;
+    let (_, h) = l3.shape().dims2()?;
+    let (a, b, z) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    if b.len() != n * kh || z.len() != n * h || kh % h != 0 {
+        candle_core::bail!("fused gate mix: shape mismatch");
+    }
+    let mut out = vec![T::zero(); n * kh];
+    out.chunks_mut(kh).enumerate().for_each(|(i, o)| {
+        mix_row_d(
+            &a[i * kh..(i + 1) * kh],
+            &b[i * kh..(i + 1) * kh],
+            &z[i * h..(i + 1) * h],
+            o,
+            op.src,
+            op.tgt,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, kh))))
+}
+
+impl CustomOp3 for MixOp {
+    fn name(&self) -> &'static str {
+        "fused-gate-mix"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, mix_fwd, self, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        z: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (_, kh) = a.dims2()?;
+        let h = z.dim(1)?;
+        let op = MixGrad {
+            src: self.src,
+            tgt: self.tgt,
+            grad: grad.contiguous()?,
+        };
+        let packed = a.apply_op3_no_bwd(b, z, &op)?;
+        Ok((
+            Some(packed.narrow(1, 0, kh)?),
+            Some(packed.narrow(1, kh, kh)?),
+            Some(packed.narrow(1, 2 * kh, h)?),
+        ))
+    }
+}
+
+struct MixGrad {
+    src: (ZKind, f64),
+    tgt: (ZKind, f64),
+    grad: Tensor,
+}
+
+fn mix_grad<T: Real>(
+    op: &MixGrad,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (n, kh) = l1.shape().dims2()?;
+    let (_, h) = l3.shape().dims2()?;
+    let (a, b, z) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    let (gs, gl) = op.grad.storage_and_layout();
+    let g = match &*gs {
+        candle_core::Storage::Cpu(c) => slice::<T>(c, gl)?,
+        _ => candle_core::bail!("fused gate mix: gradient not on the CPU"),
+    };
+    let w = 2 * kh + h;
+    let mut out = vec![T::zero(); n * w];
+    out.chunks_mut(w).enumerate().for_each(|(i, o)| {
+        mix_grad_row_d(
+            &a[i * kh..(i + 1) * kh],
+            &b[i * kh..(i + 1) * kh],
+            &z[i * h..(i + 1) * h],
+            &g[i * kh..(i + 1) * kh],
+            o,
+            op.src,
+            op.tgt,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, w))))
+}
+
+impl CustomOp3 for MixGrad {
+    fn name(&self) -> &'static str {
+        "fused-gate-mix-grad"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, mix_grad, self, s1, l1, s2, l2, s3, l3)
     }
 }

@@ -147,6 +147,55 @@ fn fused_ops_match_their_composed_reference() {
                 "GRU update",
             );
         }
+        // The gate's scales on word and context terms (3 blocks), every strategy, with decode-time constants.
+        use cgnmt::gate::{mix_fused, mix_reference, GateMix, Scale, Scales, ZKind};
+        for (ks, kt) in [
+            (ZKind::Z, ZKind::One),
+            (ZKind::One, ZKind::Z),
+            (ZKind::Z, ZKind::OneMinusZ),
+        ] {
+            let vars = [
+                rand_var(&mut rng, &[b, 3 * h], 1.0, dtype),
+                rand_var(&mut rng, &[b, 3 * h], 1.0, dtype),
+                Var::from_tensor(
+                    &rand_var(&mut rng, &[b, h], 1.0, dtype)
+                        .as_tensor()
+                        .affine(0.4, 0.5)
+                        .unwrap(),
+                )
+                .unwrap(),
+            ];
+            let (ca, cb) = (0.7, 1.3);
+            let scale = |k: ZKind, c: f64, z: &Tensor| match k {
+                ZKind::One => Scale::Const(c),
+                ZKind::Z => Scale::T(z.affine(c, 0.0).unwrap()),
+                ZKind::OneMinusZ => Scale::T(z.affine(-c, c).unwrap()),
+            };
+            compare(
+                dtype,
+                &vars,
+                &|x| {
+                    let m = GateMix {
+                        z: x[2].clone(),
+                        src: (ks, ca),
+                        tgt: (kt, cb),
+                    };
+                    vec![mix_fused(&x[0], &x[1], &m).unwrap()]
+                },
+                &|x| {
+                    let sc = Scales {
+                        src: scale(ks, ca, &x[2]),
+                        tgt: scale(kt, cb, &x[2]),
+                        gate: None,
+                        mix: None,
+                    };
+                    vec![mix_reference(&x[0], &x[1], &sc, 3).unwrap()]
+                },
+                ft,
+                gt,
+                "gate mix",
+            );
+        }
         // Log-softmax + NLL over a vocabulary, and the inference log-softmax.
         let (n, v) = (9, 301);
         let vars = [rand_var(&mut rng, &[n, v], 8.0, dtype)];
