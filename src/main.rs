@@ -200,6 +200,11 @@ fn parse_pair(s: &str) -> std::result::Result<(f64, f64), String> {
 
 fn main() {
     tune_allocator();
+    // candle asks for the thread count on every matmul and, without this variable, counts the physical
+    // cores from /proc each time; fix it once (same default: physical cores).
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        std::env::set_var("RAYON_NUM_THREADS", num_cpus::get_physical().max(1).to_string());
+    }
     let cli = Cli::parse();
     Kernels::set_process_default(cli.kernels);
     let r = match cli.cmd {
