@@ -203,7 +203,10 @@ fn main() {
     // candle asks for the thread count on every matmul and, without this variable, counts the physical
     // cores from /proc each time; fix it once (same default: physical cores).
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        std::env::set_var("RAYON_NUM_THREADS", num_cpus::get_physical().max(1).to_string());
+        std::env::set_var(
+            "RAYON_NUM_THREADS",
+            num_cpus::get_physical().max(1).to_string(),
+        );
     }
     let cli = Cli::parse();
     Kernels::set_process_default(cli.kernels);

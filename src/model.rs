@@ -201,7 +201,33 @@ impl Model {
         Ok((model, varmap))
     }
 
+    /// The recurrent weights (multiplied by a state or context at every step).
+    pub fn recurrent_weights(&self) -> Vec<&Tensor> {
+        let mut w: Vec<&Tensor> = vec![
+            &self.encoder.fwd.u_ru,
+            &self.encoder.fwd.u,
+            &self.encoder.bwd.u_ru,
+            &self.encoder.bwd.u,
+            &self.attention.b,
+            &self.cell.c,
+            &self.cell.u,
+        ];
+        if let Some(u) = &self.cell.u_ru {
+            w.push(u);
+        }
+        if let Some((word, ctx)) = &self.cell.cgru {
+            w.extend([&word.u_ru, &word.u, &ctx.c, &ctx.u_ru, &ctx.u]);
+        }
+        if let Gate::Context { u_z, c_z, .. } = &self.gate {
+            w.extend(u_z.iter().chain(c_z.iter()));
+        }
+        w
+    }
+
+    /// Encode a batch; every forward pass (training or decoding) starts here, so this is also where the
+    /// fused kernels prepare the recurrent weights for the pass.
     pub fn encode(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
+        crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
         let enc = self.encoder.forward(src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = enc
@@ -321,6 +347,7 @@ impl Model {
         crate::kernels::clear_weight_grads();
         let mut grads = loss.backward()?;
         crate::kernels::flush_weight_grads(&mut grads)?;
+        crate::kernels::end_pass();
         Ok(grads)
     }
 
