@@ -325,6 +325,19 @@ fn save_load_translate_is_byte_identical() {
     ]);
     assert_eq!(a.lines().count(), lines(&input).len());
     assert_eq!(a, b);
+    // The composed reference kernels translate the same way as the fused ones.
+    let c = run_ok(&[
+        "--kernels",
+        "reference",
+        "translate",
+        "-m",
+        o.run.join("best").to_str().unwrap(),
+        "--pretokenized",
+        "--quiet",
+        "-i",
+        input.to_str().unwrap(),
+    ]);
+    assert_eq!(a, c, "fused and reference kernels translate differently");
     let w1 = std::fs::read(o.run.join("best").join("model.safetensors")).unwrap();
     let w2 = std::fs::read(resaved.join("model.safetensors")).unwrap();
     assert_eq!(w1, w2, "weights changed across save/load");
