@@ -8,6 +8,10 @@ use candle_core::{Device, IndexOp, Result, Tensor};
 use crate::model::{pad, Model};
 use crate::readout::{log_softmax, log_softmax_inference};
 
+/// Decoder steps computed so far in this process, counted per hypothesis (`cgnmt bench` turns this into
+/// a FLOP rate for decoding).
+pub static DECODER_ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[derive(Debug, Clone)]
 pub struct DecodeOptions {
     pub beam: usize,
@@ -113,6 +117,7 @@ pub fn beam_search(
 
     let mut step = 0usize;
     while !live.is_empty() {
+        DECODER_ROWS.fetch_add(live.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let out = model.attend(&cur, &t, cov.as_ref())?;
         let (t_read, cond) = model.condition(&t, &out.ctx, &e_prev, opts.context_scale)?;
         let cond_gate = match cond.and_then(|c| c.gate) {
@@ -316,6 +321,7 @@ pub fn greedy(
     let mut out: Vec<Vec<u32>> = vec![vec![]; n];
     let mut done = vec![false; n];
     for step in 0..max_steps {
+        DECODER_ROWS.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         let o = model.attend(&source, &t, cov.as_ref())?;
         cov = o.cov.clone();
         t = model.condition(&t, &o.ctx, &e_prev, context_scale)?.0;

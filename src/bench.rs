@@ -72,20 +72,38 @@ pub fn gemm_gflops(m: usize, k: usize, n: usize) -> Result<f64> {
 
 /// Forward FLOPs of one training batch (matrix products only), from the configuration and shapes.
 pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f64 {
+    encoder_flops(cfg, b, s) + decoder_step_flops(cfg, v, s) * (b * t) as f64
+}
+
+/// FLOPs of encoding `b` sentences of `s` words (with the attention keys).
+pub fn encoder_flops(cfg: &Config, b: usize, s: usize) -> f64 {
     let m = &cfg.model;
     let (e, h, ad) = (
         m.embedding_dim as f64,
         m.hidden_dim as f64,
         m.attention_dim as f64,
     );
-    let (b, s, t, v) = (b as f64, s as f64, t as f64, v as f64);
+    let (b, s) = (b as f64, s as f64);
+    let enc = 2.0 * (2.0 * e * 3.0 * h + 2.0 * h * 3.0 * h) * b * s;
+    let keys = 2.0 * 2.0 * h * ad * b * s;
+    enc + keys
+}
+
+/// FLOPs of one decoder step for one hypothesis (attention over `s` source positions, transition,
+/// readout over `v` words).
+pub fn decoder_step_flops(cfg: &Config, v: usize, s: usize) -> f64 {
+    let m = &cfg.model;
+    let (e, h, ad) = (
+        m.embedding_dim as f64,
+        m.hidden_dim as f64,
+        m.attention_dim as f64,
+    );
+    let (b, s, t, v) = (1.0, s as f64, 1.0, v as f64);
     let k = if m.decoder == DecoderKind::Gru {
         3.0
     } else {
         1.0
     };
-    let enc = 2.0 * (2.0 * e * 3.0 * h + 2.0 * h * 3.0 * h) * b * s;
-    let keys = 2.0 * 2.0 * h * ad * b * s;
     let att = (2.0 * h * ad + 3.0 * ad * s + 2.0 * s * 2.0 * h) * b * t;
     let cell = 2.0 * (e * k * h + 2.0 * h * k * h + h * k * h) * b * t;
     let gate = if m.context_gate != ContextGate::None {
@@ -100,7 +118,7 @@ pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f6
         0.0
     };
     let readout = 2.0 * ((2.0 * h + h + e) * h + h / 2.0 * e + e * v) * b * t;
-    enc + keys + att + cell + gate + cov + readout
+    att + cell + gate + cov + readout
 }
 
 /// Real sentence pairs of fixed lengths from a whitespace-tokenised corpus (Hansards fr-en): `n` pairs whose
@@ -255,7 +273,10 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let model = model.frozen(&varmap)?;
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
+    let (mut beam_rows, mut greedy_rows) = (0u64, 0u64);
+    let rows = || crate::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     for _ in 0..opts.repeats.max(1) {
+        let r0 = rows();
         let s = Instant::now();
         for c in dec_src.chunks(32) {
             beam_search(
@@ -269,12 +290,23 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
             )?;
         }
         beam_t.push(s.elapsed().as_secs_f64());
+        beam_rows = rows() - r0;
+        let r0 = rows();
         let s = Instant::now();
         for c in dec_src.chunks(100) {
             greedy(&model, c, 0, (1.0, 1.0))?;
         }
         greedy_t.push(s.elapsed().as_secs_f64());
+        greedy_rows = rows() - r0;
     }
+    // Model FLOPs of the decoding runs (analytic, per hypothesis step actually computed).
+    let src_words: usize = dec_src.iter().map(|s| s.len() + 1).sum();
+    let avg_src = src_words as f64 / dec_src.len().max(1) as f64;
+    let dec_flops = |rows: u64| {
+        encoder_flops(cfg, dec_src.len(), avg_src.round() as usize)
+            + decoder_step_flops(cfg, v, avg_src.round() as usize) * rows as f64
+    };
+    let (beam_med, greedy_med) = (median(&mut beam_t), median(&mut greedy_t));
     let n = dec_src.len() as f64;
     let rec = json!({
         "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
@@ -285,8 +317,11 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "train_step_s_median": step_s,
         "train_phase_s_median": {"forward": fwd_s, "backward": bwd_s, "optimizer": opt_s},
         "train_tgt_tok_per_s": train_tps,
-        "decode_beam10_sent_per_s": n / median(&mut beam_t),
-        "decode_greedy_sent_per_s": n / median(&mut greedy_t),
+        "decode_beam10_sent_per_s": n / beam_med,
+        "decode_greedy_sent_per_s": n / greedy_med,
+        "decode_beam10_hyp_steps": beam_rows,
+        "decode_beam10_gflops_per_s": dec_flops(beam_rows) / beam_med / 1e9,
+        "decode_greedy_gflops_per_s": dec_flops(greedy_rows) / greedy_med / 1e9,
         "peak_rss_mib": peak_rss_mib(),
         "threads": threads,
         "gflops_per_s": gflops,
@@ -294,9 +329,10 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "gemm_gflops_at_step_shapes": step_gemm,
     });
     eprintln!(
-        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s, greedy {:.1} sent/s; peak RSS {:.0} MiB",
+        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",
         train_tps, step_s, fwd_s, bwd_s, opt_s, gflops, 100.0 * gflops / peak, peak,
-        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0),
+        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
+        rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
         peak_rss_mib().unwrap_or(0.0)
     );
     Ok(rec)
