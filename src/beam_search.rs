@@ -76,6 +76,27 @@ fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
     }
 }
 
+/// The `k` best `(log-probability, word)` of a row, best first (ties: lower word id first); `skip` is a
+/// word that may not be chosen (EOS before the minimum length).
+fn top_k(lp: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return top;
+    }
+    for (w, &x) in lp.iter().enumerate() {
+        if top.len() == k && x <= top[k - 1].0 {
+            continue;
+        }
+        if Some(w as u32) == skip {
+            continue;
+        }
+        let pos = top.partition_point(|y| y.0 >= x);
+        top.insert(pos, (x, w as u32));
+        top.truncate(k);
+    }
+    top
+}
+
 struct Live {
     sent: usize,
     hyp: Hypothesis,
@@ -132,7 +153,21 @@ pub fn beam_search(
             log_softmax(&logits)?
         }
         .to_dtype(candle_core::DType::F32)?;
-        let logp: Vec<Vec<f32>> = logp.to_vec2()?;
+        let vocab = logp.dim(1)?;
+        let logp: Vec<f32> = logp.flatten_all()?.to_vec1()?;
+        // Top-k words of every row, in parallel (k = the row's sentence's remaining beam).
+        let row_top: Vec<Vec<(f32, u32)>> = {
+            use rayon::prelude::*;
+            logp.par_chunks(vocab.max(1))
+                .enumerate()
+                .map(|(r, lp)| {
+                    let s = live[r].sent;
+                    let k = beam.saturating_sub(finished[s].len());
+                    let eos_ok = step >= limits[s].0;
+                    top_k(lp, k, if eos_ok { None } else { Some(eos) })
+                })
+                .collect()
+        };
         let alpha: Option<Vec<Vec<f32>>> = if opts.record {
             Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?)
         } else {
@@ -148,24 +183,11 @@ pub fn beam_search(
                 end += 1;
             }
             let k = beam.saturating_sub(finished[s].len());
-            let (min_len, _max_len) = limits[s];
-            let eos_ok = step >= min_len;
-            // Top-k candidates of each row, then merge.
+            // The rows' top-k candidates, merged.
             let mut cands: Vec<(f64, usize, u32)> = Vec::new();
             for r in row..end {
                 let base = live[r].hyp.score;
-                let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-                for (w, &lp) in logp[r].iter().enumerate() {
-                    if w as u32 == eos && !eos_ok {
-                        continue;
-                    }
-                    if top.len() < k || lp > top[top.len() - 1].0 {
-                        let pos = top.partition_point(|x| x.0 >= lp);
-                        top.insert(pos, (lp, w as u32));
-                        top.truncate(k);
-                    }
-                }
-                cands.extend(top.into_iter().map(|(lp, w)| (base + lp as f64, r, w)));
+                cands.extend(row_top[r].iter().map(|&(lp, w)| (base + lp as f64, r, w)));
             }
             cands.sort_by(|a, b| {
                 b.0.partial_cmp(&a.0)
