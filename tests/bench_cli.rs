@@ -1,0 +1,58 @@
+//! `cgnmt bench` runs end to end on real data with either kernel set and reports what the issue asks for
+//! (a functional check: speed itself is measured by running the command, never asserted in tests).
+
+mod common;
+
+use std::process::Command;
+
+fn bench(kernels: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args([
+            "--kernels",
+            kernels,
+            "bench",
+            "--size",
+            "tiny",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--decode-sentences",
+            "4",
+            "--data",
+        ])
+        .arg(common::data_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
+    for k in ["fused", "reference"] {
+        let r = bench(k);
+        assert_eq!(r["config"]["kernels"], k);
+        for key in [
+            "train_tgt_tok_per_s",
+            "decode_beam10_sent_per_s",
+            "decode_greedy_sent_per_s",
+            "decode_beam10_gflops_per_s",
+            "peak_rss_mib",
+            "gflops_per_s",
+            "sgemm_peak_gflops",
+        ] {
+            let v = r[key].as_f64().unwrap_or(f64::NAN);
+            assert!(v.is_finite() && v > 0.0, "{k}: {key} = {}", r[key]);
+        }
+        assert!(r["threads"].as_u64().unwrap() >= 1);
+        assert!(r["decode_beam10_hyp_steps"].as_u64().unwrap() >= 4);
+        let p = &r["train_phase_s_median"];
+        assert!(p["forward"].as_f64().unwrap() > 0.0 && p["backward"].as_f64().unwrap() > 0.0);
+    }
+}
