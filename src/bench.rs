@@ -56,10 +56,15 @@ pub fn sgemm_gflops(n: usize) -> Result<f64> {
 }
 
 /// GFLOP/s of an `[m, k] × [k, n]` f32 matmul (median of 20 runs after a warm-up): what the machine gives
-/// at the shapes of one recurrent step.
-pub fn gemm_gflops(m: usize, k: usize, n: usize) -> Result<f64> {
+/// at the shapes of one recurrent step. With `prepared`, the right operand is the transposed view of a
+/// contiguous `[n, k]` matrix (how the fused kernels hold the recurrent weights).
+pub fn gemm_gflops(m: usize, k: usize, n: usize, prepared: bool) -> Result<f64> {
     let a = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
-    let b = Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu)?;
+    let b = if prepared {
+        Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?.t()?
+    } else {
+        Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu)?
+    };
     let _ = a.matmul(&b)?;
     let mut t = vec![];
     for _ in 0..20 {
@@ -189,10 +194,12 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     // The recurrent step's products: [B, 2H] × [2H, 3H] (context), [B, H] × [H, 2H] (state), and the
     // readout's [B·T, E] × [E, V].
     let step_gemm = json!({
-        "ctx_BxC": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim)?,
-        "state_BxU": gemm_gflops(bsz, h_dim, 2 * h_dim)?,
-        "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim)?,
-        "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v)?,
+        "ctx_BxC": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, false)?,
+        "ctx_BxC_prepared": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, true)?,
+        "state_BxU": gemm_gflops(bsz, h_dim, 2 * h_dim, false)?,
+        "state_BxU_prepared": gemm_gflops(bsz, h_dim, 2 * h_dim, true)?,
+        "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim, false)?,
+        "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
     });
     eprintln!("GEMM GFLOP/s at the model's shapes: {step_gemm}");
     // Real sentences of the benchmark's shape, mapped to ids below V by a vocabulary built on them.

@@ -342,7 +342,7 @@ pub fn begin_pass(k: Kernels, weights: &[&Tensor]) -> Result<()> {
         {
             continue;
         }
-        let wt = w.t()?.contiguous()?;
+        let wt = transpose(w)?;
         let records = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let token = wt.apply_op1(WeightTap {
             records: records.clone(),
@@ -359,6 +359,46 @@ pub fn begin_pass(k: Kernels, weights: &[&Tensor]) -> Result<()> {
     }
     PASS.with(|p| *p.borrow_mut() = prepared);
     Ok(())
+}
+
+/// `xᵀ` as a contiguous tensor (a graph node: its gradient is the transposed gradient). On the CPU a
+/// cache-blocked copy (candle's strided copy walks one element at a time).
+pub fn transpose(x: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu() || x.rank() != 2 || !x.is_contiguous() {
+        return x.t()?.contiguous();
+    }
+    x.apply_op1(Transpose)
+}
+
+struct Transpose;
+
+fn transpose_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+    let (r, c) = l.shape().dims2()?;
+    let x = slice::<T>(s, l)?;
+    let mut out = vec![T::zero(); r * c];
+    const TILE: usize = 32;
+    for i0 in (0..r).step_by(TILE) {
+        for j0 in (0..c).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(r) {
+                for j in j0..(j0 + TILE).min(c) {
+                    out[j * r + i] = x[i * c + j];
+                }
+            }
+        }
+    }
+    Ok((T::to_cpu_storage_owned(out), Shape::from((c, r))))
+}
+
+impl candle_core::CustomOp1 for Transpose {
+    fn name(&self) -> &'static str {
+        "transpose"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s, transpose_fwd, s, l)
+    }
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(transpose(&grad.contiguous()?)?))
+    }
 }
 
 /// End the pass: release the prepared weights.
