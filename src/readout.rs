@@ -504,7 +504,38 @@ impl CustomOp3 for OutputNll {
         };
         let dx = d.matmul(&w_2.detach().t()?)?;
         let dw = x.detach().t()?.matmul(&d)?;
-        let db = d.sum(0)?;
+        let db = column_sums(&d)?;
         Ok((Some(dx), Some(dw), Some(db)))
+    }
+}
+
+/// Column sums of a contiguous `[N, V]` tensor, parallel over blocks of columns (each task reads its
+/// columns row after row, contiguously).
+fn column_sums(d: &Tensor) -> Result<Tensor> {
+    fn run<T: Real>(d: &Tensor) -> Result<Tensor> {
+        let (n, v) = d.dims2()?;
+        let (st, l) = d.storage_and_layout();
+        let x = match &*st {
+            candle_core::Storage::Cpu(c) => slice::<T>(c, l)?,
+            _ => candle_core::bail!("column sums: not on the CPU"),
+        };
+        const COLS: usize = 256;
+        let mut out = vec![T::zero(); v];
+        out.par_chunks_mut(COLS).enumerate().for_each(|(b, o)| {
+            let c0 = b * COLS;
+            for r in 0..n {
+                let row = &x[r * v + c0..r * v + c0 + o.len()];
+                for (a, &y) in o.iter_mut().zip(row) {
+                    *a = *a + y;
+                }
+            }
+        });
+        Tensor::from_vec(out, v, d.device())
+    }
+    let d = d.contiguous()?;
+    match d.dtype() {
+        DType::F32 => run::<f32>(&d),
+        DType::F64 => run::<f64>(&d),
+        _ => d.sum(0),
     }
 }
