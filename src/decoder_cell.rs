@@ -98,7 +98,7 @@ impl DecoderCell {
         })
     }
 
-    /// A per-step product with a weight (its gradient deferred with fused kernels).
+    /// A per-step product with a recurrent weight (see `kernels::rec_matmul`).
     fn mm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         rec_matmul(self.kernels, x, w)
     }

@@ -2,12 +2,15 @@
 //! (f32, and f64 for the gradient checks), contiguous slice access, run-time AVX2/FMA dispatch and
 //! branch-free `exp`/`tanh`/`σ` that the compiler can vectorise.
 //!
+//! Also here: the recurrent weights prepared once per pass ([`begin_pass`], [`rec_matmul`]), the shared
+//! per-sentence inputs whose gradients accumulate in place ([`Shared`]), and a blocked transpose.
+//!
 //! The fused kernels themselves sit next to their composed reference in the module of the paper concept
-//! they compute: `readout` (log-softmax + NLL), `attention` (the MLP attention scores), `encoder` (the GRU
-//! update, shared by the encoder and the decoder cells). Each is a candle custom op with a hand-derived
-//! backward pass; on devices without a fused twin (CUDA, Metal) the composed reference runs instead.
+//! they compute: `attention` (scores; softmax + context), `encoder` (the GRU update, shared by the encoder
+//! and the decoder cells), `gate` (the gate's scales on word and context terms), `readout` (maxout; output
+//! layer + log-softmax + NLL; inference log-softmax). Each is a candle custom op with a hand-derived backward
+//! pass; on devices without a fused twin (CUDA, Metal) the composed reference runs instead.
 
-use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Tensor, WithDType};
 use serde::{Deserialize, Serialize};
 
@@ -280,10 +283,10 @@ mod tests {
     }
 }
 
-/// A recurrent product `x W` (`[B, in] × [in, out]`) whose weight gradient is deferred: the backward pass
-/// returns only `∂x = g Wᵀ` and records `(x, g)`; [`flush_weight_grads`] then forms `∂W = Σ_t x_tᵀ g_t` for
-/// all time steps as one GEMM (`[in, T·B] × [T·B, out]`) instead of T small ones plus T accumulations.
-/// With reference kernels, or when `w` is not a trained variable, it is a plain `matmul`.
+/// A recurrent product `x W` (`[B, in] × [in, out]`, one per time step). With fused kernels and `W` prepared
+/// by [`begin_pass`], the product reads the prepared `Wᵀ` and its backward pass returns only `∂x`, recording
+/// `(x, g)`; `∂W = Σ_t x_tᵀ g_t` is then one GEMM over all steps (`[in, T·B] × [T·B, out]`) instead of T small
+/// ones plus T accumulations. Otherwise (reference kernels, a weight not prepared) it is a plain `matmul`.
 pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if k.fused_on(x.device()) && x.rank() == 2 {
         let prepared = PASS.with(|p| {
@@ -296,9 +299,6 @@ pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
             return x
                 .contiguous()?
                 .apply_op2(&rw.token.clone(), RecMatmulT { rw });
-        }
-        if w.is_variable() {
-            return x.apply_op2(w, RecMatmul);
         }
     }
     x.matmul(w)
@@ -410,11 +410,7 @@ struct RecMatmulT {
     rw: RecWeight,
 }
 
-fn rec_matmul_t_fwd<T: Real>(
-    rw: &RecWeight,
-    s1: &CpuStorage,
-    l1: &Layout,
-) -> Result<(CpuStorage, Shape)> {
+fn rec_matmul_t_fwd(rw: &RecWeight, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
     use candle_core::backend::BackendStorage;
     let (b, k) = l1.shape().dims2()?;
     let (n, k2) = rw.wt.dims2()?;
@@ -428,7 +424,6 @@ fn rec_matmul_t_fwd<T: Real>(
         candle_core::Storage::Cpu(w) => s1.matmul(w, (1, b, n, k), l1, wl)?,
         _ => candle_core::bail!("recurrent matmul: weight not on the CPU"),
     };
-    let _ = T::DTYPE;
     Ok((y, Shape::from((b, n))))
 }
 
@@ -443,7 +438,7 @@ impl CustomOp2 for RecMatmulT {
         _s2: &CpuStorage,
         _l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, rec_matmul_t_fwd, &self.rw, s1, l1)
+        rec_matmul_t_fwd(&self.rw, s1, l1)
     }
     fn bwd(
         &self,
@@ -463,6 +458,16 @@ impl CustomOp2 for RecMatmulT {
     }
 }
 
+/// The one-element graph handle (value 0) that stands for a prepared weight or a shared input.
+fn token_storage(s: &CpuStorage) -> Result<(CpuStorage, Shape)> {
+    let out = match s {
+        CpuStorage::F32(_) => CpuStorage::F32(vec![0.0]),
+        CpuStorage::F64(_) => CpuStorage::F64(vec![0.0]),
+        _ => candle_core::bail!("fused kernels support f32 and f64"),
+    };
+    Ok((out, Shape::from(1)))
+}
+
 struct WeightTap {
     records: std::sync::Arc<std::sync::Mutex<Vec<(Tensor, Tensor)>>>,
 }
@@ -472,12 +477,7 @@ impl candle_core::CustomOp1 for WeightTap {
         "recurrent-weight"
     }
     fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(vec![0.0]),
-            CpuStorage::F64(_) => CpuStorage::F64(vec![0.0]),
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        };
-        Ok((out, Shape::from(1)))
+        token_storage(s)
     }
     fn bwd(&self, _wt: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
         let recs = std::mem::take(&mut *self.records.lock().expect("recurrent weight records"));
@@ -490,76 +490,6 @@ impl candle_core::CustomOp1 for WeightTap {
         // ∂W = Xᵀ G over all steps; Wᵀ's gradient is its transpose.
         Ok(Some(x.t()?.matmul(&g)?.t()?))
     }
-}
-
-struct RecMatmul;
-
-thread_local! {
-    /// `(W, x, g)` recorded by the backward passes of [`rec_matmul`] on this thread.
-    static DEFERRED: std::cell::RefCell<Vec<(Tensor, Tensor, Tensor)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-impl CustomOp2 for RecMatmul {
-    fn name(&self) -> &'static str {
-        "recurrent-matmul"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        let (m, k) = l1.shape().dims2()?;
-        let (k2, n) = l2.shape().dims2()?;
-        if k != k2 {
-            candle_core::bail!("recurrent matmul: [{m}, {k}] × [{k2}, {n}]");
-        }
-        Ok((s1.matmul(s2, (1, m, n, k), l1, l2)?, Shape::from((m, n))))
-    }
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let dx = grad.matmul(&w.detach().t()?)?;
-        DEFERRED.with(|d| d.borrow_mut().push((w.clone(), x.detach(), grad.detach())));
-        Ok((Some(dx), None))
-    }
-}
-
-/// Drop deferred weight gradients left by an abandoned backward pass on this thread.
-pub fn clear_weight_grads() {
-    DEFERRED.with(|d| d.borrow_mut().clear());
-}
-
-/// Add the deferred weight gradients of [`rec_matmul`] to `grads`: one GEMM per weight.
-pub fn flush_weight_grads(grads: &mut GradStore) -> Result<()> {
-    let entries = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
-    let mut groups: Vec<(Tensor, Vec<Tensor>, Vec<Tensor>)> = Vec::new();
-    for (w, x, g) in entries {
-        match groups.iter_mut().find(|e| e.0.id() == w.id()) {
-            Some(e) => {
-                e.1.push(x);
-                e.2.push(g);
-            }
-            None => groups.push((w, vec![x], vec![g])),
-        }
-    }
-    for (w, xs, gs) in groups {
-        let x = Tensor::cat(&xs, 0)?;
-        let g = Tensor::cat(&gs, 0)?;
-        let dw = x.t()?.matmul(&g)?;
-        let total = match grads.get(&w) {
-            Some(old) => (old + dw)?,
-            None => dw,
-        };
-        grads.insert(&w, total);
-    }
-    Ok(())
 }
 
 /// Lanes of the vectorisable reductions below (8 × f32 = one AVX register).
@@ -637,6 +567,7 @@ pub enum AccBuf {
 /// With autodiff, the steps' fused backward passes add their gradient for it into one buffer in place, and
 /// the tensor receives that sum once, instead of one `[B, S, ·]` gradient tensor allocated and added per
 /// step. `token` is the one-element graph handle the steps take as their input in its place.
+#[derive(Clone)]
 pub struct Shared {
     pub tensor: Tensor,
     pub token: Tensor,
@@ -676,16 +607,6 @@ impl Shared {
     }
 }
 
-impl Clone for Shared {
-    fn clone(&self) -> Self {
-        Shared {
-            tensor: self.tensor.clone(),
-            token: self.token.clone(),
-            acc: self.acc.clone(),
-        }
-    }
-}
-
 struct ShareTap {
     acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
 }
@@ -695,12 +616,7 @@ impl candle_core::CustomOp1 for ShareTap {
         "shared-input"
     }
     fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = match s {
-            CpuStorage::F32(_) => CpuStorage::F32(vec![0.0]),
-            CpuStorage::F64(_) => CpuStorage::F64(vec![0.0]),
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        };
-        Ok((out, Shape::from(1)))
+        token_storage(s)
     }
     fn bwd(&self, arg: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
         let mut acc = self.acc.lock().expect("gradient accumulator");

@@ -340,13 +340,10 @@ impl Model {
         Ok((t, sc))
     }
 
-    /// Gradients of `loss` (from [`Model::loss`]) for every parameter. Use this rather than
-    /// `loss.backward()`: with fused kernels the recurrent weights' gradients are formed here, one GEMM per
-    /// weight over all time steps.
+    /// Gradients of `loss` (from [`Model::loss`]) for every parameter; releases the weights the pass
+    /// prepared.
     pub fn backward(&self, loss: &Tensor) -> Result<candle_core::backprop::GradStore> {
-        crate::kernels::clear_weight_grads();
-        let mut grads = loss.backward()?;
-        crate::kernels::flush_weight_grads(&mut grads)?;
+        let grads = loss.backward()?;
         crate::kernels::end_pass();
         Ok(grads)
     }

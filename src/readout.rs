@@ -1,9 +1,7 @@
 //! Readout and output layer (model-spec §3 step 2): `r~ = W_o s_i + U_o t_{i−1} + V_o e(y_{i−1}) + b_o`,
 //! `r = maxout_2(r~)` (H → H/2), `logits = W_2 (W_1 r) + b` (H/2 → E → V). The readout is never gated.
 
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
-};
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real};
@@ -39,7 +37,6 @@ impl Readout {
     /// The readout's hidden layer `W_1 maxout(r~)` `[N, E]` from contexts `[N, 2H]`, previous states `[N, H]`
     /// and previous-word embeddings `[N, E]`.
     pub fn hidden(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        let n = ctx.dim(0)?;
         let r = (ctx.matmul(&self.w_o)? + t_prev.matmul(&self.u_o)? + e_prev.matmul(&self.v_o)?)?
             .broadcast_add(&self.b_o)?;
         let m = if self.kernels.fused_on(r.device()) {
@@ -47,7 +44,6 @@ impl Readout {
         } else {
             maxout_reference(&r)?
         };
-        let _ = n;
         m.matmul(&self.w_1)
     }
 
@@ -138,14 +134,6 @@ pub fn nll_reference(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         .neg()
 }
 
-/// Per-row negative log-likelihood, fused: one pass for the row maximum, one for the sum of exponentials;
-/// nothing of size `[N, V]` is kept for the backward pass, which recomputes `softmax − onehot` row by row.
-pub fn nll_fused(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let logits = logits.contiguous()?;
-    let targets = targets.to_dtype(DType::U32)?.contiguous()?;
-    logits.apply_op2(&targets, NllOp)
-}
-
 /// Log-probabilities `[N, V]` (inference only; no autodiff graph).
 pub fn log_softmax_inference(logits: &Tensor) -> Result<Tensor> {
     if !logits.device().is_cpu() {
@@ -160,32 +148,6 @@ fn row_lse<T: Real>(row: &[T]) -> (T, T) {
     let m = crate::kernels::max_of(row);
     (m, m + crate::kernels::sum_exp_shifted(row, m).ln())
 }
-
-#[inline(always)]
-fn nll_rows<T: Real>(logits: &[T], tgt: &[u32], out: &mut [T], v: usize) {
-    for (i, o) in out.iter_mut().enumerate() {
-        let row = &logits[i * v..(i + 1) * v];
-        let (_, lse) = row_lse(row);
-        *o = lse - row[tgt[i] as usize];
-    }
-}
-simd_dispatch!(nll_rows_d, nll_rows_avx, nll_rows, (logits: &[T], tgt: &[u32], out: &mut [T], v: usize));
-
-#[inline(always)]
-fn nll_grad_rows<T: Real>(logits: &[T], tgt: &[u32], g: &[T], out: &mut [T], v: usize) {
-    let rows = out.len() / v;
-    for i in 0..rows {
-        let row = &logits[i * v..(i + 1) * v];
-        let (_, lse) = row_lse(row);
-        let gi = g[i];
-        let o = &mut out[i * v..(i + 1) * v];
-        for (oj, &x) in o.iter_mut().zip(row) {
-            *oj = gi * (x - lse).exp_v();
-        }
-        o[tgt[i] as usize] = o[tgt[i] as usize] - gi;
-    }
-}
-simd_dispatch!(nll_grad_rows_d, nll_grad_rows_avx, nll_grad_rows, (logits: &[T], tgt: &[u32], g: &[T], out: &mut [T], v: usize));
 
 #[inline(always)]
 fn log_softmax_rows<T: Real>(logits: &[T], out: &mut [T], v: usize) {
@@ -208,98 +170,6 @@ fn check_targets(tgt: &[u32], v: usize) -> Result<()> {
         candle_core::bail!("target id {t} is outside the vocabulary of {v}");
     }
     Ok(())
-}
-
-struct NllOp;
-
-fn nll_fwd<T: Real>(
-    s1: &CpuStorage,
-    l1: &Layout,
-    s2: &CpuStorage,
-    l2: &Layout,
-) -> Result<(CpuStorage, Shape)> {
-    let (n, v) = l1.shape().dims2()?;
-    let x = slice::<T>(s1, l1)?;
-    let tgt = slice::<u32>(s2, l2)?;
-    check_targets(tgt, v)?;
-    let mut out = vec![T::zero(); n];
-    out.par_chunks_mut(ROWS_PER_TASK)
-        .enumerate()
-        .for_each(|(c, o)| {
-            let r0 = c * ROWS_PER_TASK;
-            let r1 = r0 + o.len();
-            nll_rows_d(&x[r0 * v..r1 * v], &tgt[r0..r1], o, v)
-        });
-    Ok((T::to_cpu_storage_owned(out), Shape::from(n)))
-}
-
-impl CustomOp2 for NllOp {
-    fn name(&self) -> &'static str {
-        "fused-nll"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, nll_fwd, s1, l1, s2, l2)
-    }
-    fn bwd(
-        &self,
-        logits: &Tensor,
-        targets: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let g = grad.contiguous()?;
-        let d = logits.apply_op3_no_bwd(targets, &g, &NllGradOp)?;
-        Ok((Some(d), None))
-    }
-}
-
-/// `∂/∂logits = g_n (softmax − onehot(target))`.
-struct NllGradOp;
-
-fn nll_grad<T: Real>(
-    s1: &CpuStorage,
-    l1: &Layout,
-    s2: &CpuStorage,
-    l2: &Layout,
-    s3: &CpuStorage,
-    l3: &Layout,
-) -> Result<(CpuStorage, Shape)> {
-    let (n, v) = l1.shape().dims2()?;
-    let x = slice::<T>(s1, l1)?;
-    let tgt = slice::<u32>(s2, l2)?;
-    let g = slice::<T>(s3, l3)?;
-    let mut out = vec![T::zero(); n * v];
-    out.par_chunks_mut(ROWS_PER_TASK * v)
-        .enumerate()
-        .for_each(|(c, o)| {
-            let r0 = c * ROWS_PER_TASK;
-            let r1 = r0 + o.len() / v;
-            nll_grad_rows_d(&x[r0 * v..r1 * v], &tgt[r0..r1], &g[r0..r1], o, v)
-        });
-    Ok((T::to_cpu_storage_owned(out), Shape::from((n, v))))
-}
-
-impl CustomOp3 for NllGradOp {
-    fn name(&self) -> &'static str {
-        "fused-nll-grad"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, nll_grad, s1, l1, s2, l2, s3, l3)
-    }
 }
 
 struct LogSoftmaxOp;

@@ -292,7 +292,7 @@ fn train_loss_curve(sets: &[&str], steps: usize) -> (f64, f64) {
     // Character-level source and word-level target keep the test free of a tokenizer.
     let mut sv = std::collections::HashMap::new();
     let mut tv = std::collections::HashMap::new();
-    let mut id = |m: &mut std::collections::HashMap<String, u32>, w: &str| {
+    let id = |m: &mut std::collections::HashMap<String, u32>, w: &str| {
         let n = m.len() as u32 + 2;
         *m.entry(w.to_string()).or_insert(n)
     };
