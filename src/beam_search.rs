@@ -6,7 +6,7 @@
 use candle_core::{Device, IndexOp, Result, Tensor};
 
 use crate::model::{pad, Model};
-use crate::readout::{log_softmax, log_softmax_inference};
+use crate::readout::{log_normaliser, log_softmax};
 
 /// Decoder steps computed so far in this process, counted per hypothesis (`cgnmt bench` turns this into
 /// a FLOP rate for decoding).
@@ -147,24 +147,32 @@ pub fn beam_search(
         };
         t = t_read;
         let logits = model.logits(&out.ctx, &t, &e_prev)?;
-        let logp = if model.kernels.fused_on(&dev) {
-            log_softmax_inference(&logits)?
-        } else {
-            log_softmax(&logits)?
-        }
-        .to_dtype(candle_core::DType::F32)?;
-        let vocab = logp.dim(1)?;
-        let logp: Vec<f32> = logp.flatten_all()?.to_vec1()?;
+        // With fused kernels the rows stay logits: the top-k of a row are the same words, and only the chosen
+        // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
+        let fused = model.kernels.fused_on(&dev);
+        let rows = if fused { logits } else { log_softmax(&logits)? };
+        let vocab = rows.dim(1)?;
+        let rows: Vec<f32> = rows
+            .to_dtype(candle_core::DType::F32)?
+            .flatten_all()?
+            .to_vec1()?;
         // Top-k words of every row, in parallel (k = the row's sentence's remaining beam).
         let row_top: Vec<Vec<(f32, u32)>> = {
             use rayon::prelude::*;
-            logp.par_chunks(vocab.max(1))
+            rows.par_chunks(vocab.max(1))
                 .enumerate()
-                .map(|(r, lp)| {
+                .map(|(r, row)| {
                     let s = live[r].sent;
                     let k = beam.saturating_sub(finished[s].len());
                     let eos_ok = step >= limits[s].0;
-                    top_k(lp, k, if eos_ok { None } else { Some(eos) })
+                    let mut top = top_k(row, k, if eos_ok { None } else { Some(eos) });
+                    if fused {
+                        let lse = log_normaliser(row);
+                        for c in &mut top {
+                            c.0 -= lse;
+                        }
+                    }
+                    top
                 })
                 .collect()
         };

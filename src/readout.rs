@@ -134,14 +134,6 @@ pub fn nll_reference(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         .neg()
 }
 
-/// Log-probabilities `[N, V]` (inference only; no autodiff graph).
-pub fn log_softmax_inference(logits: &Tensor) -> Result<Tensor> {
-    if !logits.device().is_cpu() {
-        return log_softmax(&logits.detach());
-    }
-    logits.contiguous()?.apply_op1_no_bwd(&LogSoftmaxOp)
-}
-
 /// `log Σ exp` of a row and its maximum.
 #[inline(always)]
 fn row_lse<T: Real>(row: &[T]) -> (T, T) {
@@ -150,17 +142,17 @@ fn row_lse<T: Real>(row: &[T]) -> (T, T) {
 }
 
 #[inline(always)]
-fn log_softmax_rows<T: Real>(logits: &[T], out: &mut [T], v: usize) {
-    let rows = out.len() / v;
-    for i in 0..rows {
-        let row = &logits[i * v..(i + 1) * v];
-        let (_, lse) = row_lse(row);
-        for (o, &x) in out[i * v..(i + 1) * v].iter_mut().zip(row) {
-            *o = x - lse;
-        }
-    }
+fn log_normaliser_row<T: Real>(row: &[T], out: &mut T) {
+    *out = row_lse(row).1;
 }
-simd_dispatch!(log_softmax_rows_d, log_softmax_rows_avx, log_softmax_rows, (logits: &[T], out: &mut [T], v: usize));
+simd_dispatch!(log_normaliser_row_d, log_normaliser_row_avx, log_normaliser_row, (row: &[T], out: &mut T));
+
+/// `log Σ_j exp(x_j)` of a row of logits (beam search normalises only the words it keeps).
+pub fn log_normaliser(row: &[f32]) -> f32 {
+    let mut out = 0.0;
+    log_normaliser_row_d(row, &mut out);
+    out
+}
 
 /// Rows per rayon task.
 const ROWS_PER_TASK: usize = 16;
@@ -170,31 +162,6 @@ fn check_targets(tgt: &[u32], v: usize) -> Result<()> {
         candle_core::bail!("target id {t} is outside the vocabulary of {v}");
     }
     Ok(())
-}
-
-struct LogSoftmaxOp;
-
-fn log_softmax_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-    let (n, v) = l.shape().dims2()?;
-    let x = slice::<T>(s, l)?;
-    let mut out = vec![T::zero(); n * v];
-    out.par_chunks_mut(ROWS_PER_TASK * v)
-        .enumerate()
-        .for_each(|(c, o)| {
-            let r0 = c * ROWS_PER_TASK;
-            let r1 = r0 + o.len() / v;
-            log_softmax_rows_d(&x[r0 * v..r1 * v], o, v)
-        });
-    Ok((T::to_cpu_storage_owned(out), Shape::from((n, v))))
-}
-
-impl CustomOp1 for LogSoftmaxOp {
-    fn name(&self) -> &'static str {
-        "fused-log-softmax"
-    }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s, log_softmax_fwd, s, l)
-    }
 }
 
 /// The output layer and its loss, composed (reference): `−log softmax(x W_2 + b)[target]` per row `[N]`.
