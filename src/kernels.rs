@@ -652,14 +652,9 @@ fn step_slice_fwd<T: Real>(sh: &Shared, i: usize) -> Result<(CpuStorage, Shape)>
 fn step_slice_bwd<T: Real>(sh: &Shared, i: usize, grad: &Tensor) -> Result<()> {
     let n = sh.tensor.dim(0)?;
     let block = sh.tensor.elem_count() / n;
-    let g = grad.contiguous()?;
-    let (gs, gl) = g.storage_and_layout();
-    let g = match &*gs {
-        candle_core::Storage::Cpu(c) => slice::<T>(c, gl)?,
-        _ => candle_core::bail!("step slice: gradient not on the CPU"),
-    };
+    let g: Vec<T> = grad.flatten_all()?.to_vec1()?;
     sh.accumulate::<T>(|acc| {
-        for (a, &x) in acc[i * block..(i + 1) * block].iter_mut().zip(g) {
+        for (a, x) in acc[i * block..(i + 1) * block].iter_mut().zip(g) {
             *a = *a + x;
         }
     });
