@@ -56,11 +56,12 @@ pub fn sgemm_gflops(n: usize) -> Result<f64> {
 }
 
 /// GFLOP/s of an `[m, k] × [k, n]` f32 matmul (median of 20 runs after a warm-up): what the machine gives
-/// at the shapes of one recurrent step. With `prepared`, the right operand is the transposed view of a
-/// contiguous `[n, k]` matrix (how the fused kernels hold the recurrent weights).
-pub fn gemm_gflops(m: usize, k: usize, n: usize, prepared: bool) -> Result<f64> {
+/// at the shapes of one recurrent step. With `col_major`, the right operand is the transposed view of a
+/// contiguous `[n, k]` matrix (one of the two orientations the fused kernels can read a recurrent weight in;
+/// they pick the faster one for this CPU's GEMM micro-kernels).
+pub fn gemm_gflops(m: usize, k: usize, n: usize, col_major: bool) -> Result<f64> {
     let a = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
-    let b = if prepared {
+    let b = if col_major {
         Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu)?.t()?
     } else {
         Tensor::randn(0f32, 1.0, (k, n), &Device::Cpu)?
@@ -192,12 +193,13 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let peak = sgemm_gflops(2048)?;
     let (e_dim, h_dim) = (cfg.model.embedding_dim, cfg.model.hidden_dim);
     // The recurrent step's products: [B, 2H] × [2H, 3H] (context), [B, H] × [H, 2H] (state), and the
-    // readout's [B·T, E] × [E, V].
+    // readout's [B·T, E] × [E, V]; the step products with a row-major and a column-major right operand (the
+    // fused kernels use column-major with AVX2 micro-kernels, row-major with AVX-512 ones).
     let step_gemm = json!({
         "ctx_BxC": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, false)?,
-        "ctx_BxC_prepared": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, true)?,
+        "ctx_BxC_colmajor": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, true)?,
         "state_BxU": gemm_gflops(bsz, h_dim, 2 * h_dim, false)?,
-        "state_BxU_prepared": gemm_gflops(bsz, h_dim, 2 * h_dim, true)?,
+        "state_BxU_colmajor": gemm_gflops(bsz, h_dim, 2 * h_dim, true)?,
         "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim, false)?,
         "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
     });

@@ -77,12 +77,27 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
-/// The instruction set the fused kernels use on this machine.
+/// Whether candle's GEMM runs its AVX-512 micro-kernels here (the `gemm` crate's `x86-v4` feature, chosen
+/// at run time when the CPU has AVX-512F).
+pub fn gemm_has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The instruction sets the fused kernels and the GEMM use on this machine.
 pub fn simd_level() -> &'static str {
-    if has_avx2_fma() {
-        "avx2+fma"
-    } else {
-        "generic"
+    match (has_avx2_fma(), gemm_has_avx512()) {
+        (true, true) => "avx2+fma, gemm avx512f",
+        (true, false) => "avx2+fma",
+        (false, _) => "generic",
     }
 }
 
@@ -304,10 +319,12 @@ pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.matmul(w)
 }
 
-/// A recurrent weight `W` `[K, N]` prepared for one forward pass: `Wᵀ` stored contiguously, so that each
-/// step's `x W` reads its right operand column-major, the orientation in which candle's GEMM runs about
-/// twice as fast at a step's shapes (measured 76–83 against 38–45 GFLOP/s at 64 × 1024 × 1536 and
-/// 64 × 512 × 1024; `cgnmt bench` prints both rates).
+/// A recurrent weight `W` `[K, N]` prepared for one forward pass: `Wᵀ` is also stored contiguously, so that
+/// both products of a step, `x W` forward and `g Wᵀ` backward, read their right operand in the orientation
+/// in which candle's GEMM is fastest at a step's shapes (M = batch rows). That orientation depends on the
+/// micro-kernels: with AVX2+FMA a column-major right operand runs about twice as fast (76–83 against 38–45
+/// GFLOP/s at 64 × 1024 × 1536 and 64 × 512 × 1024), with AVX-512 a row-major one does (95–148 against
+/// 46–77 GFLOP/s at 64 × 1024 × 1536, 64 × 512 × 1024, 64 × 512 × 1536); `cgnmt bench` prints both rates.
 /// The steps' `(x, g)` pairs are recorded, and `∂W` is formed once, as one GEMM over all steps, when the
 /// backward pass reaches `Wᵀ` (after all the steps that used it).
 #[derive(Clone)]
@@ -417,8 +434,12 @@ fn rec_matmul_t_fwd(rw: &RecWeight, s1: &CpuStorage, l1: &Layout) -> Result<(Cpu
     if k != k2 {
         candle_core::bail!("recurrent matmul: [{b}, {k}] × [{k2}, {n}]");
     }
-    // x · (Wᵀ)ᵀ with the right operand a column-major view of the contiguous Wᵀ.
-    let view = rw.wt.t()?;
+    // Row-major W (AVX-512), or x · (Wᵀ)ᵀ with the right operand a column-major view of the contiguous Wᵀ.
+    let view = if gemm_has_avx512() {
+        rw.w.clone()
+    } else {
+        rw.wt.t()?
+    };
     let (ws, wl) = view.storage_and_layout();
     let y = match &*ws {
         candle_core::Storage::Cpu(w) => s1.matmul(w, (1, b, n, k), l1, wl)?,
@@ -447,8 +468,13 @@ impl CustomOp2 for RecMatmulT {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        // ∂x = g Wᵀ with Wᵀ a column-major view of the row-major W: the fast orientation again.
-        let dx = grad.matmul(&self.rw.w.detach().t()?)?;
+        // ∂x = g Wᵀ, its right operand in the fast orientation again: the contiguous Wᵀ (AVX-512) or a
+        // column-major view of the row-major W.
+        let dx = if gemm_has_avx512() {
+            grad.matmul(&self.rw.wt.detach())?
+        } else {
+            grad.matmul(&self.rw.w.detach().t()?)?
+        };
         self.rw
             .records
             .lock()
