@@ -393,6 +393,28 @@ pub fn greedy(
     Ok(out)
 }
 
+/// [`beam_search`] over several batches, decoded concurrently, one per thread of the pool: each decoder's
+/// serial work (beam bookkeeping, small ops) overlaps the others', and their matrix products share the
+/// pool. Results are those of decoding the batches one after the other. `done(n)` is called as each batch
+/// of `n` sentences finishes.
+pub fn beam_search_batches(
+    model: &Model,
+    batches: &[Vec<Vec<u32>>],
+    eos: u32,
+    opts: &DecodeOptions,
+    done: impl Fn(usize) + Sync,
+) -> Result<Vec<Vec<Vec<Hypothesis>>>> {
+    use rayon::prelude::*;
+    batches
+        .par_iter()
+        .map(|b| {
+            let h = beam_search(model, b, eos, opts)?;
+            done(b.len());
+            Ok(h)
+        })
+        .collect()
+}
+
 /// Convenience: the 1-best token ids of `beam_search`.
 pub fn translate_ids(
     model: &Model,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, Var};
 use serde_json::json;
 
-use crate::beam_search::{beam_search, greedy, DecodeOptions};
+use crate::beam_search::{beam_search_batches, greedy, DecodeOptions};
 use crate::config::{Config, ContextGate, CoverageKind, DecoderKind};
 use crate::error::{NmtError, Result};
 use crate::model::{Batch, Model};
@@ -194,7 +194,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let (e_dim, h_dim) = (cfg.model.embedding_dim, cfg.model.hidden_dim);
     // The recurrent step's products: [B, 2H] × [2H, 3H] (context), [B, H] × [H, 2H] (state), and the
     // readout's [B·T, E] × [E, V]; the step products with a row-major and a column-major right operand (the
-    // fused kernels use column-major with AVX2 micro-kernels, row-major with AVX-512 ones).
+    // fused kernels choose by `kernels::right_col_major`).
     let step_gemm = json!({
         "ctx_BxC": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, false)?,
         "ctx_BxC_colmajor": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, true)?,
@@ -280,6 +280,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
     let dec_src: Vec<Vec<u32>> = dec_pairs.iter().map(|(s, _)| vocab.encode(s)).collect();
     let model = model.frozen(&varmap)?;
+    let dec_batches: Vec<Vec<Vec<u32>>> = dec_src.chunks(32).map(|c| c.to_vec()).collect();
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
     let (mut beam_rows, mut greedy_rows) = (0u64, 0u64);
@@ -287,17 +288,17 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     for _ in 0..opts.repeats.max(1) {
         let r0 = rows();
         let s = Instant::now();
-        for c in dec_src.chunks(32) {
-            beam_search(
-                &model,
-                c,
-                0,
-                &DecodeOptions {
-                    beam: 10,
-                    ..Default::default()
-                },
-            )?;
-        }
+        // As `translate` decodes: batches of 32, decoded concurrently.
+        beam_search_batches(
+            &model,
+            &dec_batches,
+            0,
+            &DecodeOptions {
+                beam: 10,
+                ..Default::default()
+            },
+            |_| {},
+        )?;
         beam_t.push(s.elapsed().as_secs_f64());
         beam_rows = rows() - r0;
         let r0 = rows();

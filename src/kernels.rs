@@ -319,20 +319,65 @@ pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.matmul(w)
 }
 
-/// A recurrent weight `W` `[K, N]` prepared for one forward pass: `Wᵀ` is also stored contiguously, so that
-/// both products of a step, `x W` forward and `g Wᵀ` backward, read their right operand in the orientation
-/// in which candle's GEMM is fastest at a step's shapes (M = batch rows). That orientation depends on the
-/// micro-kernels: with AVX2+FMA a column-major right operand runs about twice as fast (76–83 against 38–45
-/// GFLOP/s at 64 × 1024 × 1536 and 64 × 512 × 1024), with AVX-512 a row-major one does (95–148 against
-/// 46–77 GFLOP/s at 64 × 1024 × 1536, 64 × 512 × 1024, 64 × 512 × 1536); `cgnmt bench` prints both rates.
-/// The steps' `(x, g)` pairs are recorded, and `∂W` is formed once, as one GEMM over all steps, when the
-/// backward pass reaches `Wᵀ` (after all the steps that used it).
+/// A recurrent weight `W` `[K, N]` prepared for one forward pass. Each step's products, `x W` forward and
+/// `g Wᵀ` backward, read their right operand in the orientation in which candle's GEMM is fastest at that
+/// shape ([`right_col_major`]): the row-major `W` or a column-major view of it, and the row-major `Wᵀ` (a
+/// contiguous copy, made on first use) or a column-major view of that. The steps' `(x, g)` pairs are
+/// recorded, and `∂W` is formed once, as one GEMM over all steps, when the backward pass reaches `W`'s
+/// handle (after all the steps that used it).
 #[derive(Clone)]
 pub struct RecWeight {
     w: Tensor,
-    wt: Tensor,
+    wt: std::sync::Arc<std::sync::Mutex<Option<Tensor>>>,
     token: Tensor,
     records: std::sync::Arc<std::sync::Mutex<Vec<(Tensor, Tensor)>>>,
+}
+
+impl RecWeight {
+    /// The contiguous `Wᵀ` `[N, K]` (outside the graph), made on first use.
+    fn wt(&self) -> Result<Tensor> {
+        let mut slot = self.wt.lock().expect("prepared weight");
+        if let Some(t) = &*slot {
+            return Ok(t.clone());
+        }
+        let t = transpose(&self.w.detach())?;
+        *slot = Some(t.clone());
+        Ok(t)
+    }
+
+    /// The right operand of `x W` for `m` rows of `x`, in the faster orientation.
+    fn right(&self, m: usize) -> Result<Tensor> {
+        let (k, n) = self.w.dims2()?;
+        if right_col_major(m, k, n) {
+            self.wt()?.t()
+        } else {
+            Ok(self.w.detach())
+        }
+    }
+
+    /// The right operand of `g Wᵀ` for `m` rows of `g`, in the faster orientation.
+    fn right_t(&self, m: usize) -> Result<Tensor> {
+        let (k, n) = self.w.dims2()?;
+        if right_col_major(m, n, k) {
+            self.w.detach().t()
+        } else {
+            self.wt()
+        }
+    }
+}
+
+/// Whether candle's GEMM `[m, k] × [k, n]` is faster with a column-major right operand than with a
+/// row-major one, on this CPU. A fixed rule from measurements, so that results never depend on timing: with AVX2+FMA micro-kernels column-major is
+/// about twice as fast at a step's shapes (76–83 against 37–45 GFLOP/s at 64 × 1024 × 1536 and
+/// 64 × 512 × 1024); with AVX-512 ones row-major is, except for wide products at batch-size rows (64 × 1024
+/// × 1536: 94–124 row-major against 61–76; 80 × 1000 × 1000: 89 / 70; but 80 × 2000 × 3000: 52–67 / 93–128,
+/// 80 × 1000 × 3000: 76 / 118, 64 × 512 × 3072: 53 / 87; at 320 rows row-major is as fast or faster).
+/// `cgnmt bench` prints both rates at the model's step shapes.
+pub fn right_col_major(m: usize, _k: usize, n: usize) -> bool {
+    if !gemm_has_avx512() {
+        return true;
+    }
+    m <= 128 && n >= 2000
 }
 
 thread_local! {
@@ -359,16 +404,15 @@ pub fn begin_pass(k: Kernels, weights: &[&Tensor]) -> Result<()> {
         {
             continue;
         }
-        let wt = transpose(w)?;
         let records = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let token = wt.apply_op1(WeightTap {
+        let token = w.apply_op1(WeightTap {
             records: records.clone(),
         })?;
         prepared.push((
             w.id(),
             RecWeight {
                 w: (*w).clone(),
-                wt,
+                wt: Default::default(),
                 token,
                 records,
             },
@@ -430,17 +474,12 @@ struct RecMatmulT {
 fn rec_matmul_t_fwd(rw: &RecWeight, s1: &CpuStorage, l1: &Layout) -> Result<(CpuStorage, Shape)> {
     use candle_core::backend::BackendStorage;
     let (b, k) = l1.shape().dims2()?;
-    let (n, k2) = rw.wt.dims2()?;
+    let (k2, n) = rw.w.dims2()?;
     if k != k2 {
         candle_core::bail!("recurrent matmul: [{b}, {k}] × [{k2}, {n}]");
     }
-    // Row-major W (AVX-512), or x · (Wᵀ)ᵀ with the right operand a column-major view of the contiguous Wᵀ.
-    let view = if gemm_has_avx512() {
-        rw.w.clone()
-    } else {
-        rw.wt.t()?
-    };
-    let (ws, wl) = view.storage_and_layout();
+    let right = rw.right(b)?;
+    let (ws, wl) = right.storage_and_layout();
     let y = match &*ws {
         candle_core::Storage::Cpu(w) => s1.matmul(w, (1, b, n, k), l1, wl)?,
         _ => candle_core::bail!("recurrent matmul: weight not on the CPU"),
@@ -468,13 +507,8 @@ impl CustomOp2 for RecMatmulT {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        // ∂x = g Wᵀ, its right operand in the fast orientation again: the contiguous Wᵀ (AVX-512) or a
-        // column-major view of the row-major W.
-        let dx = if gemm_has_avx512() {
-            grad.matmul(&self.rw.wt.detach())?
-        } else {
-            grad.matmul(&self.rw.w.detach().t()?)?
-        };
+        // ∂x = g Wᵀ, its right operand in the faster orientation again.
+        let dx = grad.matmul(&self.rw.right_t(grad.dim(0)?)?)?;
         self.rw
             .records
             .lock()
@@ -505,7 +539,7 @@ impl candle_core::CustomOp1 for WeightTap {
     fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
         token_storage(s)
     }
-    fn bwd(&self, _wt: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
+    fn bwd(&self, _w: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
         let recs = std::mem::take(&mut *self.records.lock().expect("recurrent weight records"));
         if recs.is_empty() {
             return Ok(None);
@@ -513,8 +547,8 @@ impl candle_core::CustomOp1 for WeightTap {
         let (xs, gs): (Vec<Tensor>, Vec<Tensor>) = recs.into_iter().unzip();
         let x = Tensor::cat(&xs, 0)?;
         let g = Tensor::cat(&gs, 0)?;
-        // ∂W = Xᵀ G over all steps; Wᵀ's gradient is its transpose.
-        Ok(Some(x.t()?.matmul(&g)?.t()?))
+        // ∂W = Xᵀ G over all steps.
+        Ok(Some(x.t()?.matmul(&g)?))
     }
 }
 

@@ -387,7 +387,9 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         None => None,
     };
     // Decode in chunks so output streams while keeping batches full.
-    let chunk = 256usize.max(a.batch);
+    let chunk = 1024usize.max(4 * a.batch);
+    let started = std::time::Instant::now();
+    let steps_before = cgnmt::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     let mut base = 0;
     for part in lines.chunks(chunk) {
         let out = tr.translate(part, &opts, a.batch, a.pretokenized, |d| {
@@ -423,6 +425,17 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     drop(sink);
     if let Some(p) = &a.output {
         std::fs::rename(tmp_path(p), p).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if !a.quiet {
+        let secs = started.elapsed().as_secs_f64();
+        let steps = cgnmt::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed)
+            - steps_before;
+        eprintln!(
+            "translated {} lines in {secs:.1} s ({:.1} sentences/s, beam {}, {steps} hypothesis steps)",
+            lines.len(),
+            lines.len() as f64 / secs.max(1e-9),
+            opts.beam,
+        );
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use cgnmt_data::preprocess::Preprocessor;
 use cgnmt_data::vocab::Vocab;
 
-use crate::beam_search::{beam_search, DecodeOptions, Hypothesis};
+use crate::beam_search::{beam_search_batches, DecodeOptions, Hypothesis};
 use crate::error::Result;
 use crate::model::Model;
 
@@ -42,14 +42,15 @@ impl Translator<'_> {
         self.preprocess.postprocess_tgt(tokens)
     }
 
-    /// Translate `lines` in batches of `batch` sentences (sorted by length inside the call).
+    /// Translate `lines` in batches of `batch` sentences (sorted by length inside the call; batches decoded
+    /// concurrently, see [`beam_search_batches`]).
     pub fn translate(
         &self,
         lines: &[String],
         opts: &DecodeOptions,
         batch: usize,
         pretokenized: bool,
-        mut progress: impl FnMut(usize),
+        progress: impl FnMut(usize) + Send,
     ) -> Result<Vec<Translation>> {
         let toks: Vec<Vec<String>> = lines
             .iter()
@@ -66,11 +67,21 @@ impl Translator<'_> {
             })
             .collect();
         let eos = self.tgt_vocab.eos();
-        let mut done = lines.len() - order.len();
-        progress(done);
-        for chunk in order.chunks(batch.max(1)) {
-            let srcs: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
-            let hyps = beam_search(self.model, &srcs, eos, opts)?;
+        let progress = std::sync::Mutex::new((lines.len() - order.len(), progress));
+        let report = |n: usize| {
+            let mut p = progress.lock().expect("progress");
+            p.0 += n;
+            let d = p.0;
+            (p.1)(d);
+        };
+        report(0);
+        let chunks: Vec<&[usize]> = order.chunks(batch.max(1)).collect();
+        let batches: Vec<Vec<Vec<u32>>> = chunks
+            .iter()
+            .map(|c| c.iter().map(|&i| ids[i].clone()).collect())
+            .collect();
+        let hyps = beam_search_batches(self.model, &batches, eos, opts, report)?;
+        for (chunk, hyps) in chunks.iter().zip(hyps) {
             for (&i, h) in chunk.iter().zip(hyps) {
                 let tokens = h
                     .first()
@@ -80,8 +91,6 @@ impl Translator<'_> {
                 out[i].tokens = tokens;
                 out[i].hyps = h;
             }
-            done += chunk.len();
-            progress(done);
         }
         Ok(out)
     }
