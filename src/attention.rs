@@ -61,6 +61,17 @@ impl Attention {
         })
     }
 
+    /// [`attend_rows`] with this attention's `B` and `v`: hypothesis row `i` attends over sentence `rows[i]`.
+    pub fn step_rows(
+        &self,
+        keys: &Keys,
+        rows: &[u32],
+        t_prev: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let bt = crate::kernels::rec_matmul(self.kernels, t_prev, &self.b)?;
+        attend_rows(keys, rows, &bt, &self.v)
+    }
+
     /// Attention weights `[B, S]` and context `[B, 2H]` for previous states `t_prev` `[B, H]`; `cov` is the
     /// projected coverage term `V_cov C_{i−1}` `[B, S, Ad]` when coverage is on.
     pub fn step(
@@ -86,6 +97,79 @@ impl Attention {
             _ if fused => softmax_context_fused(&e, &keys.annotations),
             _ => softmax_context_reference(&e, &keys.annotations),
         }
+    }
+}
+
+/// Inference only (no autodiff graph): attention weights `[N, S]` and contexts `[N, 2H]` for `N` hypothesis
+/// rows, row `i` reading the keys of sentence `rows[i]` (`keys` holds one row per sentence). Beam search uses
+/// it so that the keys are never copied per hypothesis and step. The same numbers as [`Attention::step`] on
+/// keys selected by `rows` (tested). Fused kernels on the CPU, f32 / f64, no coverage term.
+pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (nsent, s, ad) = keys.ah.dims3()?;
+    let a2 = keys.annotations.dim(2)?;
+    let n = rows.len();
+    if bt.dims2()? != (n, ad) || rows.iter().any(|&r| r as usize >= nsent) {
+        candle_core::bail!("attention over sentence rows: shape mismatch");
+    }
+    let dev = bt.device().clone();
+    let (ah, ann, mask, bt, v) = (
+        keys.ah.contiguous()?,
+        keys.annotations.contiguous()?,
+        keys.mask_bias.contiguous()?,
+        bt.contiguous()?,
+        v.contiguous()?,
+    );
+    fn run<T: Real>(
+        t: [&Tensor; 5],
+        rows: &[u32],
+        (s, ad, a2): (usize, usize, usize),
+        dev: &candle_core::Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let data = |x: &Tensor| -> Result<Vec<T>> { x.flatten_all()?.to_vec1::<T>() };
+        // The keys are read in place (no copy of the per-sentence tensors).
+        let (ahs, ahl) = t[0].storage_and_layout();
+        let (anns, annl) = t[1].storage_and_layout();
+        let (ah, ann) = match (&*ahs, &*anns) {
+            (candle_core::Storage::Cpu(a), candle_core::Storage::Cpu(b)) => {
+                (slice::<T>(a, ahl)?, slice::<T>(b, annl)?)
+            }
+            _ => candle_core::bail!("attention over sentence rows: keys not on the CPU"),
+        };
+        let (mask, bt, v) = (data(t[2])?, data(t[3])?, data(t[4])?);
+        let n = rows.len();
+        let mut alpha = vec![T::zero(); n * s];
+        let mut ctx = vec![T::zero(); n * a2];
+        alpha
+            .par_chunks_mut(s.max(1))
+            .zip(ctx.par_chunks_mut(a2.max(1)))
+            .enumerate()
+            .for_each(|(i, (al, cx))| {
+                let k = rows[i] as usize;
+                let mut e = vec![T::zero(); s];
+                score_rows_d(
+                    &ah[k * s * ad..(k + 1) * s * ad],
+                    &bt[i * ad..(i + 1) * ad],
+                    &v,
+                    &mut e,
+                );
+                for (x, m) in e.iter_mut().zip(&mask[k * s..(k + 1) * s]) {
+                    *x = *x + *m;
+                }
+                let mut out = vec![T::zero(); s + a2];
+                softmax_context_row_d(&e, &ann[k * s * a2..(k + 1) * s * a2], &mut out);
+                al.copy_from_slice(&out[..s]);
+                cx.copy_from_slice(&out[s..]);
+            });
+        Ok((
+            Tensor::from_vec(alpha, (n, s), dev)?,
+            Tensor::from_vec(ctx, (n, a2), dev)?,
+        ))
+    }
+    let t = [&ah, &ann, &mask, &bt, &v];
+    match bt.dtype() {
+        candle_core::DType::F32 => run::<f32>(t, rows, (s, ad, a2), &dev),
+        candle_core::DType::F64 => run::<f64>(t, rows, (s, ad, a2), &dev),
+        d => candle_core::bail!("attention over sentence rows: unsupported dtype {d:?}"),
     }
 }
 

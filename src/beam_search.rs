@@ -131,6 +131,9 @@ pub fn beam_search(
         .collect();
     let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
     let mut cur = source.select(&idx0)?;
+    // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur` keeps one row
+    // per sentence); otherwise `cur` holds one row per live hypothesis.
+    let row_keys = model.coverage.is_none() && model.kernels.fused_on(&dev);
     let mut t = cur.t0.clone();
     let mut cov = model.initial_coverage(&cur)?;
     let e_dim = model.tgt_emb.dim(1)?;
@@ -139,7 +142,16 @@ pub fn beam_search(
     let mut step = 0usize;
     while !live.is_empty() {
         DECODER_ROWS.fetch_add(live.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let out = model.attend(&cur, &t, cov.as_ref())?;
+        let by_rows = if row_keys {
+            let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
+            model.attend_rows(&cur, &rows, &t)?
+        } else {
+            None
+        };
+        let out = match by_rows {
+            Some(o) => o,
+            None => model.attend(&cur, &t, cov.as_ref())?,
+        };
         let (t_read, cond) = model.condition(&t, &out.ctx, &e_prev, opts.context_scale)?;
         let cond_gate = match cond.and_then(|c| c.gate) {
             Some(g) if opts.record => Some(mean_rows(&g)?),
@@ -268,7 +280,9 @@ pub fn beam_search(
             Some(c) => Some(c.index_select(&pidx, 0)?),
             None => None,
         };
-        cur = cur.select(&pidx)?;
+        if !row_keys {
+            cur = cur.select(&pidx)?;
+        }
         t = t_new;
         e_prev = e;
         // Hypotheses that reached the maximum length finish without EOS.
@@ -301,7 +315,9 @@ pub fn beam_search(
                 Some(c) => Some(c.index_select(&kidx, 0)?),
                 None => None,
             };
-            cur = cur.select(&kidx)?;
+            if !row_keys {
+                cur = cur.select(&kidx)?;
+            }
         }
         live = kept;
     }

@@ -261,6 +261,26 @@ impl Model {
         Ok(StepOut { alpha, ctx, cov })
     }
 
+    /// Inference without coverage and with fused kernels on the CPU: [`Model::attend`] for hypothesis rows that
+    /// read the keys of sentence `rows[i]` of `src` in place (see [`crate::attention::attend_rows`]). `None`
+    /// where that path does not apply (coverage, reference kernels, another device).
+    pub fn attend_rows(
+        &self,
+        src: &Source,
+        rows: &[u32],
+        t_prev: &Tensor,
+    ) -> Result<Option<StepOut>> {
+        if self.coverage.is_some() || !self.kernels.fused_on(t_prev.device()) {
+            return Ok(None);
+        }
+        let (alpha, ctx) = self.attention.step_rows(&src.keys, rows, t_prev)?;
+        Ok(Some(StepOut {
+            alpha,
+            ctx,
+            cov: None,
+        }))
+    }
+
     pub fn is_conditional(&self) -> bool {
         self.cfg.decoder == crate::config::DecoderKind::Cgru
     }

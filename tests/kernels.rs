@@ -447,3 +447,58 @@ fn fused_and_reference_decoding_agree() {
         }
     }
 }
+
+#[test]
+fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
+    for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
+        let mut rng = StdRng::seed_from_u64(9);
+        // 3 sentences of up to 11 words (the shorter ones padded), attention dim 37, annotations 2H = 26.
+        let (nsent, s, ad, a2) = (3, 11, 37, 26);
+        let ah = rand_var(&mut rng, &[nsent, s, ad], 1.5, dtype);
+        let ann = rand_var(&mut rng, &[nsent, s, a2], 1.0, dtype);
+        let lens = [11usize, 4, 8];
+        let mask: Vec<f64> = (0..nsent * s)
+            .map(|i| if i % s < lens[i / s] { 0.0 } else { -1e9 })
+            .collect();
+        let mask_bias = Tensor::from_vec(mask, (nsent, s), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let keys = cgnmt::attention::Keys {
+            ah: ah.as_tensor().clone(),
+            annotations: ann.as_tensor().clone(),
+            mask_bias: mask_bias.clone(),
+            shared: None,
+        };
+        // Hypothesis rows: sentences out of order, repeated, one left out.
+        let rows = [2u32, 0, 0, 2, 2, 0, 2];
+        let bt = rand_var(&mut rng, &[rows.len(), ad], 1.5, dtype);
+        let v = rand_var(&mut rng, &[ad, 1], 1.0, dtype);
+        let (alpha, ctx) =
+            cgnmt::attention::attend_rows(&keys, &rows, bt.as_tensor(), v.as_tensor()).unwrap();
+        let idx = Tensor::from_vec(rows.to_vec(), rows.len(), &Device::Cpu).unwrap();
+        let pre = keys.ah.index_select(&idx, 0).unwrap();
+        let e = (scores_reference(&pre, bt.as_tensor(), v.as_tensor()).unwrap()
+            + mask_bias.index_select(&idx, 0).unwrap())
+        .unwrap();
+        let (alpha_r, ctx_r) =
+            softmax_context_reference(&e, &keys.annotations.index_select(&idx, 0).unwrap())
+                .unwrap();
+        assert!(max_rel_diff(&alpha, &alpha_r).unwrap() < tol, "{dtype:?} α");
+        assert!(
+            max_rel_diff(&ctx, &ctx_r).unwrap() < tol,
+            "{dtype:?} context"
+        );
+        // Padded positions get no weight.
+        let a: Vec<Vec<f64>> = alpha.to_dtype(DType::F64).unwrap().to_vec2().unwrap();
+        assert!(a[0][8..].iter().all(|&x| x == 0.0) && a[0][..8].iter().sum::<f64>() > 0.99);
+        // A row index past the sentences is an error, not a panic.
+        assert!(cgnmt::attention::attend_rows(
+            &keys,
+            &[0, 3, 1, 1, 1, 1, 1],
+            bt.as_tensor(),
+            v.as_tensor()
+        )
+        .is_err());
+    }
+}
