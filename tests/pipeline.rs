@@ -49,7 +49,6 @@ fn prepare(dir: &Path, limit: usize) {
 }
 
 struct Overfit {
-    _tmp: tempfile::TempDir,
     prepared: PathBuf,
     run: PathBuf,
 }
@@ -84,9 +83,13 @@ fn distinct_pairs(dir: &Path) -> (PathBuf, PathBuf) {
 fn overfit() -> &'static Overfit {
     static CELL: OnceLock<Overfit> = OnceLock::new();
     CELL.get_or_init(|| {
-        let tmp = tempfile::tempdir().unwrap();
-        let prepared = tmp.path().join("prep");
-        let (zs, es) = distinct_pairs(&tmp.path().join("sub"));
+        // A static is never dropped, so a temporary directory here would be left behind after every run: use
+        // one fixed directory under the target directory, rebuilt by each run.
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("pipeline-overfit");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let prepared = root.join("prep");
+        let (zs, es) = distinct_pairs(&root.join("sub"));
         let d = common::data_dir().join("tatoeba-zh-en");
         run_ok(&[
             "prepare",
@@ -102,7 +105,7 @@ fn overfit() -> &'static Overfit {
             prepared.to_str().unwrap(),
             "--force",
         ]);
-        let run = tmp.path().join("run");
+        let run = root.join("run");
         run_ok(&[
             "train",
             "--quiet",
@@ -131,11 +134,7 @@ fn overfit() -> &'static Overfit {
             "--set",
             "train.eval_beam=2",
         ]);
-        Overfit {
-            _tmp: tmp,
-            prepared,
-            run,
-        }
+        Overfit { prepared, run }
     })
 }
 

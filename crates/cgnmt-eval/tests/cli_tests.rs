@@ -40,12 +40,24 @@ fn p(dir: &Path, rel: &str) -> String {
     dir.join(rel).display().to_string()
 }
 
-fn tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cgnmt-eval-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    let f = d.join(name);
-    std::fs::write(&f, bytes).unwrap();
-    f
+/// A file named `name` in its own temporary directory, removed when dropped.
+struct TmpFile {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl std::ops::Deref for TmpFile {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn tmp(name: &str, bytes: &[u8]) -> TmpFile {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    TmpFile { _dir: dir, path }
 }
 
 #[test]
