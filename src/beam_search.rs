@@ -133,7 +133,7 @@ pub fn beam_search(
     let mut cur = source.select(&idx0)?;
     // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur` keeps one row
     // per sentence); otherwise `cur` holds one row per live hypothesis.
-    let row_keys = model.coverage.is_none() && model.kernels.fused_on(&dev);
+    let row_keys = model.attends_by_rows(&dev);
     let mut t = cur.t0.clone();
     let mut cov = model.initial_coverage(&cur)?;
     let e_dim = model.tgt_emb.dim(1)?;
@@ -142,15 +142,11 @@ pub fn beam_search(
     let mut step = 0usize;
     while !live.is_empty() {
         DECODER_ROWS.fetch_add(live.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let by_rows = if row_keys {
+        let out = if row_keys {
             let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
             model.attend_rows(&cur, &rows, &t)?
         } else {
-            None
-        };
-        let out = match by_rows {
-            Some(o) => o,
-            None => model.attend(&cur, &t, cov.as_ref())?,
+            model.attend(&cur, &t, cov.as_ref())?
         };
         let (t_read, cond) = model.condition(&t, &out.ctx, &e_prev, opts.context_scale)?;
         let cond_gate = match cond.and_then(|c| c.gate) {

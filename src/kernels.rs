@@ -347,8 +347,8 @@ impl RecWeight {
 
     /// The right operand of `x W` for `m` rows of `x`, in the faster orientation.
     fn right(&self, m: usize) -> Result<Tensor> {
-        let (k, n) = self.w.dims2()?;
-        if right_col_major(m, k, n) {
+        let n = self.w.dim(1)?;
+        if right_col_major(m, n) {
             self.wt()?.t()
         } else {
             Ok(self.w.detach())
@@ -357,8 +357,8 @@ impl RecWeight {
 
     /// The right operand of `g Wᵀ` for `m` rows of `g`, in the faster orientation.
     fn right_t(&self, m: usize) -> Result<Tensor> {
-        let (k, n) = self.w.dims2()?;
-        if right_col_major(m, n, k) {
+        let k = self.w.dim(0)?;
+        if right_col_major(m, k) {
             self.w.detach().t()
         } else {
             self.wt()
@@ -367,13 +367,13 @@ impl RecWeight {
 }
 
 /// Whether candle's GEMM `[m, k] × [k, n]` is faster with a column-major right operand than with a
-/// row-major one, on this CPU. A fixed rule from measurements, so that results never depend on timing: with AVX2+FMA micro-kernels column-major is
-/// about twice as fast at a step's shapes (76–83 against 37–45 GFLOP/s at 64 × 1024 × 1536 and
+/// row-major one, on this CPU (it depends on `m` and `n` only). A fixed rule from measurements, so that
+/// results never depend on timing: with AVX2+FMA micro-kernels column-major is about twice as fast at a step's shapes (76–83 against 37–45 GFLOP/s at 64 × 1024 × 1536 and
 /// 64 × 512 × 1024); with AVX-512 ones row-major is, except for wide products at batch-size rows (64 × 1024
 /// × 1536: 94–124 row-major against 61–76; 80 × 1000 × 1000: 89 / 70; but 80 × 2000 × 3000: 52–67 / 93–128,
 /// 80 × 1000 × 3000: 76 / 118, 64 × 512 × 3072: 53 / 87; at 320 rows row-major is as fast or faster).
 /// `cgnmt bench` prints both rates at the model's step shapes.
-pub fn right_col_major(m: usize, _k: usize, n: usize) -> bool {
+pub fn right_col_major(m: usize, n: usize) -> bool {
     if !gemm_has_avx512() {
         return true;
     }

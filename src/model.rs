@@ -261,24 +261,21 @@ impl Model {
         Ok(StepOut { alpha, ctx, cov })
     }
 
-    /// Inference without coverage and with fused kernels on the CPU: [`Model::attend`] for hypothesis rows that
-    /// read the keys of sentence `rows[i]` of `src` in place (see [`crate::attention::attend_rows`]). `None`
-    /// where that path does not apply (coverage, reference kernels, another device).
-    pub fn attend_rows(
-        &self,
-        src: &Source,
-        rows: &[u32],
-        t_prev: &Tensor,
-    ) -> Result<Option<StepOut>> {
-        if self.coverage.is_some() || !self.kernels.fused_on(t_prev.device()) {
-            return Ok(None);
-        }
+    /// Whether decoding on `dev` can attend through sentence rows ([`Model::attend_rows`]): no coverage, fused
+    /// kernels on the CPU.
+    pub fn attends_by_rows(&self, dev: &Device) -> bool {
+        self.coverage.is_none() && self.kernels.fused_on(dev)
+    }
+
+    /// Inference, where [`Model::attends_by_rows`]: [`Model::attend`] for hypothesis rows that read the keys
+    /// of sentence `rows[i]` of `src` in place (see [`crate::attention::attend_rows`]).
+    pub fn attend_rows(&self, src: &Source, rows: &[u32], t_prev: &Tensor) -> Result<StepOut> {
         let (alpha, ctx) = self.attention.step_rows(&src.keys, rows, t_prev)?;
-        Ok(Some(StepOut {
+        Ok(StepOut {
             alpha,
             ctx,
             cov: None,
-        }))
+        })
     }
 
     pub fn is_conditional(&self) -> bool {
