@@ -4,7 +4,9 @@
 use candle_core::{CpuStorage, CustomOp3, DType, IndexOp, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-use crate::kernels::{by_dtype, rec_matmul, simd_dispatch, slice, Kernels, Real};
+use crate::kernels::{
+    by_dtype, gemm_into, rec_matmul, rows_par, simd_dispatch, slice, Kernels, Mat, Real, RowsMut,
+};
 use candle_nn::VarBuilder;
 
 /// GRU cell parameters: `W` = [W_r | W_u | W] (in × 3H), `b` (H, candidate only), `U_ru` = [U_r | U_u] (H × 2H),
@@ -102,6 +104,18 @@ impl Encoder {
             .reshape((b, s, 3 * self.hidden))?
             .transpose(0, 1)?
             .contiguous()?;
+        if self.fwd.kernels.fused_on(e.device()) {
+            // One fused op per direction (see `gru_sequence_fused`).
+            let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
+            let f = gru_sequence_fused(&xf, m.clone(), &self.fwd.u_ru, &self.fwd.u, false)?;
+            let r = gru_sequence_fused(&xb, m, &self.bwd.u_ru, &self.bwd.u, true)?;
+            let bwd_first = r.i(0)?;
+            let annotations = Tensor::cat(&[&f, &r], 2)?.transpose(0, 1)?.contiguous()?;
+            return Ok(Encoded {
+                annotations,
+                bwd_first,
+            });
+        }
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
         let h0 = Tensor::zeros((b, self.hidden), e.dtype(), e.device())?;
         // With fused kernels each step reads its slice of the projections through a shared handle, so the
@@ -368,5 +382,365 @@ impl CustomOp3 for GruUpdateGrad {
             s3,
             l3
         )
+    }
+}
+
+/// The masked GRU recurrence over a whole time-major sequence as one fused op: projected inputs `xp`
+/// `[S, B, 3H]`, the padding mask `mask` (`S·B` values, time-major; the state is kept where it is 0),
+/// `U_ru` `[H, 2H]`, `U` `[H, H]`; returns the states `[S, B, H]` (run from the last step to the first when
+/// `reverse`). One graph node for the whole recurrence: the forward pass runs the steps with one GEMM per
+/// recurrent product into preallocated buffers, the backward pass runs back-propagation through time inside
+/// the op and forms `∂U_ru`, `∂U` as one GEMM each over all steps. Equal to [`Gru::step_masked`] step by step
+/// (tested against it).
+pub fn gru_sequence_fused(
+    xp: &Tensor,
+    mask: Vec<f64>,
+    u_ru: &Tensor,
+    u: &Tensor,
+    reverse: bool,
+) -> Result<Tensor> {
+    let (s, b, h3) = xp.dims3()?;
+    let h = h3 / 3;
+    if h3 != 3 * h || mask.len() != s * b || u_ru.dims2()? != (h, 2 * h) || u.dims2()? != (h, h) {
+        candle_core::bail!("fused GRU sequence: shape mismatch");
+    }
+    let train = xp.track_op() || u_ru.track_op() || u.track_op();
+    xp.contiguous()?.apply_op3(
+        &u_ru.contiguous()?,
+        &u.contiguous()?,
+        GruSequence {
+            mask,
+            reverse,
+            saved: std::sync::Mutex::new(if train { Some(None) } else { None }),
+        },
+    )
+}
+
+struct GruSequence {
+    mask: Vec<f64>,
+    reverse: bool,
+    /// `Some` when the backward pass will run: the forward pass leaves its activations here.
+    saved: std::sync::Mutex<Option<Option<Box<dyn std::any::Any + Send>>>>,
+}
+
+/// Per-step activations of [`GruSequence`]'s forward pass, time-major: the gates `[r | u]` (after the
+/// sigmoid), `r∘h_prev`, the candidate `tanh(·)` and `h_prev`.
+struct GruSaved<T> {
+    ru: Vec<T>,
+    rh: Vec<T>,
+    ht: Vec<T>,
+    hp: Vec<T>,
+}
+
+#[inline(always)]
+fn seq_gates_row<T: Real>(xp: &[T], hu: &[T], hp: &[T], ru: &mut [T], rh: &mut [T]) {
+    let h = hp.len();
+    for k in 0..2 * h {
+        ru[k] = (xp[k] + hu[k]).sigmoid_v();
+    }
+    for k in 0..h {
+        rh[k] = ru[k] * hp[k];
+    }
+}
+simd_dispatch!(seq_gates_row_d, seq_gates_row_avx, seq_gates_row, (xp: &[T], hu: &[T], hp: &[T], ru: &mut [T], rh: &mut [T]));
+
+#[inline(always)]
+fn seq_update_row<T: Real>(xp: &[T], rc: &[T], ru: &[T], m: T, ht: &mut [T], hs: &mut [T]) {
+    let h = rc.len();
+    for k in 0..h {
+        let c = (xp[2 * h + k] + rc[k]).tanh_v();
+        ht[k] = c;
+        hs[k] = hs[k] + m * ru[h + k] * (c - hs[k]);
+    }
+}
+simd_dispatch!(seq_update_row_d, seq_update_row_avx, seq_update_row, (xp: &[T], rc: &[T], ru: &[T], m: T, ht: &mut [T], hs: &mut [T]));
+
+/// Backward through the update: `dh` holds the carried gradient on entry and `∂h_prev` (through the
+/// interpolation) on exit; writes `∂` of the update gate's and the candidate's pre-activations into `dxp`.
+#[inline(always)]
+fn seq_bwd_update_row<T: Real>(
+    g: &[T],
+    dh: &mut [T],
+    ru: &[T],
+    ht: &[T],
+    hp: &[T],
+    m: T,
+    dxp: &mut [T],
+) {
+    let h = g.len();
+    for k in 0..h {
+        let gk = g[k] + dh[k];
+        let u = ru[h + k];
+        let gm = gk * m;
+        let c = ht[k];
+        dh[k] = gk - gm * u;
+        dxp[2 * h + k] = gm * u * (T::one() - c * c);
+        dxp[h + k] = gm * (c - hp[k]) * u * (T::one() - u);
+    }
+}
+simd_dispatch!(seq_bwd_update_row_d, seq_bwd_update_row_avx, seq_bwd_update_row, (g: &[T], dh: &mut [T], ru: &[T], ht: &[T], hp: &[T], m: T, dxp: &mut [T]));
+
+/// Backward through `r∘h_prev`: `drh` = `∂(r∘h_prev)`; adds into `dh`, writes the reset gate's `∂`.
+#[inline(always)]
+fn seq_bwd_reset_row<T: Real>(drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: &mut [T]) {
+    for k in 0..drh.len() {
+        let r = ru[k];
+        dh[k] = dh[k] + drh[k] * r;
+        dxp[k] = drh[k] * hp[k] * r * (T::one() - r);
+    }
+}
+simd_dispatch!(seq_bwd_reset_row_d, seq_bwd_reset_row_avx, seq_bwd_reset_row, (drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: &mut [T]));
+
+fn gru_sequence_fwd<T: Real>(
+    op: &GruSequence,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (s, b, h3) = l1.shape().dims3()?;
+    let h = h3 / 3;
+    let xp = slice::<T>(s1, l1)?;
+    let u_ru = crate::kernels::Oriented::new(slice::<T>(s2, l2)?, h, 2 * h);
+    let u = crate::kernels::Oriented::new(slice::<T>(s3, l3)?, h, h);
+    let save = op.saved.lock().expect("saved activations").is_some();
+    let per = if save { s * b } else { b };
+    let mut ru = vec![T::zero(); per * 2 * h];
+    let mut rh = vec![T::zero(); per * h];
+    let mut ht = vec![T::zero(); per * h];
+    let mut hp = vec![T::zero(); if save { s * b * h } else { 0 }];
+    let mut out = vec![T::zero(); s * b * h];
+    let mut state = vec![T::zero(); b * h];
+    let mut hu = vec![T::zero(); b * 2 * h];
+    let mut rc = vec![T::zero(); b * h];
+    for n in 0..s {
+        let t = if op.reverse { s - 1 - n } else { n };
+        let slot = if save { t } else { 0 };
+        let xpt = &xp[t * b * h3..(t + 1) * b * h3];
+        let (ru_t, rh_t, ht_t) = (
+            &mut ru[slot * b * 2 * h..(slot + 1) * b * 2 * h],
+            &mut rh[slot * b * h..(slot + 1) * b * h],
+            &mut ht[slot * b * h..(slot + 1) * b * h],
+        );
+        if save {
+            hp[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
+        }
+        gemm_into(
+            b,
+            2 * h,
+            h,
+            &mut hu,
+            2 * h,
+            false,
+            Mat::rows(&state, h),
+            u_ru.fwd(b),
+        );
+        {
+            let (ru_w, rh_w) = (RowsMut::new(ru_t, 2 * h), RowsMut::new(rh_t, h));
+            let (hu, state) = (&hu, &state);
+            rows_par(b, b * h, |i| unsafe {
+                seq_gates_row_d(
+                    &xpt[i * h3..(i + 1) * h3],
+                    &hu[i * 2 * h..(i + 1) * 2 * h],
+                    &state[i * h..(i + 1) * h],
+                    ru_w.row(i),
+                    rh_w.row(i),
+                )
+            });
+        }
+        gemm_into(b, h, h, &mut rc, h, false, Mat::rows(rh_t, h), u.fwd(b));
+        {
+            let (ht_w, st_w) = (RowsMut::new(ht_t, h), RowsMut::new(&mut state, h));
+            let (rc, ru_t) = (&rc, &*ru_t);
+            let mask = &op.mask[t * b..(t + 1) * b];
+            rows_par(b, b * h, |i| unsafe {
+                seq_update_row_d(
+                    &xpt[i * h3..(i + 1) * h3],
+                    &rc[i * h..(i + 1) * h],
+                    &ru_t[i * 2 * h..(i + 1) * 2 * h],
+                    T::from_f64c(mask[i]),
+                    ht_w.row(i),
+                    st_w.row(i),
+                )
+            });
+        }
+        out[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
+    }
+    if save {
+        *op.saved.lock().expect("saved activations") =
+            Some(Some(Box::new(GruSaved { ru, rh, ht, hp })));
+    }
+    Ok((T::to_cpu_storage_owned(out), Shape::from((s, b, h))))
+}
+
+fn gru_sequence_bwd<T: Real>(
+    op: &GruSequence,
+    u_ru: &Tensor,
+    u: &Tensor,
+    grad: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (s, b, h) = grad.dims3()?;
+    let h3 = 3 * h;
+    let saved = op
+        .saved
+        .lock()
+        .expect("saved activations")
+        .as_mut()
+        .and_then(|s| s.take())
+        .ok_or_else(|| {
+            candle_core::Error::Msg("fused GRU sequence: no saved forward pass".into())
+        })?;
+    let GruSaved { ru, rh, ht, hp } = *saved
+        .downcast::<GruSaved<T>>()
+        .map_err(|_| candle_core::Error::Msg("fused GRU sequence: dtype".into()))?;
+    let g = crate::kernels::to_vec::<T>(grad)?;
+    let (u_ru_v, u_v) = (
+        crate::kernels::to_vec::<T>(u_ru)?,
+        crate::kernels::to_vec::<T>(u)?,
+    );
+    let u_ru_o = crate::kernels::Oriented::new(&u_ru_v, h, 2 * h);
+    let u_o = crate::kernels::Oriented::new(&u_v, h, h);
+    let mut dxp = vec![T::zero(); s * b * h3];
+    let mut dh = vec![T::zero(); b * h];
+    let mut drh = vec![T::zero(); b * h];
+    for n in 0..s {
+        // Steps in the reverse of the order the forward pass ran them.
+        let t = if op.reverse { n } else { s - 1 - n };
+        let r1 = t * b * h..(t + 1) * b * h;
+        let (ru_t, ht_t, hp_t, g_t) = (
+            &ru[t * b * 2 * h..(t + 1) * b * 2 * h],
+            &ht[r1.clone()],
+            &hp[r1.clone()],
+            &g[r1],
+        );
+        let dxp_t = &mut dxp[t * b * h3..(t + 1) * b * h3];
+        {
+            let (dh_w, dx_w) = (RowsMut::new(&mut dh, h), RowsMut::new(dxp_t, h3));
+            let mask = &op.mask[t * b..(t + 1) * b];
+            rows_par(b, b * h, |i| unsafe {
+                seq_bwd_update_row_d(
+                    &g_t[i * h..(i + 1) * h],
+                    dh_w.row(i),
+                    &ru_t[i * 2 * h..(i + 1) * 2 * h],
+                    &ht_t[i * h..(i + 1) * h],
+                    &hp_t[i * h..(i + 1) * h],
+                    T::from_f64c(mask[i]),
+                    dx_w.row(i),
+                )
+            });
+        }
+        gemm_into(
+            b,
+            h,
+            h,
+            &mut drh,
+            h,
+            false,
+            Mat {
+                data: &dxp_t[2 * h..],
+                rs: h3,
+                cs: 1,
+            },
+            u_o.bwd(b),
+        );
+        {
+            let (dh_w, dx_w) = (RowsMut::new(&mut dh, h), RowsMut::new(dxp_t, h3));
+            let drh = &drh;
+            rows_par(b, b * h, |i| unsafe {
+                seq_bwd_reset_row_d(
+                    &drh[i * h..(i + 1) * h],
+                    &ru_t[i * 2 * h..(i + 1) * 2 * h],
+                    &hp_t[i * h..(i + 1) * h],
+                    dh_w.row(i),
+                    dx_w.row(i),
+                )
+            });
+        }
+        gemm_into(
+            b,
+            h,
+            2 * h,
+            &mut dh,
+            h,
+            true,
+            Mat {
+                data: dxp_t,
+                rs: h3,
+                cs: 1,
+            },
+            u_ru_o.bwd(b),
+        );
+    }
+    // ∂U_ru = Σ_t h_prevᵀ ∂[r|u]_pre, ∂U = Σ_t (r∘h_prev)ᵀ ∂c_pre: one GEMM each over all steps.
+    let sb = s * b;
+    let mut du_ru = vec![T::zero(); h * 2 * h];
+    gemm_into(
+        h,
+        2 * h,
+        sb,
+        &mut du_ru,
+        2 * h,
+        false,
+        Mat::t(&hp, h),
+        Mat {
+            data: &dxp,
+            rs: h3,
+            cs: 1,
+        },
+    );
+    let mut du = vec![T::zero(); h * h];
+    gemm_into(
+        h,
+        h,
+        sb,
+        &mut du,
+        h,
+        false,
+        Mat::t(&rh, h),
+        Mat {
+            data: &dxp[2 * h..],
+            rs: h3,
+            cs: 1,
+        },
+    );
+    let dev = grad.device();
+    Ok((
+        Tensor::from_vec(dxp, (s, b, h3), dev)?,
+        Tensor::from_vec(du_ru, (h, 2 * h), dev)?,
+        Tensor::from_vec(du, (h, h), dev)?,
+    ))
+}
+
+impl CustomOp3 for GruSequence {
+    fn name(&self) -> &'static str {
+        "fused-gru-sequence"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, gru_sequence_fwd, self, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        _xp: &Tensor,
+        u_ru: &Tensor,
+        u: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dur, du) = match grad.dtype() {
+            DType::F32 => gru_sequence_bwd::<f32>(self, u_ru, u, grad)?,
+            DType::F64 => gru_sequence_bwd::<f64>(self, u_ru, u, grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        Ok((Some(dx), Some(dur), Some(du)))
     }
 }

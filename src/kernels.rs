@@ -252,7 +252,7 @@ macro_rules! simd_dispatch {
         unsafe fn $avx<T: $crate::kernels::Real>($($arg: $ty),*) {
             $inner::<T>($($arg),*)
         }
-        fn $name<T: $crate::kernels::Real>($($arg: $ty),*) {
+        pub(crate) fn $name<T: $crate::kernels::Real>($($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             if $crate::kernels::has_avx2_fma() {
                 // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
@@ -660,6 +660,15 @@ impl Shared {
         }
     }
 
+    /// Add `g` (this tensor's shape, flattened) into the accumulated gradient.
+    pub fn add_grad<T: Real>(&self, g: &[T]) {
+        self.accumulate::<T>(|acc| {
+            for (a, &x) in acc.iter_mut().zip(g) {
+                *a = *a + x;
+            }
+        })
+    }
+
     /// Add `f`'s contribution into the accumulated gradient (zero-initialised on first use).
     pub fn accumulate<T: Real>(&self, f: impl FnOnce(&mut [T])) {
         let mut acc = self.acc.lock().expect("gradient accumulator");
@@ -735,5 +744,190 @@ impl candle_core::CustomOp1 for StepSlice {
             _ => candle_core::bail!("fused kernels support f32 and f64"),
         }
         Ok(Some(token.zeros_like()?))
+    }
+}
+
+/// A matrix operand of [`gemm_into`]: its elements, row stride and column stride.
+#[derive(Clone, Copy)]
+pub struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// A row-major `[rows, cols]` matrix with row stride `rs` (≥ cols).
+    pub fn rows(data: &'a [T], rs: usize) -> Self {
+        Mat { data, rs, cs: 1 }
+    }
+    /// The transpose of a row-major matrix with row stride `rs`, read in place (column-major).
+    pub fn t(data: &'a [T], rs: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: rs,
+        }
+    }
+    fn covers(&self, r: usize, c: usize) -> bool {
+        r == 0 || c == 0 || (r - 1) * self.rs + (c - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = (accumulate ? dst : 0) + lhs · rhs` for `lhs` `[m, k]`, `rhs` `[k, n]` and a row-major `dst` `[m,
+/// n]` with row stride `dst_rs`: candle's GEMM (the `gemm` crate, the same micro-kernels and threads) writing
+/// into a caller's buffer, so the fused sequence kernels need no tensor per product.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_into<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [T],
+    dst_rs: usize,
+    accumulate: bool,
+    lhs: Mat<T>,
+    rhs: Mat<T>,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        (m - 1) * dst_rs + n <= dst.len() && lhs.covers(m, k) && rhs.covers(k, n),
+        "gemm_into: operand out of bounds"
+    );
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                dst[r * dst_rs..r * dst_rs + n].fill(T::zero());
+            }
+        }
+        return;
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: every element read or written lies inside the slices (checked above); `T` is f32 or f64.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_rs as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// A weight `W` `[k, n]` (row-major) and its transpose, for the products of a fused sequence kernel: `x W`
+/// and `g Wᵀ` read their right operand in the orientation [`right_col_major`] prefers at that shape.
+pub struct Oriented<'a, T> {
+    w: &'a [T],
+    /// `Wᵀ` `[n, k]`, made on first use.
+    wt: std::sync::OnceLock<Vec<T>>,
+    k: usize,
+    n: usize,
+}
+
+impl<'a, T: Real> Oriented<'a, T> {
+    pub fn new(w: &'a [T], k: usize, n: usize) -> Self {
+        assert_eq!(w.len(), k * n, "oriented weight: shape");
+        Oriented {
+            w,
+            wt: std::sync::OnceLock::new(),
+            k,
+            n,
+        }
+    }
+    fn wt(&self) -> &[T] {
+        self.wt.get_or_init(|| {
+            let (k, n, w) = (self.k, self.n, self.w);
+            let mut wt = vec![T::zero(); k * n];
+            const TILE: usize = 32;
+            for i0 in (0..k).step_by(TILE) {
+                for j0 in (0..n).step_by(TILE) {
+                    for i in i0..(i0 + TILE).min(k) {
+                        for j in j0..(j0 + TILE).min(n) {
+                            wt[j * k + i] = w[i * n + j];
+                        }
+                    }
+                }
+            }
+            wt
+        })
+    }
+    /// `W` as the right operand of `x W` for `m` rows.
+    pub fn fwd(&self, m: usize) -> Mat<'_, T> {
+        if right_col_major(m, self.n) {
+            Mat::t(self.wt(), self.k)
+        } else {
+            Mat::rows(self.w, self.n)
+        }
+    }
+    /// `Wᵀ` as the right operand of `g Wᵀ` for `m` rows.
+    pub fn bwd(&self, m: usize) -> Mat<'_, T> {
+        if right_col_major(m, self.k) {
+            Mat::t(self.w, self.n)
+        } else {
+            Mat::rows(self.wt(), self.k)
+        }
+    }
+}
+
+/// A CPU tensor's elements as a vector of `T` (contiguous or not).
+pub fn to_vec<T: Real>(x: &Tensor) -> Result<Vec<T>> {
+    x.flatten_all()?.to_vec1::<T>()
+}
+
+/// Run `f(row, …)` over the rows of a step, on the pool when the step is large enough.
+pub(crate) fn rows_par<F: Fn(usize) + Sync + Send>(b: usize, elems: usize, f: F) {
+    use rayon::prelude::*;
+    if elems >= 16 * 1024 {
+        (0..b).into_par_iter().for_each(f);
+    } else {
+        (0..b).for_each(f);
+    }
+}
+
+/// A raw row view for the parallel row loops below (rows are disjoint, so each is written by one task).
+#[derive(Clone, Copy)]
+pub(crate) struct RowsMut<T>(*mut T, usize);
+unsafe impl<T> Send for RowsMut<T> {}
+unsafe impl<T> Sync for RowsMut<T> {}
+impl<T> RowsMut<T> {
+    pub(crate) fn new(v: &mut [T], width: usize) -> Self {
+        RowsMut(v.as_mut_ptr(), width)
+    }
+    /// Row `i`.
+    /// SAFETY: `i` is in bounds and no other task touches row `i` while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn row(&self, i: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(i * self.1), self.1)
+    }
+}
+
+/// A tensor's storage as a slice (CPU, contiguous), for kernels that read several tensors at once.
+pub fn storage_slice<'a, T: WithDType>(
+    st: &'a candle_core::Storage,
+    l: &Layout,
+) -> Result<&'a [T]> {
+    match st {
+        candle_core::Storage::Cpu(c) => slice::<T>(c, l),
+        _ => candle_core::bail!("fused kernel: tensor is not on the CPU"),
     }
 }

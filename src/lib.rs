@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod coverage;
 pub mod decoder_cell;
+pub mod decoder_sequence;
 pub mod encoder;
 pub mod error;
 pub mod gate;

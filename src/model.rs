@@ -10,7 +10,7 @@ use crate::config::ModelConfig;
 use crate::coverage::{CovKeys, Coverage};
 use crate::decoder_cell::DecoderCell;
 use crate::encoder::Encoder;
-use crate::gate::{Gate, Scales};
+use crate::gate::{Gate, Scales, ZKind};
 use crate::kernels::Kernels;
 use crate::readout::{output_nll_fused, output_nll_reference, Readout};
 
@@ -278,6 +278,31 @@ impl Model {
         })
     }
 
+    /// Whether training runs the decoder as one fused op per batch ([`crate::decoder_sequence`]): fused
+    /// kernels on the CPU, the GRU decoder in the reference form, no coverage, no gate or a context gate;
+    /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
+    #[allow(clippy::type_complexity)]
+    pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
+        use crate::config::{ContextGate, DecoderKind, GateForm};
+        if !self.kernels.fused_on(self.cell.u.device())
+            || self.coverage.is_some()
+            || self.cell.kind != DecoderKind::Gru
+            || self.cell.form != GateForm::Reference
+            || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
+        {
+            return None;
+        }
+        match &self.gate {
+            Gate::None => Some(None),
+            Gate::Context { strategy, .. } => Some(Some(match strategy {
+                ContextGate::Source => ((ZKind::Z, 1.0), (ZKind::One, 1.0)),
+                ContextGate::Target => ((ZKind::One, 1.0), (ZKind::Z, 1.0)),
+                _ => ((ZKind::Z, 1.0), (ZKind::OneMinusZ, 1.0)),
+            })),
+            _ => None,
+        }
+    }
+
     pub fn is_conditional(&self) -> bool {
         self.cfg.decoder == crate::config::DecoderKind::Cgru
     }
@@ -389,56 +414,96 @@ impl Model {
             ),
             None => None,
         };
-        // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
-        let fused = self.kernels.fused_on(wp.device());
-        let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
-            if fused {
-                let sh = crate::kernels::Shared::new(x)?;
-                (0..t_len).map(|i| sh.index(i)).collect()
-            } else {
-                (0..t_len).map(|i| x.i(i)).collect()
-            }
-        };
-        let wp_steps = steps(&wp)?;
-        let wz_steps = match &wz {
-            Some(w) => Some(steps(w)?),
-            None => None,
-        };
-        let mut t = src.t0.clone();
-        let mut cov = self.initial_coverage(&src)?;
-        let mut states = Vec::with_capacity(t_len);
-        let mut ctxs = Vec::with_capacity(t_len);
         let e3 = e_all.reshape((b, t_len, e_dim))?;
-        let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
-        // cGRU: the previous word's embedding per step (time-major).
-        let e_steps = if self.is_conditional() {
-            steps(&e3.transpose(0, 1)?.contiguous()?)?
+        let (states, ctxs) = if let Some(gate) = self.sequence_gate() {
+            // The whole decoder recurrence as one fused op (see `decoder_sequence`).
+            let (ah, ann) = src
+                .keys
+                .shared
+                .as_ref()
+                .expect("shared keys with fused kernels");
+            let (u_z, c_z) = match &self.gate {
+                Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref()),
+                _ => (None, None),
+            };
+            let w = crate::decoder_sequence::DecoderWeights {
+                b_att: &self.attention.b,
+                v: &self.attention.v,
+                c: &self.cell.c,
+                u_ru: self.cell.u_ru.as_ref().expect("GRU has U_ru"),
+                u: &self.cell.u,
+                u_z,
+                c_z,
+            };
+            let y = crate::decoder_sequence::decoder_sequence_fused(
+                &wp,
+                wz.as_ref(),
+                &src.t0,
+                ah,
+                ann,
+                &src.keys.mask_bias,
+                &w,
+                gate,
+            )?;
+            let h = self.cell.hidden;
+            let y = y.reshape((b * t_len, 3 * h))?;
+            (
+                y.narrow(1, 0, h)?.contiguous()?,
+                y.narrow(1, h, 2 * h)?.contiguous()?,
+            )
         } else {
-            vec![]
-        };
-        for i in 0..t_len {
-            let out = self.attend(&src, &t, cov.as_ref())?;
-            cov = out.cov;
-            if self.is_conditional() {
-                let e_prev = if i == 0 {
-                    zeros_e.clone()
+            // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
+            let fused = self.kernels.fused_on(wp.device());
+            let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
+                if fused {
+                    let sh = crate::kernels::Shared::new(x)?;
+                    (0..t_len).map(|i| sh.index(i)).collect()
                 } else {
-                    e_steps[i - 1].clone()
-                };
-                t = self.condition(&t, &out.ctx, &e_prev, (1.0, 1.0))?.0;
+                    (0..t_len).map(|i| x.i(i)).collect()
+                }
+            };
+            let wp_steps = steps(&wp)?;
+            let wz_steps = match &wz {
+                Some(w) => Some(steps(w)?),
+                None => None,
+            };
+            let mut t = src.t0.clone();
+            let mut cov = self.initial_coverage(&src)?;
+            let mut states = Vec::with_capacity(t_len);
+            let mut ctxs = Vec::with_capacity(t_len);
+            let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
+            // cGRU: the previous word's embedding per step (time-major).
+            let e_steps = if self.is_conditional() {
+                steps(&e3.transpose(0, 1)?.contiguous()?)?
+            } else {
+                vec![]
+            };
+            for i in 0..t_len {
+                let out = self.attend(&src, &t, cov.as_ref())?;
+                cov = out.cov;
+                if self.is_conditional() {
+                    let e_prev = if i == 0 {
+                        zeros_e.clone()
+                    } else {
+                        e_steps[i - 1].clone()
+                    };
+                    t = self.condition(&t, &out.ctx, &e_prev, (1.0, 1.0))?.0;
+                }
+                states.push(t.clone());
+                ctxs.push(out.ctx.clone());
+                if i + 1 < t_len {
+                    let wz_i = wz_steps.as_ref().map(|w| &w[i]);
+                    t = self
+                        .transition_projected(&t, &wp_steps[i], wz_i, &out.ctx, (1.0, 1.0))?
+                        .0;
+                }
             }
-            states.push(t.clone());
-            ctxs.push(out.ctx.clone());
-            if i + 1 < t_len {
-                let wz_i = wz_steps.as_ref().map(|w| &w[i]);
-                t = self
-                    .transition_projected(&t, &wp_steps[i], wz_i, &out.ctx, (1.0, 1.0))?
-                    .0;
-            }
-        }
+            (
+                Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?,
+                Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
+            )
+        };
         // Readout for all steps at once: batch-major rows (b, i).
-        let states = Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?;
-        let ctxs = Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?;
         let e_prev = Tensor::cat(
             &[
                 Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,

@@ -1,0 +1,869 @@
+//! The decoder's whole recurrence over a target sentence in training as one fused op (fused kernels, CPU):
+//! for every step `i`, attention from `t_{i−1}` (model-spec §2), the context gate (§4) and the GRU transition
+//! in the reference form (§3), the same computation as [`crate::model::Model::attend`] followed by
+//! [`crate::model::Model::transition_projected`], step by step. One graph node for the whole sentence instead
+//! of some twenty per step: the forward pass runs the steps with one GEMM per recurrent product into
+//! preallocated buffers, the backward pass runs back-propagation through time inside the op, and each
+//! recurrent weight's gradient is one GEMM over all steps. Inputs and their gradients travel through
+//! [`Shared`] handles (one graph input bundles them all). Covers the GRU decoder without coverage, with no
+//! gate or a context gate (any strategy, any gate inputs); the other variants run step by step. Tested
+//! against the step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
+
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+
+use crate::gate::ZKind;
+use crate::kernels::{
+    by_dtype, gemm_into, rows_par, simd_dispatch, storage_slice, Mat, Oriented, Real, RowsMut,
+    Shared,
+};
+
+/// The decoder's weights the recurrence reads.
+pub struct DecoderWeights<'a> {
+    /// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
+    pub b_att: &'a Tensor,
+    pub v: &'a Tensor,
+    /// Transition `C` `[2H, 3H]`, `U_ru` `[H, 2H]`, `U` `[H, H]`.
+    pub c: &'a Tensor,
+    pub u_ru: &'a Tensor,
+    pub u: &'a Tensor,
+    /// Gate `U_z` `[H, H]` and `C_z` `[2H, H]` (when the gate reads the state / the context).
+    pub u_z: Option<&'a Tensor>,
+    pub c_z: Option<&'a Tensor>,
+}
+
+/// Run the decoder over `T` target steps: word projections `wp` `[T, B, 3H]` (time-major, `W e + b`), the
+/// gate's word term `wz` `[T, B, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
+/// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
+/// `[B, S]`; `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
+/// no gate. Returns `[B, T, 3H]`: row `(b, i)` is `[t_{i−1} | s_i]`, what the readout reads.
+#[allow(clippy::too_many_arguments)]
+pub fn decoder_sequence_fused(
+    wp: &Tensor,
+    wz: Option<&Tensor>,
+    t0: &Tensor,
+    ah: &Shared,
+    annotations: &Shared,
+    mask_bias: &Tensor,
+    w: &DecoderWeights,
+    gate: Option<((ZKind, f64), (ZKind, f64))>,
+) -> Result<Tensor> {
+    let (tl, b, h3) = wp.dims3()?;
+    let h = h3 / 3;
+    let (b2, s, ad) = ah.tensor.dims3()?;
+    let a2 = annotations.tensor.dim(2)?;
+    let ok = h3 == 3 * h
+        && b2 == b
+        && tl > 0
+        && t0.dims2()? == (b, h)
+        && annotations.tensor.dims3()? == (b, s, 2 * h)
+        && a2 == 2 * h
+        && mask_bias.dims2()? == (b, s)
+        && w.b_att.dims2()? == (h, ad)
+        && w.v.elem_count() == ad
+        && w.c.dims2()? == (2 * h, 3 * h)
+        && w.u_ru.dims2()? == (h, 2 * h)
+        && w.u.dims2()? == (h, h)
+        && wz.map_or(Ok(true), |x| x.dims3().map(|d| d == (tl, b, h)))?
+        && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
+        && w.c_z
+            .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
+        && (gate.is_some() || (wz.is_none() && w.u_z.is_none() && w.c_z.is_none()))
+        && (gate.is_none() || wz.is_some() || w.u_z.is_some() || w.c_z.is_some());
+    if !ok {
+        candle_core::bail!("fused decoder sequence: shape mismatch");
+    }
+    let sh = |x: &Tensor| Shared::new(x);
+    let op = DecoderSequence {
+        wp: sh(wp)?,
+        wz: wz.map(sh).transpose()?,
+        t0: sh(t0)?,
+        ah: ah.clone(),
+        ann: annotations.clone(),
+        mask: mask_bias.contiguous()?,
+        b_att: sh(w.b_att)?,
+        v: sh(w.v)?,
+        c: sh(w.c)?,
+        u_ru: sh(w.u_ru)?,
+        u: sh(w.u)?,
+        u_z: w.u_z.map(sh).transpose()?,
+        c_z: w.c_z.map(sh).transpose()?,
+        gate,
+        saved: Default::default(),
+    };
+    let mut tokens = vec![
+        &op.wp.token,
+        &op.t0.token,
+        &op.ah.token,
+        &op.ann.token,
+        &op.b_att.token,
+        &op.v.token,
+        &op.c.token,
+        &op.u_ru.token,
+        &op.u.token,
+    ];
+    for x in [&op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
+        tokens.push(&x.token);
+    }
+    // One graph input for all: the backward pass reaches every token through the concatenation.
+    let bundle = Tensor::cat(&tokens, 0)?;
+    bundle.apply_op1(op)
+}
+
+struct DecoderSequence {
+    wp: Shared,
+    wz: Option<Shared>,
+    t0: Shared,
+    ah: Shared,
+    ann: Shared,
+    mask: Tensor,
+    b_att: Shared,
+    v: Shared,
+    c: Shared,
+    u_ru: Shared,
+    u: Shared,
+    u_z: Option<Shared>,
+    c_z: Option<Shared>,
+    gate: Option<((ZKind, f64), (ZKind, f64))>,
+    saved: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+/// The forward pass's activations, time-major (`n` = steps with a transition, `T − 1`).
+struct Saved<T> {
+    /// `t_{i−1}` `[T, B, H]`, `B t_{i−1}` `[T, B, Ad]`, `[α_i | s_i]` `[T, B, S + 2H]`.
+    tall: Vec<T>,
+    q: Vec<T>,
+    actx: Vec<T>,
+    /// `[n, B, ·]`: `z`, `T∘t`, `C s`, `[r | u]`, `r∘(T∘t)`, `tanh(·)`.
+    z: Vec<T>,
+    ts: Vec<T>,
+    cp: Vec<T>,
+    ru: Vec<T>,
+    rts: Vec<T>,
+    c: Vec<T>,
+}
+
+/// `(c·kind(z), c·kind'(z))`.
+#[inline(always)]
+fn scale<T: Real>(k: ZKind, c: T, z: T) -> (T, T) {
+    match k {
+        ZKind::One => (c, T::zero()),
+        ZKind::Z => (c * z, c),
+        ZKind::OneMinusZ => (c * (T::one() - z), -c),
+    }
+}
+
+/// Gate and mix for one row: `z = σ(Σ terms)`, the scales, `T∘t` and the pre-activations `T∘(W e) + S∘(C s)`
+/// of the three blocks.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gate_mix_row<T: Real>(
+    terms: [Option<&[T]>; 3],
+    t: &[T],
+    wp: &[T],
+    cp: &[T],
+    kinds: (ZKind, T, ZKind, T),
+    z: &mut [T],
+    ts: &mut [T],
+    pre: &mut [T],
+) {
+    let h = t.len();
+    let gated = terms.iter().any(|x| x.is_some());
+    for j in 0..h {
+        let zj = if gated {
+            let mut p = T::zero();
+            for x in terms.iter().flatten() {
+                p = p + x[j];
+            }
+            let zj = p.sigmoid_v();
+            z[j] = zj;
+            zj
+        } else {
+            T::zero()
+        };
+        let (sj, _) = scale(kinds.0, kinds.1, zj);
+        let (tj, _) = scale(kinds.2, kinds.3, zj);
+        ts[j] = tj * t[j];
+        for blk in 0..3 {
+            let i = blk * h + j;
+            pre[i] = tj * wp[i] + sj * cp[i];
+        }
+    }
+}
+simd_dispatch!(gate_mix_row_d, gate_mix_row_avx, gate_mix_row, (terms: [Option<&[T]>; 3], t: &[T], wp: &[T], cp: &[T], kinds: (ZKind, T, ZKind, T), z: &mut [T], ts: &mut [T], pre: &mut [T]));
+
+#[inline(always)]
+fn gates_row<T: Real>(pre: &[T], hu: &[T], ts: &[T], ru: &mut [T], rts: &mut [T]) {
+    let h = ts.len();
+    for k in 0..2 * h {
+        ru[k] = (pre[k] + hu[k]).sigmoid_v();
+    }
+    for k in 0..h {
+        rts[k] = ru[k] * ts[k];
+    }
+}
+simd_dispatch!(gates_row_d, gates_row_avx, gates_row, (pre: &[T], hu: &[T], ts: &[T], ru: &mut [T], rts: &mut [T]));
+
+#[inline(always)]
+fn update_row<T: Real>(pre: &[T], rc: &[T], ru: &[T], ts: &[T], c: &mut [T], t: &mut [T]) {
+    let h = ts.len();
+    for k in 0..h {
+        let ck = (pre[2 * h + k] + rc[k]).tanh_v();
+        c[k] = ck;
+        t[k] = ts[k] + ru[h + k] * (ck - ts[k]);
+    }
+}
+simd_dispatch!(update_row_d, update_row_avx, update_row, (pre: &[T], rc: &[T], ru: &[T], ts: &[T], c: &mut [T], t: &mut [T]));
+
+/// Backward through the interpolation and the candidate: `g` = `∂t_i`; writes `∂(T∘t)` (partial) into `dts`
+/// and the update gate's and candidate's pre-activation gradients into `dpre[H..3H]`.
+#[inline(always)]
+fn bwd_update_row<T: Real>(g: &[T], ru: &[T], c: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]) {
+    let h = g.len();
+    for k in 0..h {
+        let u = ru[h + k];
+        let ck = c[k];
+        dts[k] = g[k] * (T::one() - u);
+        dpre[h + k] = g[k] * (ck - ts[k]) * u * (T::one() - u);
+        dpre[2 * h + k] = g[k] * u * (T::one() - ck * ck);
+    }
+}
+simd_dispatch!(bwd_update_row_d, bwd_update_row_avx, bwd_update_row, (g: &[T], ru: &[T], c: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]));
+
+#[inline(always)]
+fn bwd_reset_row<T: Real>(drts: &[T], ru: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]) {
+    for k in 0..drts.len() {
+        let r = ru[k];
+        dts[k] = dts[k] + drts[k] * r;
+        dpre[k] = drts[k] * ts[k] * r * (T::one() - r);
+    }
+}
+simd_dispatch!(bwd_reset_row_d, bwd_reset_row_avx, bwd_reset_row, (drts: &[T], ru: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]));
+
+/// Backward through the mix and the gate: `∂(W e)` (`dwp`), `∂(C s)` (`dcp`), `∂t_{i−1}` through `T∘t`
+/// (`dt`, overwritten) and `∂` of the gate's pre-activation (`dzp`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn bwd_mix_row<T: Real>(
+    dpre: &[T],
+    dts: &[T],
+    t: &[T],
+    wp: &[T],
+    cp: &[T],
+    z: &[T],
+    kinds: (ZKind, T, ZKind, T),
+    gated: bool,
+    dwp: &mut [T],
+    dcp: &mut [T],
+    dt: &mut [T],
+    dzp: &mut [T],
+) {
+    let h = t.len();
+    for j in 0..h {
+        let zj = if gated { z[j] } else { T::zero() };
+        let (sj, dsj) = scale(kinds.0, kinds.1, zj);
+        let (tj, dtj) = scale(kinds.2, kinds.3, zj);
+        let mut dz = dts[j] * t[j] * dtj;
+        for blk in 0..3 {
+            let i = blk * h + j;
+            dwp[i] = dpre[i] * tj;
+            dcp[i] = dpre[i] * sj;
+            dz = dz + dpre[i] * (wp[i] * dtj + cp[i] * dsj);
+        }
+        dt[j] = dts[j] * tj;
+        if gated {
+            dzp[j] = dz * zj * (T::one() - zj);
+        }
+    }
+}
+simd_dispatch!(bwd_mix_row_d, bwd_mix_row_avx, bwd_mix_row, (dpre: &[T], dts: &[T], t: &[T], wp: &[T], cp: &[T], z: &[T], kinds: (ZKind, T, ZKind, T), gated: bool, dwp: &mut [T], dcp: &mut [T], dt: &mut [T], dzp: &mut [T]));
+
+/// Sizes of one run.
+#[derive(Clone, Copy)]
+struct Dims {
+    tl: usize,
+    b: usize,
+    h: usize,
+    s: usize,
+    ad: usize,
+}
+
+impl DecoderSequence {
+    fn dims(&self) -> Result<Dims> {
+        let (tl, b, h3) = self.wp.tensor.dims3()?;
+        let (_, s, ad) = self.ah.tensor.dims3()?;
+        Ok(Dims {
+            tl,
+            b,
+            h: h3 / 3,
+            s,
+            ad,
+        })
+    }
+
+    fn kinds<T: Real>(&self) -> (ZKind, T, ZKind, T) {
+        match self.gate {
+            Some(((ks, cs), (kt, ct))) => (ks, T::from_f64c(cs), kt, T::from_f64c(ct)),
+            None => (ZKind::One, T::one(), ZKind::One, T::one()),
+        }
+    }
+
+    /// `[B | U_z]` `[H, Ad (+ H)]` and `[C | C_z]` `[2H, 3H (+ H)]` with their widths: the products that
+    /// share a left operand (`t_{i−1}`, `s_i`) as one GEMM each.
+    #[allow(clippy::type_complexity)]
+    fn stacked<T: Real>(&self) -> Result<(Vec<T>, usize, Vec<T>, usize)> {
+        fn cat<T: Real>(parts: &[&Shared]) -> Result<(Vec<T>, usize)> {
+            let mats: Vec<(Vec<T>, usize)> = parts
+                .iter()
+                .map(|p| Ok((crate::kernels::to_vec::<T>(&p.tensor)?, p.tensor.dim(1)?)))
+                .collect::<Result<_>>()?;
+            let width: usize = mats.iter().map(|m| m.1).sum();
+            let rows = parts[0].tensor.dim(0)?;
+            let mut out = Vec::with_capacity(rows * width);
+            for r in 0..rows {
+                for (m, w) in &mats {
+                    out.extend_from_slice(&m[r * w..(r + 1) * w]);
+                }
+            }
+            Ok((out, width))
+        }
+        let mut t_parts = vec![&self.b_att];
+        t_parts.extend(self.u_z.as_ref());
+        let mut c_parts = vec![&self.c];
+        c_parts.extend(self.c_z.as_ref());
+        let (tw, wq) = cat::<T>(&t_parts)?;
+        let (cw, wc) = cat::<T>(&c_parts)?;
+        Ok((tw, wq, cw, wc))
+    }
+
+    fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
+        let Dims { tl, b, h, s, ad } = self.dims()?;
+        let (a2, h3, w_ac) = (2 * h, 3 * h, s + 2 * h);
+        let n = tl - 1;
+        let gated = self.gate.is_some();
+        macro_rules! data {
+            ($sh:expr) => {{
+                let (g, l) = $sh.tensor.storage_and_layout();
+                (g, l.clone())
+            }};
+        }
+        let (g_wp, l_wp) = data!(self.wp);
+        let wp = storage_slice::<T>(&g_wp, &l_wp)?;
+        let (g_t0, l_t0) = data!(self.t0);
+        let (g_ah, l_ah) = data!(self.ah);
+        let ah = storage_slice::<T>(&g_ah, &l_ah)?;
+        let (g_ann, l_ann) = data!(self.ann);
+        let ann = storage_slice::<T>(&g_ann, &l_ann)?;
+        // The products that share a left operand run as one GEMM: t [B | U_z], s [C | C_z].
+        let (tw, wq, cwv, wc) = self.stacked::<T>()?;
+        let tw = Oriented::new(&tw, h, wq);
+        let cw = Oriented::new(&cwv, a2, wc);
+        let (g_v, l_v) = data!(self.v);
+        let v = storage_slice::<T>(&g_v, &l_v)?;
+        let (g_ur, l_ur) = data!(self.u_ru);
+        let u_ru = Oriented::new(storage_slice::<T>(&g_ur, &l_ur)?, h, 2 * h);
+        let (g_u, l_u) = data!(self.u);
+        let u = Oriented::new(storage_slice::<T>(&g_u, &l_u)?, h, h);
+        let wz_g = self.wz.as_ref().map(|x| data!(x));
+        let wz = match &wz_g {
+            Some((g, l)) => Some(storage_slice::<T>(g, l)?),
+            None => None,
+        };
+        let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
+        let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
+        let kinds = self.kinds::<T>();
+
+        let mut tall = vec![T::zero(); tl * b * h];
+        tall[..b * h].copy_from_slice(storage_slice::<T>(&g_t0, &l_t0)?);
+        let mut q = vec![T::zero(); tl * b * wq];
+        let mut actx = vec![T::zero(); tl * b * w_ac];
+        let mut z = vec![T::zero(); if gated { n * b * h } else { 0 }];
+        let mut ts = vec![T::zero(); n * b * h];
+        let mut cp = vec![T::zero(); n * b * wc];
+        let mut ru = vec![T::zero(); n * b * 2 * h];
+        let mut rts = vec![T::zero(); n * b * h];
+        let mut cc = vec![T::zero(); n * b * h];
+        let mut pre = vec![T::zero(); b * h3];
+        let mut hu = vec![T::zero(); b * 2 * h];
+        let mut rc = vec![T::zero(); b * h];
+        let (bh, bh3, bh2) = (b * h, b * h3, b * 2 * h);
+        for i in 0..tl {
+            // Attention from t_{i−1}.
+            let (t_done, t_rest) = tall.split_at_mut((i + 1) * bh);
+            let t_i = &t_done[i * bh..];
+            let q_i = &mut q[i * b * wq..(i + 1) * b * wq];
+            gemm_into(b, wq, h, q_i, wq, false, Mat::rows(t_i, h), tw.fwd(b));
+            let actx_i = &mut actx[i * b * w_ac..(i + 1) * b * w_ac];
+            {
+                let out = RowsMut::new(actx_i, w_ac);
+                let q_i = &*q_i;
+                let mask = &mask;
+                rows_par(b, b * s * ad, |r| {
+                    let mut e = vec![T::zero(); s];
+                    crate::attention::score_rows_d(
+                        &ah[r * s * ad..(r + 1) * s * ad],
+                        &q_i[r * wq..r * wq + ad],
+                        v,
+                        &mut e,
+                    );
+                    for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
+                        *x = *x + *m;
+                    }
+                    // SAFETY: row r is written by this task only.
+                    crate::attention::softmax_context_row_d(
+                        &e,
+                        &ann[r * s * a2..(r + 1) * s * a2],
+                        unsafe { out.row(r) },
+                    )
+                });
+            }
+            if i == n {
+                break;
+            }
+            let ctx_i = Mat {
+                data: &actx_i[s..],
+                rs: w_ac,
+                cs: 1,
+            };
+            let cp_i = &mut cp[i * b * wc..(i + 1) * b * wc];
+            gemm_into(b, wc, a2, cp_i, wc, false, ctx_i, cw.fwd(b));
+            let (z_i, ts_i) = (
+                if gated {
+                    &mut z[i * bh..(i + 1) * bh]
+                } else {
+                    &mut z[..]
+                },
+                &mut ts[i * bh..(i + 1) * bh],
+            );
+            {
+                let (zw, tsw, prew) = (
+                    RowsMut::new(z_i, if gated { h } else { 0 }),
+                    RowsMut::new(ts_i, h),
+                    RowsMut::new(&mut pre, h3),
+                );
+                let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
+                let wp_i = &wp[i * bh3..(i + 1) * bh3];
+                rows_par(b, bh3, |r| {
+                    let terms = [
+                        wz.map(|x| &x[(i * b + r) * h..(i * b + r + 1) * h]),
+                        has_uz.then(|| &q_i[r * wq + ad..(r + 1) * wq]),
+                        has_cz.then(|| &cp_i[r * wc + h3..(r + 1) * wc]),
+                    ];
+                    // SAFETY: row r of each buffer is written by this task only.
+                    unsafe {
+                        gate_mix_row_d(
+                            terms,
+                            &t_i[r * h..(r + 1) * h],
+                            &wp_i[r * h3..(r + 1) * h3],
+                            &cp_i[r * wc..r * wc + h3],
+                            kinds,
+                            zw.row(r),
+                            tsw.row(r),
+                            prew.row(r),
+                        )
+                    }
+                });
+            }
+            let ts_i = &*ts_i;
+            gemm_into(
+                b,
+                2 * h,
+                h,
+                &mut hu,
+                2 * h,
+                false,
+                Mat::rows(ts_i, h),
+                u_ru.fwd(b),
+            );
+            let (ru_i, rts_i) = (
+                &mut ru[i * bh2..(i + 1) * bh2],
+                &mut rts[i * bh..(i + 1) * bh],
+            );
+            {
+                let (ruw, rtsw) = (RowsMut::new(ru_i, 2 * h), RowsMut::new(rts_i, h));
+                let (pre, hu) = (&pre, &hu);
+                rows_par(b, bh, |r| unsafe {
+                    gates_row_d(
+                        &pre[r * h3..(r + 1) * h3],
+                        &hu[r * 2 * h..(r + 1) * 2 * h],
+                        &ts_i[r * h..(r + 1) * h],
+                        ruw.row(r),
+                        rtsw.row(r),
+                    )
+                });
+            }
+            gemm_into(b, h, h, &mut rc, h, false, Mat::rows(rts_i, h), u.fwd(b));
+            {
+                let c_i = &mut cc[i * bh..(i + 1) * bh];
+                let (cw_, tw) = (RowsMut::new(c_i, h), RowsMut::new(&mut t_rest[..bh], h));
+                let (pre, rc, ru_i) = (&pre, &rc, &*ru_i);
+                rows_par(b, bh, |r| unsafe {
+                    update_row_d(
+                        &pre[r * h3..(r + 1) * h3],
+                        &rc[r * h..(r + 1) * h],
+                        &ru_i[r * 2 * h..(r + 1) * 2 * h],
+                        &ts_i[r * h..(r + 1) * h],
+                        cw_.row(r),
+                        tw.row(r),
+                    )
+                });
+            }
+        }
+        // The readout's input, batch-major: [t_{i−1} | s_i].
+        let mut out = vec![T::zero(); b * tl * h3];
+        for (row, o) in out.chunks_mut(h3).enumerate() {
+            let (r, i) = (row / tl, row % tl);
+            o[..h].copy_from_slice(&tall[(i * b + r) * h..(i * b + r + 1) * h]);
+            o[h..].copy_from_slice(&actx[(i * b + r) * w_ac + s..(i * b + r + 1) * w_ac]);
+        }
+        *self.saved.lock().expect("saved activations") = Some(Box::new(Saved {
+            tall,
+            q,
+            actx,
+            z,
+            ts,
+            cp,
+            ru,
+            rts,
+            c: cc,
+        }));
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b, tl, h3))))
+    }
+
+    fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
+        let Dims { tl, b, h, s, ad } = self.dims()?;
+        let (a2, h3, w_ac) = (2 * h, 3 * h, s + 2 * h);
+        let n = tl - 1;
+        let gated = self.gate.is_some();
+        let saved = self
+            .saved
+            .lock()
+            .expect("saved activations")
+            .take()
+            .ok_or_else(|| {
+                candle_core::Error::Msg("fused decoder: no saved forward pass".into())
+            })?;
+        let Saved {
+            tall,
+            q,
+            actx,
+            z,
+            ts,
+            cp,
+            ru,
+            rts,
+            c: cc,
+        } = *saved
+            .downcast::<Saved<T>>()
+            .map_err(|_| candle_core::Error::Msg("fused decoder: dtype".into()))?;
+        let g: Vec<T> = crate::kernels::to_vec(grad)?; // [B, T, 3H]
+        let vec_of = |x: &Shared| crate::kernels::to_vec::<T>(&x.tensor);
+        let wp = vec_of(&self.wp)?;
+        let v = vec_of(&self.v)?;
+        let (u_ru_v, u_v) = (vec_of(&self.u_ru)?, vec_of(&self.u)?);
+        let (tw, wq, cwv, wc) = self.stacked::<T>()?;
+        let tw = Oriented::new(&tw, h, wq);
+        let cw = Oriented::new(&cwv, a2, wc);
+        let u_ru = Oriented::new(&u_ru_v, h, 2 * h);
+        let u = Oriented::new(&u_v, h, h);
+        let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
+        let kinds = self.kinds::<T>();
+        let (bh, bh3) = (b * h, b * h3);
+
+        let mut dwp = vec![T::zero(); tl * bh3];
+        let mut dzp = vec![T::zero(); if gated { tl * bh } else { 0 }];
+        let mut dcp = vec![T::zero(); n * b * wc];
+        let mut dpre = vec![T::zero(); n * bh3];
+        let mut dq = vec![T::zero(); tl * b * wq];
+        let mut dv_rows = vec![T::zero(); b * ad];
+        let mut dt = vec![T::zero(); bh]; // ∂t_i carried from step i + 1
+        let mut dts = vec![T::zero(); bh];
+        let mut drts = vec![T::zero(); bh];
+        let mut dctx = vec![T::zero(); b * a2];
+        let mut dt_prev = vec![T::zero(); bh];
+        let mut gfull = vec![T::zero(); b * w_ac];
+        for i in (0..tl).rev() {
+            let t_i = &tall[i * bh..(i + 1) * bh];
+            // The readout's gradients for [t_{i−1} | s_i].
+            for r in 0..b {
+                let gr = &g[(r * tl + i) * h3..(r * tl + i + 1) * h3];
+                dt_prev[r * h..(r + 1) * h].copy_from_slice(&gr[..h]);
+                dctx[r * a2..(r + 1) * a2].copy_from_slice(&gr[h..]);
+            }
+            if i < n {
+                let (ru_i, ts_i, cc_i) = (
+                    &ru[i * 2 * bh..(i + 1) * 2 * bh],
+                    &ts[i * bh..(i + 1) * bh],
+                    &cc[i * bh..(i + 1) * bh],
+                );
+                let dpre_i = &mut dpre[i * bh3..(i + 1) * bh3];
+                {
+                    let (dtsw, dpw) = (RowsMut::new(&mut dts, h), RowsMut::new(dpre_i, h3));
+                    let dt = &dt;
+                    rows_par(b, bh, |r| unsafe {
+                        bwd_update_row_d(
+                            &dt[r * h..(r + 1) * h],
+                            &ru_i[r * 2 * h..(r + 1) * 2 * h],
+                            &cc_i[r * h..(r + 1) * h],
+                            &ts_i[r * h..(r + 1) * h],
+                            dtsw.row(r),
+                            dpw.row(r),
+                        )
+                    });
+                }
+                gemm_into(
+                    b,
+                    h,
+                    h,
+                    &mut drts,
+                    h,
+                    false,
+                    Mat {
+                        data: &dpre_i[2 * h..],
+                        rs: h3,
+                        cs: 1,
+                    },
+                    u.bwd(b),
+                );
+                {
+                    let (dtsw, dpw) = (RowsMut::new(&mut dts, h), RowsMut::new(dpre_i, h3));
+                    let drts = &drts;
+                    rows_par(b, bh, |r| unsafe {
+                        bwd_reset_row_d(
+                            &drts[r * h..(r + 1) * h],
+                            &ru_i[r * 2 * h..(r + 1) * 2 * h],
+                            &ts_i[r * h..(r + 1) * h],
+                            dtsw.row(r),
+                            dpw.row(r),
+                        )
+                    });
+                }
+                gemm_into(
+                    b,
+                    h,
+                    2 * h,
+                    &mut dts,
+                    h,
+                    true,
+                    Mat {
+                        data: dpre_i,
+                        rs: h3,
+                        cs: 1,
+                    },
+                    u_ru.bwd(b),
+                );
+                // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
+                let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
+                let dwp_i = &mut dwp[i * bh3..(i + 1) * bh3];
+                let dzp_i = if gated {
+                    &mut dzp[i * bh..(i + 1) * bh]
+                } else {
+                    &mut dzp[..]
+                };
+                {
+                    let (dww, dcw, dtw, dzw) = (
+                        RowsMut::new(dwp_i, h3),
+                        RowsMut::new(dcp_i, wc),
+                        RowsMut::new(&mut dt, h),
+                        RowsMut::new(dzp_i, if gated { h } else { 0 }),
+                    );
+                    let (dpre_i, dts) = (&*dpre_i, &dts);
+                    let (wp_i, cp_i) = (
+                        &wp[i * bh3..(i + 1) * bh3],
+                        &cp[i * b * wc..(i + 1) * b * wc],
+                    );
+                    let z_i = if gated {
+                        &z[i * bh..(i + 1) * bh]
+                    } else {
+                        &z[..]
+                    };
+                    rows_par(b, bh3, |r| unsafe {
+                        bwd_mix_row_d(
+                            &dpre_i[r * h3..(r + 1) * h3],
+                            &dts[r * h..(r + 1) * h],
+                            &t_i[r * h..(r + 1) * h],
+                            &wp_i[r * h3..(r + 1) * h3],
+                            &cp_i[r * wc..r * wc + h3],
+                            if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
+                            kinds,
+                            gated,
+                            dww.row(r),
+                            &mut dcw.row(r)[..h3],
+                            dtw.row(r),
+                            dzw.row(r),
+                        )
+                    });
+                }
+                for (a, x) in dt_prev.iter_mut().zip(&dt) {
+                    *a = *a + *x;
+                }
+                // ∂ of the gate's pre-activation next to ∂(C s) and ∂(B t) for the stacked products.
+                if gated {
+                    let dzp_i = &dzp[i * bh..(i + 1) * bh];
+                    for r in 0..b {
+                        let d = &dzp_i[r * h..(r + 1) * h];
+                        if has_cz {
+                            dcp_i[r * wc + h3..(r + 1) * wc].copy_from_slice(d);
+                        }
+                        if has_uz {
+                            dq[(i * b + r) * wq + ad..(i * b + r + 1) * wq].copy_from_slice(d);
+                        }
+                    }
+                }
+                let dcp_i = &*dcp_i;
+                gemm_into(
+                    b,
+                    a2,
+                    wc,
+                    &mut dctx,
+                    a2,
+                    true,
+                    Mat::rows(dcp_i, wc),
+                    cw.bwd(b),
+                );
+            }
+            // Attention backward: ∂s_i → ∂α → ∂e → ∂(A h), ∂(B t), ∂v; ∂h accumulated in place.
+            let actx_i = &actx[i * b * w_ac..(i + 1) * b * w_ac];
+            let q_i = &q[i * b * wq..(i + 1) * b * wq];
+            let dq_i = &mut dq[i * b * wq..(i + 1) * b * wq];
+            for r in 0..b {
+                let gr = &mut gfull[r * w_ac..(r + 1) * w_ac];
+                gr[..s].fill(T::zero());
+                gr[s..].copy_from_slice(&dctx[r * a2..(r + 1) * a2]);
+            }
+            {
+                let dqw = RowsMut::new(dq_i, wq);
+                let dvw = RowsMut::new(&mut dv_rows, ad);
+                let gfull = &gfull;
+                let v = &v;
+                self.ah.with_slice::<T, _>(|ah| {
+                    self.ann.with_slice::<T, _>(|ann| {
+                        self.ah.accumulate::<T>(|d_ah| {
+                            self.ann.accumulate::<T>(|d_ann| {
+                                let (dahw, dannw) =
+                                    (RowsMut::new(d_ah, s * ad), RowsMut::new(d_ann, s * a2));
+                                rows_par(b, b * s * ad, |r| unsafe {
+                                    let mut de = vec![T::zero(); s];
+                                    crate::attention::softmax_context_grad_row_d(
+                                        &actx_i[r * w_ac..(r + 1) * w_ac],
+                                        &ann[r * s * a2..(r + 1) * s * a2],
+                                        &gfull[r * w_ac..(r + 1) * w_ac],
+                                        &mut de,
+                                        dannw.row(r),
+                                        true,
+                                    );
+                                    let dq_r = &mut dqw.row(r)[..ad];
+                                    dq_r.fill(T::zero());
+                                    crate::attention::score_grad_rows_d(
+                                        &ah[r * s * ad..(r + 1) * s * ad],
+                                        &q_i[r * wq..r * wq + ad],
+                                        v,
+                                        &de,
+                                        dahw.row(r),
+                                        dq_r,
+                                        dvw.row(r),
+                                        true,
+                                    );
+                                });
+                            })
+                        });
+                        Ok(())
+                    })
+                })?;
+            }
+            let dq_i = &*dq_i;
+            gemm_into(
+                b,
+                h,
+                wq,
+                &mut dt_prev,
+                h,
+                true,
+                Mat::rows(dq_i, wq),
+                tw.bwd(b),
+            );
+            std::mem::swap(&mut dt, &mut dt_prev);
+        }
+        // `dt` is ∂t_0 now. Inputs' gradients, and each weight's as one GEMM over all steps.
+        self.t0.add_grad(&dt);
+        self.wp.add_grad(&dwp);
+        if let Some(wz) = &self.wz {
+            wz.add_grad(&dzp);
+        }
+        let mut dv = vec![T::zero(); ad];
+        for row in dv_rows.chunks(ad) {
+            for (a, x) in dv.iter_mut().zip(row) {
+                *a = *a + *x;
+            }
+        }
+        self.v.add_grad(&dv);
+        let nb = n * b;
+        let ctx_t = Mat {
+            data: &actx[s..],
+            rs: 1,
+            cs: w_ac,
+        };
+        let weight_grad = |k: usize, nn: usize, rows: usize, lhs: Mat<T>, rhs: Mat<T>| {
+            let mut d = vec![T::zero(); k * nn];
+            gemm_into(k, nn, rows, &mut d, nn, false, lhs, rhs);
+            d
+        };
+        // Columns `[from, from + cols)` of a stacked weight's gradient `[k, width]` to `sh`.
+        let add_cols = |sh: &Shared, d: &[T], width: usize, from: usize, cols: usize| {
+            let part: Vec<T> = d
+                .chunks(width)
+                .flat_map(|row| row[from..from + cols].iter().copied())
+                .collect();
+            sh.add_grad(&part);
+        };
+        let d_tw = weight_grad(h, wq, tl * b, Mat::t(&tall, h), Mat::rows(&dq, wq));
+        add_cols(&self.b_att, &d_tw, wq, 0, ad);
+        if let Some(uz) = &self.u_z {
+            add_cols(uz, &d_tw, wq, ad, h);
+        }
+        let d_cw = weight_grad(a2, wc, nb, ctx_t, Mat::rows(&dcp, wc));
+        add_cols(&self.c, &d_cw, wc, 0, h3);
+        if let Some(cz) = &self.c_z {
+            add_cols(cz, &d_cw, wc, h3, h);
+        }
+        self.u_ru.add_grad(&weight_grad(
+            h,
+            2 * h,
+            nb,
+            Mat::t(&ts, h),
+            Mat::rows(&dpre, h3),
+        ));
+        self.u.add_grad(&weight_grad(
+            h,
+            h,
+            nb,
+            Mat::t(&rts, h),
+            Mat {
+                data: &dpre[2 * h..],
+                rs: h3,
+                cs: 1,
+            },
+        ));
+        Ok(())
+    }
+}
+
+impl CustomOp1 for DecoderSequence {
+    fn name(&self) -> &'static str {
+        "fused-decoder-sequence"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s, forward_of, self)
+    }
+    fn bwd(&self, bundle: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        match grad.dtype() {
+            candle_core::DType::F32 => self.backward::<f32>(grad)?,
+            candle_core::DType::F64 => self.backward::<f64>(grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+        Ok(Some(bundle.zeros_like()?))
+    }
+}
+
+fn forward_of<T: Real>(op: &DecoderSequence) -> Result<(CpuStorage, Shape)> {
+    op.forward::<T>()
+}
