@@ -803,7 +803,7 @@ pub fn gemm_into<T: Real>(
         return;
     }
     let threads = candle_core::utils::get_num_threads();
-    let par = if threads > 1 {
+    let par = if threads > 1 && !SERIAL.with(|s| s.get()) {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
@@ -897,7 +897,7 @@ pub fn to_vec<T: Real>(x: &Tensor) -> Result<Vec<T>> {
 /// Run `f(row, …)` over the rows of a step, on the pool when the step is large enough.
 pub(crate) fn rows_par<F: Fn(usize) + Sync + Send>(b: usize, elems: usize, f: F) {
     use rayon::prelude::*;
-    if elems >= 16 * 1024 {
+    if elems >= 16 * 1024 && !SERIAL.with(|s| s.get()) {
         (0..b).into_par_iter().for_each(f);
     } else {
         (0..b).for_each(f);
@@ -930,4 +930,19 @@ pub fn storage_slice<'a, T: WithDType>(
         candle_core::Storage::Cpu(c) => slice::<T>(c, l),
         _ => candle_core::bail!("fused kernel: tensor is not on the CPU"),
     }
+}
+
+thread_local! {
+    /// Set while a kernel runs one of several concurrent tasks ([`serial`]).
+    static SERIAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run `f` with [`gemm_into`] and the row loops on the calling thread only: for kernels that run
+/// independent work (the encoder's two directions) concurrently, one core each, instead of splitting every
+/// small product across the cores.
+pub fn serial<R>(f: impl FnOnce() -> R) -> R {
+    let before = SERIAL.with(|s| s.replace(true));
+    let r = f();
+    SERIAL.with(|s| s.set(before));
+    r
 }

@@ -201,17 +201,11 @@ impl Model {
         Ok((model, varmap))
     }
 
-    /// The recurrent weights (multiplied by a state or context at every step).
+    /// The decoder's recurrent weights (multiplied by a state or context at every step), which the per-step
+    /// fused products read prepared ([`crate::kernels::begin_pass`]).
     pub fn recurrent_weights(&self) -> Vec<&Tensor> {
-        let mut w: Vec<&Tensor> = vec![
-            &self.encoder.fwd.u_ru,
-            &self.encoder.fwd.u,
-            &self.encoder.bwd.u_ru,
-            &self.encoder.bwd.u,
-            &self.attention.b,
-            &self.cell.c,
-            &self.cell.u,
-        ];
+        // (The encoder's run inside one fused op, `encoder::bigru_fused`, which orients them itself.)
+        let mut w: Vec<&Tensor> = vec![&self.attention.b, &self.cell.c, &self.cell.u];
         if let Some(u) = &self.cell.u_ru {
             w.push(u);
         }

@@ -502,3 +502,81 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
         .is_err());
     }
 }
+
+/// The bidirectional encoder as one fused op (both directions, back-propagation through time inside)
+/// against the composed step-by-step GRU with padding: annotations and every input's gradient.
+#[test]
+fn fused_bidirectional_gru_matches_step_by_step() {
+    use candle_core::IndexOp;
+    use cgnmt::encoder::{bigru_fused, Gru};
+    for (dtype, ft, gt) in [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)] {
+        let mut rng = StdRng::seed_from_u64(5);
+        // Sizes that leave remainders after the 8-lane loops; sentence lengths 6, 4, 1, 6, 2.
+        let (s, b, h) = (6, 5, 11);
+        let lens = [6usize, 4, 1, 6, 2];
+        let mask: Vec<f64> = (0..s * b)
+            .map(|k| if k / b < lens[k % b] { 1.0 } else { 0.0 })
+            .collect();
+        let vars = [
+            rand_var(&mut rng, &[s, b, 3 * h], 1.5, dtype),
+            rand_var(&mut rng, &[s, b, 3 * h], 1.5, dtype),
+            rand_var(&mut rng, &[h, 2 * h], 0.5, dtype),
+            rand_var(&mut rng, &[h, h], 0.5, dtype),
+            rand_var(&mut rng, &[h, 2 * h], 0.5, dtype),
+            rand_var(&mut rng, &[h, h], 0.5, dtype),
+        ];
+        let m = Tensor::from_vec(mask.clone(), (s, b, 1), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let gru = |u_ru: &Tensor, u: &Tensor| Gru {
+            w: u.clone(),
+            b: u.i(0).unwrap(),
+            u_ru: u_ru.clone(),
+            u: u.clone(),
+            hidden: h,
+            kernels: Kernels::Reference,
+        };
+        compare(
+            dtype,
+            &vars,
+            &|x| {
+                vec![
+                    bigru_fused(&x[0], &x[1], mask.clone(), (&x[2], &x[3]), (&x[4], &x[5]))
+                        .unwrap(),
+                ]
+            },
+            &|x| {
+                let (gf, gb) = (gru(&x[2], &x[3]), gru(&x[4], &x[5]));
+                let h0 = Tensor::zeros((b, h), dtype, &Device::Cpu).unwrap();
+                let mut fwd = vec![];
+                let mut st = h0.clone();
+                for t in 0..s {
+                    st = gf
+                        .step_masked(&x[0].i(t).unwrap(), &st, Some(&m.i(t).unwrap()))
+                        .unwrap();
+                    fwd.push(st.clone());
+                }
+                let mut bwd = vec![h0.clone(); s];
+                let mut st = h0;
+                for t in (0..s).rev() {
+                    st = gb
+                        .step_masked(&x[1].i(t).unwrap(), &st, Some(&m.i(t).unwrap()))
+                        .unwrap();
+                    bwd[t] = st.clone();
+                }
+                vec![Tensor::cat(
+                    &[
+                        Tensor::stack(&fwd, 1).unwrap(),
+                        Tensor::stack(&bwd, 1).unwrap(),
+                    ],
+                    2,
+                )
+                .unwrap()]
+            },
+            ft,
+            gt,
+            "bidirectional GRU sequence",
+        );
+    }
+}
