@@ -838,7 +838,8 @@ impl DecoderSequence {
             nb,
             Mat::t(&rts, h),
             Mat {
-                data: &dpre[2 * h..],
+                // (Empty when the sentences are one step long: no transition.)
+                data: dpre.get(2 * h..).unwrap_or(&[]),
                 rs: h3,
                 cs: 1,
             },

@@ -346,23 +346,37 @@ fn loss_and_grads(
     k: Kernels,
     dtype: DType,
 ) -> (f64, Vec<(String, Tensor)>) {
+    let mut rng = StdRng::seed_from_u64(9);
+    let src = random_seqs(&mut rng, 4, 11, 1, 6);
+    let tgt = random_seqs(&mut rng, 4, 9, 1, 5);
+    loss_and_grads_on(cfg, k, dtype, &src, &tgt, false)
+}
+
+/// Loss and every parameter's gradient on the batch `src` → `tgt` (vocabularies 11 / 9); a parameter without
+/// a gradient fails unless `unused_is_zero` (then its gradient is zero: weights a one-step batch never uses).
+fn loss_and_grads_on(
+    cfg: &cgnmt::config::ModelConfig,
+    k: Kernels,
+    dtype: DType,
+    src: &[Vec<u32>],
+    tgt: &[Vec<u32>],
+    unused_is_zero: bool,
+) -> (f64, Vec<(String, Tensor)>) {
     let (vs, vt) = (11, 9);
     let (mut model, varmap) = Model::build(cfg, vs, vt, 7, dtype, &Device::Cpu).unwrap();
     model.set_kernels(k);
     randomize(&varmap, 8, 0.4);
-    let mut rng = StdRng::seed_from_u64(9);
-    let src = random_seqs(&mut rng, 4, vs, 1, 6);
-    let tgt = random_seqs(&mut rng, 4, vt, 1, 5);
-    let batch = Batch::new(&src, &tgt, 0, dtype, &Device::Cpu).unwrap();
+    let batch = Batch::new(src, tgt, 0, dtype, &Device::Cpu).unwrap();
     let loss = model.loss(&batch).unwrap();
     let g = model.backward(&loss).unwrap();
     let grads = sorted_vars(&varmap)
         .into_iter()
         .map(|(n, v)| {
-            let gt = g
-                .get(v.as_tensor())
-                .unwrap_or_else(|| panic!("{n}: no gradient with {k:?} kernels"))
-                .clone();
+            let gt = match g.get(v.as_tensor()) {
+                Some(t) => t.clone(),
+                None if unused_is_zero => v.as_tensor().zeros_like().unwrap(),
+                None => panic!("{n}: no gradient with {k:?} kernels"),
+            };
             (n, gt)
         })
         .collect();
@@ -398,6 +412,47 @@ fn whole_model_fused_equals_reference_for_every_variant() {
                     "{sets:?} {dtype:?}: gradient of {n} differs by {d:e}"
                 );
             }
+        }
+    }
+}
+
+/// The fused sequence ops at their edges: one sentence, one-word sources, empty targets (a single step, EOS,
+/// so no transition), all equal to the reference kernels.
+#[test]
+fn fused_sequence_ops_at_the_edges_equal_reference() {
+    let cfg = cgnmt::config::Config::load(
+        None,
+        &[
+            "model.embedding_dim=6".to_string(),
+            "model.hidden_dim=10".into(),
+            "model.attention_dim=7".into(),
+            "model.context_gate=both".into(),
+        ],
+    )
+    .unwrap()
+    .model;
+    let batches: Vec<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = vec![
+        (vec![vec![3]], vec![vec![]]),
+        (vec![vec![3]], vec![vec![4, 5, 6]]),
+        (vec![vec![3, 4, 5, 6], vec![7]], vec![vec![], vec![]]),
+        (
+            vec![vec![3, 4], vec![5], vec![6, 7, 8]],
+            vec![vec![2], vec![], vec![3, 4]],
+        ),
+    ];
+    for (src, tgt) in &batches {
+        let (lf, gf) = loss_and_grads_on(&cfg, Kernels::Fused, DType::F64, src, tgt, true);
+        let (lr, gr) = loss_and_grads_on(&cfg, Kernels::Reference, DType::F64, src, tgt, true);
+        assert!(
+            ((lf - lr) / lr).abs() < 1e-12,
+            "{src:?} → {tgt:?}: loss {lf} vs {lr}"
+        );
+        for ((n, a), (_, b)) in gf.iter().zip(&gr) {
+            let d = max_rel_diff(a, b).unwrap();
+            assert!(
+                d < 1e-9,
+                "{src:?} → {tgt:?}: gradient of {n} differs by {d:e}"
+            );
         }
     }
 }
