@@ -11,6 +11,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 
+use crate::encoder::{gru_step_forward, GruActs, GruStep};
 use crate::gate::ZKind;
 use crate::kernels::{
     by_dtype, gemm_into, rows_par, simd_dispatch, storage_slice, Mat, Oriented, Real, RowsMut,
@@ -190,54 +191,6 @@ fn gate_mix_row<T: Real>(
     }
 }
 simd_dispatch!(gate_mix_row_d, gate_mix_row_avx, gate_mix_row, (terms: [Option<&[T]>; 3], t: &[T], wp: &[T], cp: &[T], kinds: (ZKind, T, ZKind, T), z: &mut [T], ts: &mut [T], pre: &mut [T]));
-
-#[inline(always)]
-fn gates_row<T: Real>(pre: &[T], hu: &[T], ts: &[T], ru: &mut [T], rts: &mut [T]) {
-    let h = ts.len();
-    for k in 0..2 * h {
-        ru[k] = (pre[k] + hu[k]).sigmoid_v();
-    }
-    for k in 0..h {
-        rts[k] = ru[k] * ts[k];
-    }
-}
-simd_dispatch!(gates_row_d, gates_row_avx, gates_row, (pre: &[T], hu: &[T], ts: &[T], ru: &mut [T], rts: &mut [T]));
-
-#[inline(always)]
-fn update_row<T: Real>(pre: &[T], rc: &[T], ru: &[T], ts: &[T], c: &mut [T], t: &mut [T]) {
-    let h = ts.len();
-    for k in 0..h {
-        let ck = (pre[2 * h + k] + rc[k]).tanh_v();
-        c[k] = ck;
-        t[k] = ts[k] + ru[h + k] * (ck - ts[k]);
-    }
-}
-simd_dispatch!(update_row_d, update_row_avx, update_row, (pre: &[T], rc: &[T], ru: &[T], ts: &[T], c: &mut [T], t: &mut [T]));
-
-/// Backward through the interpolation and the candidate: `g` = `∂t_i`; writes `∂(T∘t)` (partial) into `dts`
-/// and the update gate's and candidate's pre-activation gradients into `dpre[H..3H]`.
-#[inline(always)]
-fn bwd_update_row<T: Real>(g: &[T], ru: &[T], c: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]) {
-    let h = g.len();
-    for k in 0..h {
-        let u = ru[h + k];
-        let ck = c[k];
-        dts[k] = g[k] * (T::one() - u);
-        dpre[h + k] = g[k] * (ck - ts[k]) * u * (T::one() - u);
-        dpre[2 * h + k] = g[k] * u * (T::one() - ck * ck);
-    }
-}
-simd_dispatch!(bwd_update_row_d, bwd_update_row_avx, bwd_update_row, (g: &[T], ru: &[T], c: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]));
-
-#[inline(always)]
-fn bwd_reset_row<T: Real>(drts: &[T], ru: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]) {
-    for k in 0..drts.len() {
-        let r = ru[k];
-        dts[k] = dts[k] + drts[k] * r;
-        dpre[k] = drts[k] * ts[k] * r * (T::one() - r);
-    }
-}
-simd_dispatch!(bwd_reset_row_d, bwd_reset_row_avx, bwd_reset_row, (drts: &[T], ru: &[T], ts: &[T], dts: &mut [T], dpre: &mut [T]));
 
 /// Backward through the mix and the gate: `∂(W e)` (`dwp`), `∂(C s)` (`dcp`), `∂t_{i−1}` through `T∘t`
 /// (`dt`, overwritten) and `∂` of the gate's pre-activation (`dzp`).
@@ -464,49 +417,15 @@ impl DecoderSequence {
                 });
             }
             let ts_i = &*ts_i;
-            gemm_into(
-                b,
-                2 * h,
-                h,
-                &mut hu,
-                2 * h,
-                false,
-                Mat::rows(ts_i, h),
-                u_ru.fwd(b),
-            );
-            let (ru_i, rts_i) = (
-                &mut ru[i * bh2..(i + 1) * bh2],
-                &mut rts[i * bh..(i + 1) * bh],
-            );
-            {
-                let (ruw, rtsw) = (RowsMut::new(ru_i, 2 * h), RowsMut::new(rts_i, h));
-                let (pre, hu) = (&pre, &hu);
-                rows_par(b, bh, |r| unsafe {
-                    gates_row_d(
-                        &pre[r * h3..(r + 1) * h3],
-                        &hu[r * 2 * h..(r + 1) * 2 * h],
-                        &ts_i[r * h..(r + 1) * h],
-                        ruw.row(r),
-                        rtsw.row(r),
-                    )
-                });
-            }
-            gemm_into(b, h, h, &mut rc, h, false, Mat::rows(rts_i, h), u.fwd(b));
-            {
-                let c_i = &mut cc[i * bh..(i + 1) * bh];
-                let (cw_, tw) = (RowsMut::new(c_i, h), RowsMut::new(&mut t_rest[..bh], h));
-                let (pre, rc, ru_i) = (&pre, &rc, &*ru_i);
-                rows_par(b, bh, |r| unsafe {
-                    update_row_d(
-                        &pre[r * h3..(r + 1) * h3],
-                        &rc[r * h..(r + 1) * h],
-                        &ru_i[r * 2 * h..(r + 1) * 2 * h],
-                        &ts_i[r * h..(r + 1) * h],
-                        cw_.row(r),
-                        tw.row(r),
-                    )
-                });
-            }
+            // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
+            let t_next = &mut t_rest[..bh];
+            t_next.copy_from_slice(ts_i);
+            let acts = GruActs {
+                ru: &mut ru[i * bh2..(i + 1) * bh2],
+                rh: &mut rts[i * bh..(i + 1) * bh],
+                ht: &mut cc[i * bh..(i + 1) * bh],
+            };
+            gru_step_forward(h, &pre, t_next, None, acts, (&mut hu, &mut rc), &u_ru, &u);
         }
         // The readout's input, batch-major: [t_{i−1} | s_i].
         let mut out = vec![T::zero(); b * tl * h3];
@@ -596,61 +515,16 @@ impl DecoderSequence {
                     &cc[i * bh..(i + 1) * bh],
                 );
                 let dpre_i = &mut dpre[i * bh3..(i + 1) * bh3];
-                {
-                    let (dtsw, dpw) = (RowsMut::new(&mut dts, h), RowsMut::new(dpre_i, h3));
-                    let dt = &dt;
-                    rows_par(b, bh, |r| unsafe {
-                        bwd_update_row_d(
-                            &dt[r * h..(r + 1) * h],
-                            &ru_i[r * 2 * h..(r + 1) * 2 * h],
-                            &cc_i[r * h..(r + 1) * h],
-                            &ts_i[r * h..(r + 1) * h],
-                            dtsw.row(r),
-                            dpw.row(r),
-                        )
-                    });
-                }
-                gemm_into(
-                    b,
+                // The GRU step from the scaled state T∘t: `dts` becomes ∂(T∘t).
+                dts.fill(T::zero());
+                let step = GruStep {
                     h,
-                    h,
-                    &mut drts,
-                    h,
-                    false,
-                    Mat {
-                        data: &dpre_i[2 * h..],
-                        rs: h3,
-                        cs: 1,
-                    },
-                    u.bwd(b),
-                );
-                {
-                    let (dtsw, dpw) = (RowsMut::new(&mut dts, h), RowsMut::new(dpre_i, h3));
-                    let drts = &drts;
-                    rows_par(b, bh, |r| unsafe {
-                        bwd_reset_row_d(
-                            &drts[r * h..(r + 1) * h],
-                            &ru_i[r * 2 * h..(r + 1) * 2 * h],
-                            &ts_i[r * h..(r + 1) * h],
-                            dtsw.row(r),
-                            dpw.row(r),
-                        )
-                    });
-                }
-                gemm_into(
-                    b,
-                    h,
-                    2 * h,
-                    &mut dts,
-                    h,
-                    true,
-                    Mat {
-                        data: dpre_i,
-                        rs: h3,
-                        cs: 1,
-                    },
-                    u_ru.bwd(b),
-                );
+                    ru: ru_i,
+                    ht: cc_i,
+                    hp: ts_i,
+                    mask: None,
+                };
+                step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru);
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
                 let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
                 let dwp_i = &mut dwp[i * bh3..(i + 1) * bh3];

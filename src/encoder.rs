@@ -547,6 +547,10 @@ struct GruSaved<T> {
     hp: Vec<T>,
 }
 
+// The GRU's row kernels over a step's rows, shared with the decoder's fused op (`decoder_sequence`, which
+// passes the gate-scaled state as `h_prev` and no mask).
+
+/// `[r | u] = σ(xp_ru + h_prev U_ru)` and `r∘h_prev`.
 #[inline(always)]
 fn seq_gates_row<T: Real>(xp: &[T], hu: &[T], hp: &[T], ru: &mut [T], rh: &mut [T]) {
     let h = hp.len();
@@ -559,6 +563,7 @@ fn seq_gates_row<T: Real>(xp: &[T], hu: &[T], hp: &[T], ru: &mut [T], rh: &mut [
 }
 simd_dispatch!(seq_gates_row_d, seq_gates_row_avx, seq_gates_row, (xp: &[T], hu: &[T], hp: &[T], ru: &mut [T], rh: &mut [T]));
 
+/// `h~ = tanh(xp_c + (r∘h_prev) U)` into `ht`, and `hs` (holding `h_prev`) becomes `h_prev + m∘u∘(h~ − h_prev)`.
 #[inline(always)]
 fn seq_update_row<T: Real>(xp: &[T], rc: &[T], ru: &[T], m: T, ht: &mut [T], hs: &mut [T]) {
     let h = rc.len();
@@ -606,6 +611,136 @@ fn seq_bwd_reset_row<T: Real>(drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: 
 }
 simd_dispatch!(seq_bwd_reset_row_d, seq_bwd_reset_row_avx, seq_bwd_reset_row, (drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: &mut [T]));
 
+/// Where one GRU step's forward pass leaves its activations (`[B, 2H]`, `[B, H]`, `[B, H]`).
+pub(crate) struct GruActs<'a, T> {
+    pub ru: &'a mut [T],
+    pub rh: &'a mut [T],
+    pub ht: &'a mut [T],
+}
+
+/// One GRU step over `B` rows: `xp` `[B, 3H]` the input terms of `[r | u | h~]`, `state` `h_prev` on entry and
+/// `h` on exit (kept where `mask` is 0); `scratch` is `([B, 2H], [B, H])`. Two GEMMs (`h_prev U_ru`,
+/// `(r∘h_prev) U`) and two row loops.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gru_step_forward<T: Real>(
+    h: usize,
+    xp: &[T],
+    state: &mut [T],
+    mask: Option<&[f64]>,
+    acts: GruActs<T>,
+    scratch: (&mut [T], &mut [T]),
+    u_ru: &crate::kernels::Oriented<T>,
+    u: &crate::kernels::Oriented<T>,
+) {
+    let h3 = 3 * h;
+    let b = state.len() / h.max(1);
+    let (hu, rc) = scratch;
+    let GruActs { ru, rh, ht } = acts;
+    gemm_into(
+        b,
+        2 * h,
+        h,
+        hu,
+        2 * h,
+        false,
+        Mat::rows(state, h),
+        u_ru.fwd(b),
+    );
+    {
+        let (ru_w, rh_w) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h));
+        let (hu, state) = (&*hu, &*state);
+        rows_par(b, b * h, |i| unsafe {
+            seq_gates_row_d(
+                &xp[i * h3..(i + 1) * h3],
+                &hu[i * 2 * h..(i + 1) * 2 * h],
+                &state[i * h..(i + 1) * h],
+                ru_w.row(i),
+                rh_w.row(i),
+            )
+        });
+    }
+    gemm_into(b, h, h, rc, h, false, Mat::rows(rh, h), u.fwd(b));
+    let (ht_w, st_w) = (RowsMut::new(ht, h), RowsMut::new(state, h));
+    let (rc, ru) = (&*rc, &*ru);
+    rows_par(b, b * h, |i| unsafe {
+        seq_update_row_d(
+            &xp[i * h3..(i + 1) * h3],
+            &rc[i * h..(i + 1) * h],
+            &ru[i * 2 * h..(i + 1) * 2 * h],
+            mask.map_or(T::one(), |m| T::from_f64c(m[i])),
+            ht_w.row(i),
+            st_w.row(i),
+        )
+    });
+}
+
+/// One GRU step's saved activations over its `B` rows of width `h`: `[r | u]`, `h~`, `h_prev` and the
+/// padding mask.
+pub(crate) struct GruStep<'a, T> {
+    pub h: usize,
+    pub ru: &'a [T],
+    pub ht: &'a [T],
+    pub hp: &'a [T],
+    pub mask: Option<&'a [f64]>,
+}
+
+impl<T: Real> GruStep<'_, T> {
+    /// Back-propagation through the step: `dh` holds the carried `∂h_t` on entry (`g`, the step's own
+    /// output gradient, is added to it) and `∂h_prev` on exit; `dxp` (`[B, 3H]`) receives the gradients of
+    /// the pre-activations `[r | u | h~]`; `drh` is scratch `[B, H]`.
+    pub(crate) fn backward(
+        &self,
+        g: &[T],
+        dh: &mut [T],
+        dxp: &mut [T],
+        drh: &mut [T],
+        u: &crate::kernels::Oriented<T>,
+        u_ru: &crate::kernels::Oriented<T>,
+    ) {
+        let (h, h3) = (self.h, 3 * self.h);
+        let b = self.hp.len() / h.max(1);
+        {
+            let (dh_w, dx_w) = (RowsMut::new(dh, h), RowsMut::new(dxp, h3));
+            rows_par(b, b * h, |i| unsafe {
+                seq_bwd_update_row_d(
+                    &g[i * h..(i + 1) * h],
+                    dh_w.row(i),
+                    &self.ru[i * 2 * h..(i + 1) * 2 * h],
+                    &self.ht[i * h..(i + 1) * h],
+                    &self.hp[i * h..(i + 1) * h],
+                    self.mask.map_or(T::one(), |m| T::from_f64c(m[i])),
+                    dx_w.row(i),
+                )
+            });
+        }
+        let dc = Mat {
+            data: &dxp[2 * h..],
+            rs: h3,
+            cs: 1,
+        };
+        gemm_into(b, h, h, drh, h, false, dc, u.bwd(b));
+        {
+            let (dh_w, dx_w) = (RowsMut::new(dh, h), RowsMut::new(dxp, h3));
+            let drh = &*drh;
+            rows_par(b, b * h, |i| unsafe {
+                seq_bwd_reset_row_d(
+                    &drh[i * h..(i + 1) * h],
+                    &self.ru[i * 2 * h..(i + 1) * 2 * h],
+                    &self.hp[i * h..(i + 1) * h],
+                    dh_w.row(i),
+                    dx_w.row(i),
+                )
+            });
+        }
+        let dru = Mat {
+            data: &*dxp,
+            rs: h3,
+            cs: 1,
+        };
+        gemm_into(b, h, 2 * h, dh, h, true, dru, u_ru.bwd(b));
+    }
+}
+
 /// One direction's forward pass over `xp` `[S, B, 3H]`: the states `[S, B, H]` and, when `save`, the
 /// activations the backward pass needs.
 #[allow(clippy::too_many_arguments)]
@@ -643,45 +778,14 @@ fn gru_dir_forward<T: Real>(
         if save {
             hp[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
         }
-        gemm_into(
-            b,
-            2 * h,
-            h,
-            &mut hu,
-            2 * h,
-            false,
-            Mat::rows(&state, h),
-            u_ru.fwd(b),
-        );
-        {
-            let (ru_w, rh_w) = (RowsMut::new(ru_t, 2 * h), RowsMut::new(rh_t, h));
-            let (hu, state) = (&hu, &state);
-            rows_par(b, b * h, |i| unsafe {
-                seq_gates_row_d(
-                    &xpt[i * h3..(i + 1) * h3],
-                    &hu[i * 2 * h..(i + 1) * 2 * h],
-                    &state[i * h..(i + 1) * h],
-                    ru_w.row(i),
-                    rh_w.row(i),
-                )
-            });
-        }
-        gemm_into(b, h, h, &mut rc, h, false, Mat::rows(rh_t, h), u.fwd(b));
-        {
-            let (ht_w, st_w) = (RowsMut::new(ht_t, h), RowsMut::new(&mut state, h));
-            let (rc, ru_t) = (&rc, &*ru_t);
-            let mask = &mask[t * b..(t + 1) * b];
-            rows_par(b, b * h, |i| unsafe {
-                seq_update_row_d(
-                    &xpt[i * h3..(i + 1) * h3],
-                    &rc[i * h..(i + 1) * h],
-                    &ru_t[i * 2 * h..(i + 1) * 2 * h],
-                    T::from_f64c(mask[i]),
-                    ht_w.row(i),
-                    st_w.row(i),
-                )
-            });
-        }
+        let acts = GruActs {
+            ru: ru_t,
+            rh: rh_t,
+            ht: ht_t,
+        };
+        let scratch = (&mut hu[..], &mut rc[..]);
+        let mask = Some(&mask[t * b..(t + 1) * b]);
+        gru_step_forward(h, xpt, &mut state, mask, acts, scratch, &u_ru, &u);
         out[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
     }
     (out, save.then_some(GruSaved { ru, rh, ht, hp }))
@@ -715,62 +819,14 @@ fn gru_dir_backward<T: Real>(
             &g[r1],
         );
         let dxp_t = &mut dxp[t * b * h3..(t + 1) * b * h3];
-        {
-            let (dh_w, dx_w) = (RowsMut::new(&mut dh, h), RowsMut::new(dxp_t, h3));
-            let mask = &mask[t * b..(t + 1) * b];
-            rows_par(b, b * h, |i| unsafe {
-                seq_bwd_update_row_d(
-                    &g_t[i * h..(i + 1) * h],
-                    dh_w.row(i),
-                    &ru_t[i * 2 * h..(i + 1) * 2 * h],
-                    &ht_t[i * h..(i + 1) * h],
-                    &hp_t[i * h..(i + 1) * h],
-                    T::from_f64c(mask[i]),
-                    dx_w.row(i),
-                )
-            });
-        }
-        gemm_into(
-            b,
+        let step = GruStep {
             h,
-            h,
-            &mut drh,
-            h,
-            false,
-            Mat {
-                data: &dxp_t[2 * h..],
-                rs: h3,
-                cs: 1,
-            },
-            u_o.bwd(b),
-        );
-        {
-            let (dh_w, dx_w) = (RowsMut::new(&mut dh, h), RowsMut::new(dxp_t, h3));
-            let drh = &drh;
-            rows_par(b, b * h, |i| unsafe {
-                seq_bwd_reset_row_d(
-                    &drh[i * h..(i + 1) * h],
-                    &ru_t[i * 2 * h..(i + 1) * 2 * h],
-                    &hp_t[i * h..(i + 1) * h],
-                    dh_w.row(i),
-                    dx_w.row(i),
-                )
-            });
-        }
-        gemm_into(
-            b,
-            h,
-            2 * h,
-            &mut dh,
-            h,
-            true,
-            Mat {
-                data: dxp_t,
-                rs: h3,
-                cs: 1,
-            },
-            u_ru_o.bwd(b),
-        );
+            ru: ru_t,
+            ht: ht_t,
+            hp: hp_t,
+            mask: Some(&mask[t * b..(t + 1) * b]),
+        };
+        step.backward(g_t, &mut dh, dxp_t, &mut drh, &u_o, &u_ru_o);
     }
     // ∂U_ru = Σ_t h_prevᵀ ∂[r|u]_pre, ∂U = Σ_t (r∘h_prev)ᵀ ∂c_pre: one GEMM each over all steps.
     let sb = s * b;
