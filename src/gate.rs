@@ -98,6 +98,15 @@ impl ZKind {
     }
 }
 
+/// How a context-gate strategy's source and target scales depend on `z` (the table above).
+pub fn strategy_kinds(strategy: ContextGate) -> (ZKind, ZKind) {
+    match strategy {
+        ContextGate::Source => (ZKind::Z, ZKind::One),
+        ContextGate::Target => (ZKind::One, ZKind::Z),
+        _ => (ZKind::Z, ZKind::OneMinusZ),
+    }
+}
+
 /// A context gate's scales as `src = c_s·kind_s(z)`, `tgt = c_t·kind_t(z)`.
 #[derive(Debug, Clone)]
 pub struct GateMix {
@@ -228,11 +237,7 @@ impl Gate {
                     add(crate::kernels::rec_matmul(kernels, ctx, c)?)?;
                 }
                 let z = candle_nn::ops::sigmoid(&pre.expect("a gate has at least one input"))?;
-                let kinds = match strategy {
-                    ContextGate::Source => (ZKind::Z, ZKind::One),
-                    ContextGate::Target => (ZKind::One, ZKind::Z),
-                    _ => (ZKind::Z, ZKind::OneMinusZ),
-                };
+                let kinds = strategy_kinds(*strategy);
                 mix = Some(GateMix {
                     z: z.clone(),
                     src: (kinds.0, a),

@@ -435,7 +435,12 @@ struct Transpose;
 
 fn transpose_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
     let (r, c) = l.shape().dims2()?;
-    let x = slice::<T>(s, l)?;
+    let out = transposed(slice::<T>(s, l)?, r, c);
+    Ok((T::to_cpu_storage_owned(out), Shape::from((c, r))))
+}
+
+/// The row-major `[c, r]` transpose of a row-major `[r, c]` matrix, copied tile by tile.
+pub fn transposed<T: Real>(x: &[T], r: usize, c: usize) -> Vec<T> {
     let mut out = vec![T::zero(); r * c];
     const TILE: usize = 32;
     for i0 in (0..r).step_by(TILE) {
@@ -447,7 +452,7 @@ fn transpose_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Sha
             }
         }
     }
-    Ok((T::to_cpu_storage_owned(out), Shape::from((c, r))))
+    out
 }
 
 impl candle_core::CustomOp1 for Transpose {
@@ -855,21 +860,7 @@ impl<'a, T: Real> Oriented<'a, T> {
         }
     }
     fn wt(&self) -> &[T] {
-        self.wt.get_or_init(|| {
-            let (k, n, w) = (self.k, self.n, self.w);
-            let mut wt = vec![T::zero(); k * n];
-            const TILE: usize = 32;
-            for i0 in (0..k).step_by(TILE) {
-                for j0 in (0..n).step_by(TILE) {
-                    for i in i0..(i0 + TILE).min(k) {
-                        for j in j0..(j0 + TILE).min(n) {
-                            wt[j * k + i] = w[i * n + j];
-                        }
-                    }
-                }
-            }
-            wt
-        })
+        self.wt.get_or_init(|| transposed(self.w, self.k, self.n))
     }
     /// `W` as the right operand of `x W` for `m` rows.
     pub fn fwd(&self, m: usize) -> Mat<'_, T> {

@@ -277,7 +277,7 @@ impl Model {
     /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
     #[allow(clippy::type_complexity)]
     pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
-        use crate::config::{ContextGate, DecoderKind, GateForm};
+        use crate::config::{DecoderKind, GateForm};
         if !self.kernels.fused_on(self.cell.u.device())
             || self.coverage.is_some()
             || self.cell.kind != DecoderKind::Gru
@@ -288,11 +288,10 @@ impl Model {
         }
         match &self.gate {
             Gate::None => Some(None),
-            Gate::Context { strategy, .. } => Some(Some(match strategy {
-                ContextGate::Source => ((ZKind::Z, 1.0), (ZKind::One, 1.0)),
-                ContextGate::Target => ((ZKind::One, 1.0), (ZKind::Z, 1.0)),
-                _ => ((ZKind::Z, 1.0), (ZKind::OneMinusZ, 1.0)),
-            })),
+            Gate::Context { strategy, .. } => {
+                let (ks, kt) = crate::gate::strategy_kinds(*strategy);
+                Some(Some(((ks, 1.0), (kt, 1.0))))
+            }
             _ => None,
         }
     }
