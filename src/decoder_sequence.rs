@@ -141,6 +141,11 @@ struct Saved<T> {
     ru: Vec<T>,
     rts: Vec<T>,
     c: Vec<T>,
+    /// The stacked weights the pass read (`[B | U_z]`, `[C | C_z]`) and their widths, for the backward pass.
+    tw: Vec<T>,
+    wq: usize,
+    cw: Vec<T>,
+    wc: usize,
 }
 
 /// `(c·kind(z), c·kind'(z))`.
@@ -307,9 +312,9 @@ impl DecoderSequence {
         let (g_ann, l_ann) = data!(self.ann);
         let ann = storage_slice::<T>(&g_ann, &l_ann)?;
         // The products that share a left operand run as one GEMM: t [B | U_z], s [C | C_z].
-        let (tw, wq, cwv, wc) = self.stacked::<T>()?;
-        let tw = Oriented::new(&tw, h, wq);
-        let cw = Oriented::new(&cwv, a2, wc);
+        let (tw_v, wq, cw_v, wc) = self.stacked::<T>()?;
+        let tw = Oriented::new(&tw_v, h, wq);
+        let cw = Oriented::new(&cw_v, a2, wc);
         let (g_v, l_v) = data!(self.v);
         let v = storage_slice::<T>(&g_v, &l_v)?;
         let (g_ur, l_ur) = data!(self.u_ru);
@@ -434,6 +439,7 @@ impl DecoderSequence {
             o[..h].copy_from_slice(&tall[(i * b + r) * h..(i * b + r + 1) * h]);
             o[h..].copy_from_slice(&actx[(i * b + r) * w_ac + s..(i * b + r + 1) * w_ac]);
         }
+        drop((tw, cw));
         *self.saved.lock().expect("saved activations") = Some(Box::new(Saved {
             tall,
             q,
@@ -444,6 +450,10 @@ impl DecoderSequence {
             ru,
             rts,
             c: cc,
+            tw: tw_v,
+            wq,
+            cw: cw_v,
+            wc,
         }));
         Ok((T::to_cpu_storage_owned(out), Shape::from((b, tl, h3))))
     }
@@ -471,6 +481,10 @@ impl DecoderSequence {
             ru,
             rts,
             c: cc,
+            tw: tw_v,
+            wq,
+            cw: cw_v,
+            wc,
         } = *saved
             .downcast::<Saved<T>>()
             .map_err(|_| candle_core::Error::Msg("fused decoder: dtype".into()))?;
@@ -479,9 +493,8 @@ impl DecoderSequence {
         let wp = vec_of(&self.wp)?;
         let v = vec_of(&self.v)?;
         let (u_ru_v, u_v) = (vec_of(&self.u_ru)?, vec_of(&self.u)?);
-        let (tw, wq, cwv, wc) = self.stacked::<T>()?;
-        let tw = Oriented::new(&tw, h, wq);
-        let cw = Oriented::new(&cwv, a2, wc);
+        let tw = Oriented::new(&tw_v, h, wq);
+        let cw = Oriented::new(&cw_v, a2, wc);
         let u_ru = Oriented::new(&u_ru_v, h, 2 * h);
         let u = Oriented::new(&u_v, h, h);
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
