@@ -76,6 +76,27 @@ pub fn gemm_gflops(m: usize, k: usize, n: usize, col_major: bool) -> Result<f64>
     Ok(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9)
 }
 
+/// GFLOP/s of `[m, k] × [k, n]` with the packed micro-kernel ([`crate::packed_gemm`], the weight packed
+/// once as in the recurrences); `None` where this CPU has no packed kernel.
+pub fn packed_gemm_gflops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
+    let Some(isa) = crate::packed_gemm::Isa::detect() else {
+        return Ok(None);
+    };
+    let a: Vec<f32> = Tensor::randn(0f32, 1.0, m * k, &Device::Cpu)?.to_vec1()?;
+    let b: Vec<f32> = Tensor::randn(0f32, 1.0, k * n, &Device::Cpu)?.to_vec1()?;
+    let p = crate::packed_gemm::Packed::new(isa, &b, k, n, n, 1);
+    let mut c = vec![0f32; m * n];
+    let threads = rayon::current_num_threads();
+    p.mul_into(m, &a, k, &mut c, n, false, threads);
+    let mut t = vec![];
+    for _ in 0..20 {
+        let s = Instant::now();
+        p.mul_into(m, &a, k, &mut c, n, false, threads);
+        t.push(s.elapsed().as_secs_f64());
+    }
+    Ok(Some(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9))
+}
+
 /// Forward FLOPs of one training batch (matrix products only), from the configuration and shapes.
 pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f64 {
     encoder_flops(cfg, b, s) + decoder_step_flops(cfg, v, s) * (b * t) as f64
@@ -181,6 +202,9 @@ pub struct BenchOptions {
     pub steps: usize,
     pub decode_sentences: usize,
     pub repeats: usize,
+    /// Alternate training steps between the packed micro-kernel and the general GEMM for the recurrences'
+    /// products (same process, same batches' shapes: far less noisy than comparing two runs).
+    pub compare_packed_gemm: bool,
 }
 
 /// Run the benchmark; prints a human summary to stderr and returns the JSON record.
@@ -190,6 +214,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let dev = Device::Cpu;
     let threads = candle_core::utils::get_num_threads();
     eprintln!("measuring SGEMM peak ({} threads)...", threads);
+
     let peak = sgemm_gflops(2048)?;
     let (e_dim, h_dim) = (cfg.model.embedding_dim, cfg.model.hidden_dim);
     // The recurrent step's products: [B, 2H] × [2H, 3H] (context), [B, H] × [H, 2H] (state), and the
@@ -200,6 +225,8 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "ctx_BxC_colmajor": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, true)?,
         "state_BxU": gemm_gflops(bsz, h_dim, 2 * h_dim, false)?,
         "state_BxU_colmajor": gemm_gflops(bsz, h_dim, 2 * h_dim, true)?,
+        "ctx_BxC_packed": packed_gemm_gflops(bsz, 2 * h_dim, 3 * h_dim)?,
+        "state_BxU_packed": packed_gemm_gflops(bsz, h_dim, 2 * h_dim)?,
         "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim, false)?,
         "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
     });
@@ -258,16 +285,39 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let mut times = vec![];
     let mut phases: [Vec<f64>; 3] = [vec![], vec![], vec![]];
     let mut toks = 0usize;
-    for b in &batches {
+    // With --compare-packed-gemm, odd steps use the general GEMM (reported apart).
+    let mut general_times = vec![];
+    for (bi, b) in batches.iter().enumerate() {
+        let general = opts.compare_packed_gemm && bi % 2 == 1;
+        crate::kernels::set_packed_gemm(!general);
         let s = Instant::now();
         let p = step(b, &mut opt)?;
+        if general {
+            general_times.push(s.elapsed().as_secs_f64());
+            continue;
+        }
         times.push(s.elapsed().as_secs_f64());
         for (v, x) in phases.iter_mut().zip(p) {
             v.push(x);
         }
         toks = b.tgt_tokens;
     }
+    crate::kernels::set_packed_gemm(true);
     let step_s = median(&mut times);
+    let comparison = if general_times.is_empty() {
+        serde_json::Value::Null
+    } else {
+        let general_s = median(&mut general_times);
+        eprintln!(
+            "packed micro-kernel against the general GEMM, alternate steps: median {:.3} s against {:.3} s ({} and {} steps)",
+            step_s,
+            general_s,
+            times.len(),
+            general_times.len()
+        );
+        json!({"packed_step_s_median": step_s, "general_gemm_step_s_median": general_s,
+               "packed_steps": times.len(), "general_gemm_steps": general_times.len()})
+    };
     let [fwd_s, bwd_s, opt_s] = [
         median(&mut phases[0]),
         median(&mut phases[1]),
@@ -337,6 +387,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "gflops_per_s": gflops,
         "sgemm_peak_gflops": peak,
         "gemm_gflops_at_step_shapes": step_gemm,
+        "packed_gemm_comparison": comparison,
     });
     eprintln!(
         "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",

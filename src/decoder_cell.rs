@@ -150,7 +150,7 @@ impl DecoderCell {
             let zeros = Tensor::zeros((k - 1) * self.hidden, self.b.dtype(), self.b.device())?;
             Tensor::cat(&[&zeros, &self.b], 0)?
         };
-        e.matmul(&self.w)?.broadcast_add(&bias)
+        crate::kernels::linear(self.kernels, e, &self.w, &bias)
     }
 
     /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]`.

@@ -32,8 +32,8 @@ pub struct DecoderWeights<'a> {
     pub c_z: Option<&'a Tensor>,
 }
 
-/// Run the decoder over `T` target steps: word projections `wp` `[T, B, 3H]` (time-major, `W e + b`), the
-/// gate's word term `wz` `[T, B, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
+/// Run the decoder over `T` target steps: word projections `wp` `[B, T, 3H]` (batch-major, `W e + b`), the
+/// gate's word term `wz` `[B, T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
 /// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
 /// `[B, S]`; `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
 /// no gate. Returns `[B, T, 3H]`: row `(b, i)` is `[t_{i−1} | s_i]`, what the readout reads.
@@ -48,7 +48,7 @@ pub fn decoder_sequence_fused(
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
 ) -> Result<Tensor> {
-    let (tl, b, h3) = wp.dims3()?;
+    let (b, tl, h3) = wp.dims3()?;
     let h = h3 / 3;
     let (b2, s, ad) = ah.tensor.dims3()?;
     let a2 = annotations.tensor.dim(2)?;
@@ -64,7 +64,7 @@ pub fn decoder_sequence_fused(
         && w.c.dims2()? == (2 * h, 3 * h)
         && w.u_ru.dims2()? == (h, 2 * h)
         && w.u.dims2()? == (h, h)
-        && wz.map_or(Ok(true), |x| x.dims3().map(|d| d == (tl, b, h)))?
+        && wz.map_or(Ok(true), |x| x.dims3().map(|d| d == (b, tl, h)))?
         && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
         && w.c_z
             .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
@@ -247,7 +247,7 @@ struct Dims {
 
 impl DecoderSequence {
     fn dims(&self) -> Result<Dims> {
-        let (tl, b, h3) = self.wp.tensor.dims3()?;
+        let (b, tl, h3) = self.wp.tensor.dims3()?;
         let (_, s, ad) = self.ah.tensor.dims3()?;
         Ok(Dims {
             tl,
@@ -349,7 +349,7 @@ impl DecoderSequence {
             let (t_done, t_rest) = tall.split_at_mut((i + 1) * bh);
             let t_i = &t_done[i * bh..];
             let q_i = &mut q[i * b * wq..(i + 1) * b * wq];
-            gemm_into(b, wq, h, q_i, wq, false, Mat::rows(t_i, h), tw.fwd(b));
+            tw.mul_into(b, q_i, wq, false, Mat::rows(t_i, h));
             let actx_i = &mut actx[i * b * w_ac..(i + 1) * b * w_ac];
             {
                 let out = RowsMut::new(actx_i, w_ac);
@@ -383,7 +383,7 @@ impl DecoderSequence {
                 cs: 1,
             };
             let cp_i = &mut cp[i * b * wc..(i + 1) * b * wc];
-            gemm_into(b, wc, a2, cp_i, wc, false, ctx_i, cw.fwd(b));
+            cw.mul_into(b, cp_i, wc, false, ctx_i);
             let (z_i, ts_i) = (
                 if gated {
                     &mut z[i * bh..(i + 1) * bh]
@@ -399,10 +399,9 @@ impl DecoderSequence {
                     RowsMut::new(&mut pre, h3),
                 );
                 let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
-                let wp_i = &wp[i * bh3..(i + 1) * bh3];
                 rows_par(b, bh3, |r| {
                     let terms = [
-                        wz.map(|x| &x[(i * b + r) * h..(i * b + r + 1) * h]),
+                        wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h]),
                         has_uz.then(|| &q_i[r * wq + ad..(r + 1) * wq]),
                         has_cz.then(|| &cp_i[r * wc + h3..(r + 1) * wc]),
                     ];
@@ -411,7 +410,7 @@ impl DecoderSequence {
                         gate_mix_row_d(
                             terms,
                             &t_i[r * h..(r + 1) * h],
-                            &wp_i[r * h3..(r + 1) * h3],
+                            &wp[(r * tl + i) * h3..(r * tl + i + 1) * h3],
                             &cp_i[r * wc..r * wc + h3],
                             kinds,
                             zw.row(r),
@@ -540,24 +539,15 @@ impl DecoderSequence {
                 step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru);
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
                 let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
-                let dwp_i = &mut dwp[i * bh3..(i + 1) * bh3];
-                let dzp_i = if gated {
-                    &mut dzp[i * bh..(i + 1) * bh]
-                } else {
-                    &mut dzp[..]
-                };
                 {
                     let (dww, dcw, dtw, dzw) = (
-                        RowsMut::new(dwp_i, h3),
+                        RowsMut::new(&mut dwp, h3),
                         RowsMut::new(dcp_i, wc),
                         RowsMut::new(&mut dt, h),
-                        RowsMut::new(dzp_i, if gated { h } else { 0 }),
+                        RowsMut::new(&mut dzp, if gated { h } else { 0 }),
                     );
                     let (dpre_i, dts) = (&*dpre_i, &dts);
-                    let (wp_i, cp_i) = (
-                        &wp[i * bh3..(i + 1) * bh3],
-                        &cp[i * b * wc..(i + 1) * b * wc],
-                    );
+                    let (wp, cp_i) = (&wp, &cp[i * b * wc..(i + 1) * b * wc]);
                     let z_i = if gated {
                         &z[i * bh..(i + 1) * bh]
                     } else {
@@ -568,15 +558,15 @@ impl DecoderSequence {
                             &dpre_i[r * h3..(r + 1) * h3],
                             &dts[r * h..(r + 1) * h],
                             &t_i[r * h..(r + 1) * h],
-                            &wp_i[r * h3..(r + 1) * h3],
+                            &wp[(r * tl + i) * h3..(r * tl + i + 1) * h3],
                             &cp_i[r * wc..r * wc + h3],
                             if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
                             kinds,
                             gated,
-                            dww.row(r),
+                            dww.row(r * tl + i),
                             &mut dcw.row(r)[..h3],
                             dtw.row(r),
-                            dzw.row(r),
+                            dzw.row(r * tl + i),
                         )
                     });
                 }
@@ -585,9 +575,8 @@ impl DecoderSequence {
                 }
                 // ∂ of the gate's pre-activation next to ∂(C s) and ∂(B t) for the stacked products.
                 if gated {
-                    let dzp_i = &dzp[i * bh..(i + 1) * bh];
                     for r in 0..b {
-                        let d = &dzp_i[r * h..(r + 1) * h];
+                        let d = &dzp[(r * tl + i) * h..(r * tl + i + 1) * h];
                         if has_cz {
                             dcp_i[r * wc + h3..(r + 1) * wc].copy_from_slice(d);
                         }
@@ -597,16 +586,7 @@ impl DecoderSequence {
                     }
                 }
                 let dcp_i = &*dcp_i;
-                gemm_into(
-                    b,
-                    a2,
-                    wc,
-                    &mut dctx,
-                    a2,
-                    true,
-                    Mat::rows(dcp_i, wc),
-                    cw.bwd(b),
-                );
+                cw.mul_t_into(b, &mut dctx, a2, true, Mat::rows(dcp_i, wc));
             }
             // Attention backward: ∂s_i → ∂α → ∂e → ∂(A h), ∂(B t), ∂v; ∂h accumulated in place.
             let actx_i = &actx[i * b * w_ac..(i + 1) * b * w_ac];
@@ -658,23 +638,14 @@ impl DecoderSequence {
                 })?;
             }
             let dq_i = &*dq_i;
-            gemm_into(
-                b,
-                h,
-                wq,
-                &mut dt_prev,
-                h,
-                true,
-                Mat::rows(dq_i, wq),
-                tw.bwd(b),
-            );
+            tw.mul_t_into(b, &mut dt_prev, h, true, Mat::rows(dq_i, wq));
             std::mem::swap(&mut dt, &mut dt_prev);
         }
         // `dt` is ∂t_0 now. Inputs' gradients, and each weight's as one GEMM over all steps.
-        self.t0.add_grad(&dt);
-        self.wp.add_grad(&dwp);
+        self.t0.add_grad(dt);
+        self.wp.add_grad(dwp);
         if let Some(wz) = &self.wz {
-            wz.add_grad(&dzp);
+            wz.add_grad(dzp);
         }
         let mut dv = vec![T::zero(); ad];
         for row in dv_rows.chunks(ad) {
@@ -682,7 +653,7 @@ impl DecoderSequence {
                 *a = *a + *x;
             }
         }
-        self.v.add_grad(&dv);
+        self.v.add_grad(dv);
         let nb = n * b;
         let ctx_t = Mat {
             data: &actx[s..],
@@ -700,7 +671,7 @@ impl DecoderSequence {
                 .chunks(width)
                 .flat_map(|row| row[from..from + cols].iter().copied())
                 .collect();
-            sh.add_grad(&part);
+            sh.add_grad(part);
         };
         let d_tw = weight_grad(h, wq, tl * b, Mat::t(&tall, h), Mat::rows(&dq, wq));
         add_cols(&self.b_att, &d_tw, wq, 0, ad);
@@ -712,14 +683,14 @@ impl DecoderSequence {
         if let Some(cz) = &self.c_z {
             add_cols(cz, &d_cw, wc, h3, h);
         }
-        self.u_ru.add_grad(&weight_grad(
+        self.u_ru.add_grad(weight_grad(
             h,
             2 * h,
             nb,
             Mat::t(&ts, h),
             Mat::rows(&dpre, h3),
         ));
-        self.u.add_grad(&weight_grad(
+        self.u.add_grad(weight_grad(
             h,
             h,
             nb,

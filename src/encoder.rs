@@ -92,25 +92,18 @@ impl Encoder {
             .emb
             .embedding(&src.flatten_all()?)?
             .broadcast_add(&self.emb_b)?;
-        // Time-major so every step reads a contiguous slice.
-        let xf = self
-            .fwd
-            .project(&e)?
-            .reshape((b, s, 3 * self.hidden))?
-            .transpose(0, 1)?
-            .contiguous()?;
-        let xb = self
-            .bwd
-            .project(&e)?
-            .reshape((b, s, 3 * self.hidden))?
-            .transpose(0, 1)?
-            .contiguous()?;
         if self.fwd.kernels.fused_on(e.device()) {
-            // Both directions as one fused op (see `bigru_fused`).
+            // Both directions' input projections as one product, both recurrences as one fused op (see
+            // `bigru_fused`).
+            let h = self.hidden;
+            let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
+            let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
+            let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
+            let x =
+                crate::kernels::linear(self.fwd.kernels, &e, &w, &bias)?.reshape((b, s, 6 * h))?;
             let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
             let annotations = bigru_fused(
-                &xf,
-                &xb,
+                &x,
                 m,
                 (&self.fwd.u_ru, &self.fwd.u),
                 (&self.bwd.u_ru, &self.bwd.u),
@@ -123,6 +116,14 @@ impl Encoder {
                 bwd_first,
             });
         }
+        // Time-major so every step reads a contiguous slice.
+        let time_major = |g: &Gru| -> Result<Tensor> {
+            g.project(&e)?
+                .reshape((b, s, 3 * self.hidden))?
+                .transpose(0, 1)?
+                .contiguous()
+        };
+        let (xf, xb) = (time_major(&self.fwd)?, time_major(&self.bwd)?);
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
         let h0 = Tensor::zeros((b, self.hidden), e.dtype(), e.device())?;
         // Step by step (reference kernels, or a device without the fused ones).
@@ -384,8 +385,8 @@ impl CustomOp3 for GruUpdateGrad {
     }
 }
 
-/// The bidirectional encoder's two masked GRU recurrences as one fused op: projected inputs `xf`, `xb`
-/// `[S, B, 3H]` (time-major), the padding mask (`S·B` values, time-major; a state is kept where it is 0) and
+/// The bidirectional encoder's two masked GRU recurrences as one fused op: projected inputs `x`
+/// `[B, S, 6H]` (batch-major, both directions' `W x + b` side by side, forward first), the padding mask (`S·B` values, time-major; a state is kept where it is 0) and
 /// each direction's `U_ru` `[H, 2H]`, `U` `[H, H]`; returns the annotations `[B, S, 2H]` (`[→h_j ; ←h_j]`).
 /// One graph node for the whole encoder: each direction runs its steps with one GEMM per recurrent product
 /// into preallocated buffers, the two directions concurrently (one core each), and the backward pass runs
@@ -393,16 +394,14 @@ impl CustomOp3 for GruUpdateGrad {
 /// to [`Gru::step_masked`] step by step (tested against it). Inputs and gradients travel through [`Shared`]
 /// handles (see `decoder_sequence`).
 pub fn bigru_fused(
-    xf: &Tensor,
-    xb: &Tensor,
+    x: &Tensor,
     mask: Vec<f64>,
     fwd: (&Tensor, &Tensor),
     bwd: (&Tensor, &Tensor),
 ) -> Result<Tensor> {
-    let (s, b, h3) = xf.dims3()?;
-    let h = h3 / 3;
-    let ok = h3 == 3 * h
-        && xb.dims3()? == (s, b, h3)
+    let (b, s, h6) = x.dims3()?;
+    let h = h6 / 6;
+    let ok = h6 == 6 * h
         && mask.len() == s * b
         && [fwd.0, bwd.0]
             .iter()
@@ -415,24 +414,23 @@ pub fn bigru_fused(
     }
     let sh = Shared::new;
     let op = BiGru {
-        x: [sh(xf)?, sh(xb)?],
+        x: sh(x)?,
         u_ru: [sh(fwd.0)?, sh(bwd.0)?],
         u: [sh(fwd.1)?, sh(bwd.1)?],
         mask,
         saved: Default::default(),
     };
-    let tokens: Vec<&Tensor> =
-        op.x.iter()
-            .chain(&op.u_ru)
-            .chain(&op.u)
-            .map(|x| &x.token)
-            .collect();
+    let tokens: Vec<&Tensor> = std::iter::once(&op.x)
+        .chain(&op.u_ru)
+        .chain(&op.u)
+        .map(|x| &x.token)
+        .collect();
     Tensor::cat(&tokens, 0)?.apply_op1(op)
 }
 
 struct BiGru {
-    /// Forward direction first.
-    x: [Shared; 2],
+    /// `[B, S, 6H]`, the forward direction's columns first.
+    x: Shared,
     u_ru: [Shared; 2],
     u: [Shared; 2],
     mask: Vec<f64>,
@@ -441,20 +439,27 @@ struct BiGru {
 
 impl BiGru {
     fn dims(&self) -> Result<(usize, usize, usize)> {
-        let (s, b, h3) = self.x[0].tensor.dims3()?;
-        Ok((s, b, h3 / 3))
+        let (b, s, h6) = self.x.tensor.dims3()?;
+        Ok((s, b, h6 / 6))
     }
 
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
         let (s, b, h) = self.dims()?;
-        let save = self
-            .x
-            .iter()
+        let save = std::iter::once(&self.x)
             .chain(&self.u_ru)
             .chain(&self.u)
             .any(|x| x.tensor.track_op());
+        let (g_x, l_x) = self.x.tensor.storage_and_layout();
+        let xs = crate::kernels::storage_slice::<T>(&g_x, l_x)?;
         let run = |d: usize| -> Result<(Vec<T>, Option<GruSaved<T>>)> {
-            let x = crate::kernels::to_vec::<T>(&self.x[d].tensor)?;
+            // This direction's columns, time-major: every step reads one contiguous `[B, 3H]` block.
+            let h3 = 3 * h;
+            let mut x = vec![T::zero(); s * b * h3];
+            for (row, o) in x.chunks_mut(h3).enumerate() {
+                let (t, i) = (row / b, row % b);
+                let at = (i * s + t) * 2 * h3 + d * h3;
+                o.copy_from_slice(&xs[at..at + h3]);
+            }
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
             Ok(crate::kernels::serial(|| {
@@ -500,20 +505,31 @@ impl BiGru {
             }
             out
         };
-        let run = |d: usize, saved: GruSaved<T>| -> Result<()> {
+        let run = |d: usize, saved: GruSaved<T>| -> Result<Vec<T>> {
             let gd = split(d);
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
             let (dx, dur, du) = crate::kernels::serial(|| {
                 gru_dir_backward(saved, &gd, &u_ru, &u, &self.mask, (s, b, h), d == 1)
             });
-            self.x[d].add_grad(&dx);
-            self.u_ru[d].add_grad(&dur);
-            self.u[d].add_grad(&du);
-            Ok(())
+            self.u_ru[d].add_grad(dur);
+            self.u[d].add_grad(du);
+            Ok(dx)
         };
         let (a, c) = rayon::join(|| run(0, fs), || run(1, rs));
-        a.and(c)
+        // ∂x batch-major `[B, S, 6H]` from each direction's time-major `[S, B, 3H]`.
+        let h3 = 3 * h;
+        let dxs = [a?, c?];
+        let mut dx = vec![T::zero(); b * s * 2 * h3];
+        dx.par_chunks_mut(2 * h3).enumerate().for_each(|(row, o)| {
+            let (i, t) = (row / s, row % s);
+            for (d, dxd) in dxs.iter().enumerate() {
+                let at = (t * b + i) * h3;
+                o[d * h3..(d + 1) * h3].copy_from_slice(&dxd[at..at + h3]);
+            }
+        });
+        self.x.add_grad(dx);
+        Ok(())
     }
 }
 
@@ -636,16 +652,7 @@ pub(crate) fn gru_step_forward<T: Real>(
     let b = state.len() / h.max(1);
     let (hu, rc) = scratch;
     let GruActs { ru, rh, ht } = acts;
-    gemm_into(
-        b,
-        2 * h,
-        h,
-        hu,
-        2 * h,
-        false,
-        Mat::rows(state, h),
-        u_ru.fwd(b),
-    );
+    u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(state, h));
     {
         let (ru_w, rh_w) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h));
         let (hu, state) = (&*hu, &*state);
@@ -659,7 +666,7 @@ pub(crate) fn gru_step_forward<T: Real>(
             )
         });
     }
-    gemm_into(b, h, h, rc, h, false, Mat::rows(rh, h), u.fwd(b));
+    u.mul_into(b, rc, h, false, Mat::rows(rh, h));
     let (ht_w, st_w) = (RowsMut::new(ht, h), RowsMut::new(state, h));
     let (rc, ru) = (&*rc, &*ru);
     rows_par(b, b * h, |i| unsafe {
@@ -718,7 +725,7 @@ impl<T: Real> GruStep<'_, T> {
             rs: h3,
             cs: 1,
         };
-        gemm_into(b, h, h, drh, h, false, dc, u.bwd(b));
+        u.mul_t_into(b, drh, h, false, dc);
         {
             let (dh_w, dx_w) = (RowsMut::new(dh, h), RowsMut::new(dxp, h3));
             let drh = &*drh;
@@ -737,7 +744,7 @@ impl<T: Real> GruStep<'_, T> {
             rs: h3,
             cs: 1,
         };
-        gemm_into(b, h, 2 * h, dh, h, true, dru, u_ru.bwd(b));
+        u_ru.mul_t_into(b, dh, h, true, dru);
     }
 }
 

@@ -108,6 +108,8 @@ pub trait Real: WithDType + num_traits::Float + Send + Sync + 'static {
     fn acc_slice(acc: &mut AccBuf, n: usize) -> &mut [Self];
     /// Take the accumulated buffer out as a vector of this type.
     fn acc_take(acc: &mut AccBuf) -> Option<Vec<Self>>;
+    /// A vector of this type as an accumulator.
+    fn acc_from(v: Vec<Self>) -> AccBuf;
     /// `exp`, vectorisable (f32: a degree-6 polynomial after range reduction, relative error < 3e-7).
     fn exp_v(self) -> Self;
     /// `tanh`, vectorisable.
@@ -138,6 +140,9 @@ impl Real for f64 {
             _ => None,
         }
     }
+    fn acc_from(v: Vec<Self>) -> AccBuf {
+        AccBuf::F64(v)
+    }
     #[inline(always)]
     fn exp_v(self) -> Self {
         self.exp()
@@ -167,6 +172,9 @@ impl Real for f32 {
             AccBuf::F32(v) => Some(v),
             _ => None,
         }
+    }
+    fn acc_from(v: Vec<Self>) -> AccBuf {
+        AccBuf::F32(v)
     }
     #[inline(always)]
     fn exp_v(self) -> Self {
@@ -441,16 +449,29 @@ fn transpose_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Sha
 
 /// The row-major `[c, r]` transpose of a row-major `[r, c]` matrix, copied tile by tile.
 pub fn transposed<T: Real>(x: &[T], r: usize, c: usize) -> Vec<T> {
+    use rayon::prelude::*;
     let mut out = vec![T::zero(); r * c];
+    if r == 0 || c == 0 {
+        return out;
+    }
     const TILE: usize = 32;
-    for i0 in (0..r).step_by(TILE) {
-        for j0 in (0..c).step_by(TILE) {
+    // One task per band of TILE output rows (input columns j0..j0 + TILE), copied tile by tile.
+    let band = |(b, o): (usize, &mut [T])| {
+        let j0 = b * TILE;
+        let j1 = j0 + o.len() / r;
+        for i0 in (0..r).step_by(TILE) {
             for i in i0..(i0 + TILE).min(r) {
-                for j in j0..(j0 + TILE).min(c) {
-                    out[j * r + i] = x[i * c + j];
+                let src = &x[i * c + j0..i * c + j1];
+                for (jj, &v) in src.iter().enumerate() {
+                    o[jj * r + i] = v;
                 }
             }
         }
+    };
+    if r * c >= 64 * 1024 && !SERIAL.with(|s| s.get()) {
+        out.par_chunks_mut(TILE * r).enumerate().for_each(band);
+    } else {
+        out.chunks_mut(TILE * r).enumerate().for_each(band);
     }
     out
 }
@@ -666,12 +687,18 @@ impl Shared {
     }
 
     /// Add `g` (this tensor's shape, flattened) into the accumulated gradient.
-    pub fn add_grad<T: Real>(&self, g: &[T]) {
-        self.accumulate::<T>(|acc| {
-            for (a, &x) in acc.iter_mut().zip(g) {
-                *a = *a + x;
-            }
-        })
+    pub fn add_grad<T: Real>(&self, g: Vec<T>) {
+        let mut acc = self.acc.lock().expect("gradient accumulator");
+        let n = self.tensor.elem_count();
+        assert_eq!(g.len(), n, "shared input: gradient size");
+        if matches!(*acc, AccBuf::Empty) {
+            // The first contribution becomes the accumulator (no zero-filled buffer, no pass over it).
+            *acc = T::acc_from(g);
+            return;
+        }
+        for (a, x) in T::acc_slice(&mut acc, n).iter_mut().zip(g) {
+            *a = *a + x;
+        }
     }
 
     /// Add `f`'s contribution into the accumulated gradient (zero-initialised on first use).
@@ -845,8 +872,45 @@ pub struct Oriented<'a, T> {
     w: &'a [T],
     /// `Wᵀ` `[n, k]`, made on first use.
     wt: std::sync::OnceLock<Vec<T>>,
+    /// `W` and `Wᵀ` packed for [`Oriented::mul_into`] / [`Oriented::mul_t_into`], made on first use.
+    packed: std::sync::OnceLock<crate::packed_gemm::Packed>,
+    packed_t: std::sync::OnceLock<crate::packed_gemm::Packed>,
     k: usize,
     n: usize,
+}
+
+/// `x` as f32 when `T` is f32.
+fn as_f32<T: 'static>(x: &[T]) -> Option<&[f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        // SAFETY: T is f32 (checked above).
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
+}
+
+fn as_f32_mut<T: 'static>(x: &mut [T]) -> Option<&mut [f32]> {
+    (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>())
+        // SAFETY: T is f32 (checked above).
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut f32, x.len()) })
+}
+
+/// Threads for one product: the pool, or the calling thread inside [`serial`].
+static PACKED_GEMM_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Use the packed micro-kernel for the recurrences' products where it applies (the default), or the
+/// general GEMM everywhere (`cgnmt bench --compare-packed-gemm` alternates the two).
+pub fn set_packed_gemm(on: bool) {
+    PACKED_GEMM_OFF.store(!on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn packed_gemm_on() -> bool {
+    !PACKED_GEMM_OFF.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn gemm_threads() -> usize {
+    if SERIAL.with(|s| s.get()) {
+        1
+    } else {
+        rayon::current_num_threads()
+    }
 }
 
 impl<'a, T: Real> Oriented<'a, T> {
@@ -855,9 +919,49 @@ impl<'a, T: Real> Oriented<'a, T> {
         Oriented {
             w,
             wt: std::sync::OnceLock::new(),
+            packed: std::sync::OnceLock::new(),
+            packed_t: std::sync::OnceLock::new(),
             k,
             n,
         }
+    }
+
+    /// `dst = (accumulate ? dst : 0) + x W` for `x` `[m, k]` (row stride `x.rs`) into a row-major `dst`
+    /// `[m, n]` (row stride `dst_rs`): the packed micro-kernel for f32 on AVX2/AVX-512 CPUs (the weight
+    /// packed at the first product, see [`crate::packed_gemm`]), the general GEMM otherwise.
+    pub fn mul_into(&self, m: usize, dst: &mut [T], dst_rs: usize, accumulate: bool, x: Mat<T>) {
+        if let (Some(isa), Some(w), Some(xs), true) = (
+            crate::packed_gemm::Isa::detect(),
+            as_f32(self.w),
+            as_f32(x.data),
+            x.cs == 1 && packed_gemm_on(),
+        ) {
+            let p = self
+                .packed
+                .get_or_init(|| crate::packed_gemm::Packed::new(isa, w, self.k, self.n, self.n, 1));
+            let d = as_f32_mut(dst).expect("f32 like the weight");
+            p.mul_into(m, xs, x.rs, d, dst_rs, accumulate, gemm_threads());
+            return;
+        }
+        gemm_into(m, self.n, self.k, dst, dst_rs, accumulate, x, self.fwd(m));
+    }
+
+    /// `dst = (accumulate ? dst : 0) + g Wᵀ` for `g` `[m, n]` into `dst` `[m, k]` (see [`Oriented::mul_into`]).
+    pub fn mul_t_into(&self, m: usize, dst: &mut [T], dst_rs: usize, accumulate: bool, g: Mat<T>) {
+        if let (Some(isa), Some(w), Some(gs), true) = (
+            crate::packed_gemm::Isa::detect(),
+            as_f32(self.w),
+            as_f32(g.data),
+            g.cs == 1 && packed_gemm_on(),
+        ) {
+            let p = self
+                .packed_t
+                .get_or_init(|| crate::packed_gemm::Packed::new(isa, w, self.n, self.k, 1, self.n));
+            let d = as_f32_mut(dst).expect("f32 like the weight");
+            p.mul_into(m, gs, g.rs, d, dst_rs, accumulate, gemm_threads());
+            return;
+        }
+        gemm_into(m, self.k, self.n, dst, dst_rs, accumulate, g, self.bwd(m));
     }
     fn wt(&self) -> &[T] {
         self.wt.get_or_init(|| transposed(self.w, self.k, self.n))
@@ -936,4 +1040,115 @@ pub fn serial<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     SERIAL.with(|s| s.set(before));
     r
+}
+
+/// Column sums of a contiguous `[N, V]` tensor, parallel over blocks of columns (each task reads its
+/// columns row after row, contiguously).
+pub(crate) fn column_sums(d: &Tensor) -> Result<Tensor> {
+    fn run<T: Real>(d: &Tensor) -> Result<Tensor> {
+        use rayon::prelude::*;
+        let (n, v) = d.dims2()?;
+        let (st, l) = d.storage_and_layout();
+        let x = match &*st {
+            candle_core::Storage::Cpu(c) => slice::<T>(c, l)?,
+            _ => candle_core::bail!("column sums: not on the CPU"),
+        };
+        const COLS: usize = 256;
+        let mut out = vec![T::zero(); v];
+        out.par_chunks_mut(COLS).enumerate().for_each(|(b, o)| {
+            let c0 = b * COLS;
+            for r in 0..n {
+                let row = &x[r * v + c0..r * v + c0 + o.len()];
+                for (a, &y) in o.iter_mut().zip(row) {
+                    *a = *a + y;
+                }
+            }
+        });
+        Tensor::from_vec(out, v, d.device())
+    }
+    let d = d.contiguous()?;
+    match d.dtype() {
+        candle_core::DType::F32 => run::<f32>(&d),
+        candle_core::DType::F64 => run::<f64>(&d),
+        _ => d.sum(0),
+    }
+}
+
+/// `x W + b` (`x` `[N, K]`, `W` `[K, M]`, `b` `[M]`): with fused kernels on the CPU one graph node whose
+/// forward pass runs the GEMM over the broadcast bias and whose backward pass forms `∂b` as parallel column
+/// sums (composed, `broadcast_add` adds a node whose backward pass sums the rows on one thread).
+pub fn linear(k: Kernels, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if !k.fused_on(x.device())
+        || x.rank() != 2
+        || w.rank() != 2
+        || b.rank() != 1
+        || !matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
+    {
+        return x.matmul(w)?.broadcast_add(b);
+    }
+    x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)
+}
+
+struct Linear;
+
+fn linear_fwd<T: Real>(
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    use rayon::prelude::*;
+    let (n, k) = l1.shape().dims2()?;
+    let (k2, m) = l2.shape().dims2()?;
+    let (x, w, b) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    if k != k2 || b.len() != m {
+        candle_core::bail!(
+            "linear: shapes [{n}, {k}] x [{k2}, {m}] + [{}] do not match",
+            b.len()
+        );
+    }
+    let mut out = vec![T::zero(); n * m];
+    if m > 0 {
+        out.par_chunks_mut(m).for_each(|row| row.copy_from_slice(b));
+    }
+    gemm_into(n, m, k, &mut out, m, true, Mat::rows(x, k), Mat::rows(w, m));
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
+}
+
+impl candle_core::CustomOp3 for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, linear_fwd, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = grad.contiguous()?;
+        let dx = g.matmul(&w.detach().t()?)?;
+        let dw = x.detach().t()?.matmul(&g)?;
+        let db = column_sums(&g)?;
+        Ok((Some(dx), Some(dw), Some(db)))
+    }
 }

@@ -22,6 +22,7 @@ pub mod init;
 pub mod kernels;
 pub mod model;
 pub mod optim;
+pub mod packed_gemm;
 pub mod readout;
 pub mod train;
 pub mod translate;

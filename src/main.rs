@@ -159,6 +159,10 @@ struct BenchArgs {
     /// Repetitions of the decoding measurement.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Alternate the timed training steps between the packed micro-kernel and the general GEMM for the
+    /// recurrences' products and report both medians (the training figures then come from the packed steps).
+    #[arg(long)]
+    compare_packed_gemm: bool,
     /// Model/training overrides (e.g. model.context_gate=none, model.coverage=neural).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
@@ -691,6 +695,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         steps: a.steps,
         decode_sentences: a.decode_sentences,
         repeats: a.repeats,
+        compare_packed_gemm: a.compare_packed_gemm,
     };
     let rec = cgnmt::bench::run(&cfg, &data_dir(a.data), &opts)?;
     println!("{rec}");

@@ -398,17 +398,14 @@ impl Model {
         let e_dim = e_all.dim(1)?;
         let wp = self.cell.project_words(&e_all)?;
         let k = wp.dim(1)?;
-        let wp = wp.reshape((b, t_len, k))?.transpose(0, 1)?.contiguous()?;
+        // Batch-major `[B, T, ·]` (the fused decoder reads these); the step-by-step path takes time-major copies.
+        let wp = wp.reshape((b, t_len, k))?;
         let wz = match self.gate.word_term(&e_all)? {
-            Some(w) => Some(
-                w.reshape((b, t_len, w.dim(1)?))?
-                    .transpose(0, 1)?
-                    .contiguous()?,
-            ),
+            Some(w) => Some(w.reshape((b, t_len, w.dim(1)?))?),
             None => None,
         };
         let e3 = e_all.reshape((b, t_len, e_dim))?;
-        let (states, ctxs) = if let Some(gate) = self.sequence_gate() {
+        let readin = if let Some(gate) = self.sequence_gate() {
             // The whole decoder recurrence as one fused op (see `decoder_sequence`).
             let (ah, ann) = src
                 .keys
@@ -439,11 +436,7 @@ impl Model {
                 gate,
             )?;
             let h = self.cell.hidden;
-            let y = y.reshape((b * t_len, 3 * h))?;
-            (
-                y.narrow(1, 0, h)?.contiguous()?,
-                y.narrow(1, h, 2 * h)?.contiguous()?,
-            )
+            Readin::Stacked(y.reshape((b * t_len, 3 * h))?)
         } else {
             // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
             let fused = self.kernels.fused_on(wp.device());
@@ -455,9 +448,10 @@ impl Model {
                     (0..t_len).map(|i| x.i(i)).collect()
                 }
             };
-            let wp_steps = steps(&wp)?;
+            let time_major = |x: &Tensor| x.transpose(0, 1)?.contiguous();
+            let wp_steps = steps(&time_major(&wp)?)?;
             let wz_steps = match &wz {
-                Some(w) => Some(steps(w)?),
+                Some(w) => Some(steps(&time_major(w)?)?),
                 None => None,
             };
             let mut t = src.t0.clone();
@@ -491,10 +485,10 @@ impl Model {
                         .0;
                 }
             }
-            (
-                Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?,
-                Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
-            )
+            Readin::Split {
+                states: Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?,
+                ctxs: Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
+            }
         };
         // Readout for all steps at once: batch-major rows (b, i).
         let e_prev = Tensor::cat(
@@ -505,7 +499,10 @@ impl Model {
             1,
         )?
         .reshape((b * t_len, e_dim))?;
-        let hid = self.readout.hidden(&ctxs, &states, &e_prev)?;
+        let hid = match &readin {
+            Readin::Stacked(ts) => self.readout.hidden_stacked(ts, &e_prev)?,
+            Readin::Split { states, ctxs } => self.readout.hidden(ctxs, states, &e_prev)?,
+        };
         let targets = batch.tgt.flatten_all()?;
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
         let nll = if self.kernels.fused_on(hid.device()) {
@@ -517,4 +514,11 @@ impl Model {
             .sum_all()?
             .affine(1.0 / b as f64, 0.0)
     }
+}
+
+/// What the readout reads for every target step: the fused decoder's rows `[t_{i−1} | s_i]`, or the
+/// states and contexts of the step-by-step path.
+enum Readin {
+    Stacked(Tensor),
+    Split { states: Tensor, ctxs: Tensor },
 }

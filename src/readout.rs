@@ -39,10 +39,24 @@ impl Readout {
     pub fn hidden(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
         let r = (ctx.matmul(&self.w_o)? + t_prev.matmul(&self.u_o)? + e_prev.matmul(&self.v_o)?)?
             .broadcast_add(&self.b_o)?;
+        self.hidden_from(&r)
+    }
+
+    /// [`Readout::hidden`] from rows `[t_{i−1} | s_i]` `[N, 3H]` (the fused decoder's output): the state and
+    /// context terms as one product with `[U_o; W_o]`, no copies of the two halves.
+    pub fn hidden_stacked(&self, ts: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+        let uw = Tensor::cat(&[&self.u_o, &self.w_o], 0)?;
+        let r = (crate::kernels::linear(self.kernels, ts, &uw, &self.b_o)?
+            + e_prev.matmul(&self.v_o)?)?;
+        self.hidden_from(&r)
+    }
+
+    /// `W_1 maxout(r~)`.
+    fn hidden_from(&self, r: &Tensor) -> Result<Tensor> {
         let m = if self.kernels.fused_on(r.device()) {
-            maxout_fused(&r)?
+            maxout_fused(r)?
         } else {
-            maxout_reference(&r)?
+            maxout_reference(r)?
         };
         m.matmul(&self.w_1)
     }
@@ -191,36 +205,36 @@ pub fn output_nll_fused(x: &Tensor, w_2: &Tensor, b: &Tensor, targets: &Tensor) 
 
 struct OutputNll {
     targets: Vec<u32>,
-    /// The forward pass's logits (bias included), consumed by the backward pass.
-    logits: std::sync::Mutex<Option<CpuStorage>>,
+    /// The forward pass's logits (bias included) and each row's log-normaliser, consumed by the backward pass.
+    logits: std::sync::Mutex<Option<(CpuStorage, Vec<f64>)>>,
 }
 
 #[inline(always)]
-fn bias_nll_rows<T: Real>(logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T]) {
+fn bias_nll_rows<T: Real>(logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T], lses: &mut [T]) {
     let v = b.len();
-    for (i, o) in out.iter_mut().enumerate() {
+    for (i, (o, l)) in out.iter_mut().zip(lses.iter_mut()).enumerate() {
         let row = &mut logits[i * v..(i + 1) * v];
         for (x, &bb) in row.iter_mut().zip(b) {
             *x = *x + bb;
         }
         let (_, lse) = row_lse(row);
+        *l = lse;
         *o = lse - row[tgt[i] as usize];
     }
 }
-simd_dispatch!(bias_nll_rows_d, bias_nll_rows_avx, bias_nll_rows, (logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T]));
+simd_dispatch!(bias_nll_rows_d, bias_nll_rows_avx, bias_nll_rows, (logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T], lses: &mut [T]));
 
 #[inline(always)]
-fn nll_grad_rows_inplace<T: Real>(logits: &mut [T], tgt: &[u32], g: &[T], v: usize) {
-    for (i, &gi) in g.iter().enumerate() {
+fn nll_grad_rows_inplace<T: Real>(logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], v: usize) {
+    for (i, (&gi, &lse)) in g.iter().zip(lses).enumerate() {
         let row = &mut logits[i * v..(i + 1) * v];
-        let (_, lse) = row_lse(row);
         for x in row.iter_mut() {
             *x = gi * (*x - lse).exp_v();
         }
         row[tgt[i] as usize] = row[tgt[i] as usize] - gi;
     }
 }
-simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], v: usize));
+simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], v: usize));
 
 #[allow(clippy::too_many_arguments)]
 fn output_nll_fwd<T: Real>(
@@ -242,6 +256,7 @@ fn output_nll_fwd<T: Real>(
     check_targets(&op.targets, v)?;
     let mut logits = s1.matmul(s2, (1, n, v, e), l1, l2)?;
     let mut out = vec![T::zero(); n];
+    let mut lses = vec![T::zero(); n];
     {
         let buf: &mut [T] = match &mut logits {
             CpuStorage::F32(x) => bytemuck_cast::<f32, T>(x),
@@ -249,14 +264,19 @@ fn output_nll_fwd<T: Real>(
             _ => candle_core::bail!("fused kernels support f32 and f64"),
         };
         out.par_chunks_mut(ROWS_PER_TASK)
+            .zip(lses.par_chunks_mut(ROWS_PER_TASK))
             .zip(buf.par_chunks_mut(ROWS_PER_TASK * v))
             .enumerate()
-            .for_each(|(c, (o, x))| {
+            .for_each(|(c, ((o, l), x))| {
                 let r0 = c * ROWS_PER_TASK;
-                bias_nll_rows_d(x, b, &op.targets[r0..r0 + o.len()], o)
+                bias_nll_rows_d(x, b, &op.targets[r0..r0 + o.len()], o, l)
             });
     }
-    *op.logits.lock().expect("logits cache") = Some(logits);
+    let lses = lses
+        .iter()
+        .map(|x| candle_core::WithDType::to_f64(*x))
+        .collect();
+    *op.logits.lock().expect("logits cache") = Some((logits, lses));
     Ok((T::to_cpu_storage_owned(out), Shape::from(n)))
 }
 
@@ -267,20 +287,27 @@ fn bytemuck_cast<A: 'static, B: 'static>(x: &mut [A]) -> &mut [B] {
     unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut B, x.len()) }
 }
 
+/// `g (softmax − onehot)` in place of the logits, from each row's log-normaliser (computed here when
+/// `lses` is `None`).
 fn output_nll_grad<T: Real>(
     targets: &[u32],
     mut logits: Vec<T>,
+    lses: Option<Vec<f64>>,
     g: &Tensor,
     v: usize,
 ) -> Result<Vec<T>> {
     let g: Vec<T> = g.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?;
+    let lses: Vec<T> = match lses {
+        Some(l) => l.into_iter().map(T::from_f64c).collect(),
+        None => logits.par_chunks(v).map(|row| row_lse(row).1).collect(),
+    };
     logits
         .par_chunks_mut(ROWS_PER_TASK * v)
         .enumerate()
         .for_each(|(c, x)| {
             let r0 = c * ROWS_PER_TASK;
             let r1 = r0 + x.len() / v;
-            nll_grad_rows_inplace_d(x, &targets[r0..r1], &g[r0..r1], v)
+            nll_grad_rows_inplace_d(x, &targets[r0..r1], &g[r0..r1], &lses[r0..r1], v)
         });
     Ok(logits)
 }
@@ -311,8 +338,8 @@ impl CustomOp3 for OutputNll {
         let n = x.dim(0)?;
         let v = b.dim(0)?;
         let cached = self.logits.lock().expect("logits cache").take();
-        let logits = match cached {
-            Some(c) => c,
+        let (logits, lses) = match cached {
+            Some((c, l)) => (c, Some(l)),
             None => {
                 // A second backward pass: recompute the logits.
                 let l = x
@@ -321,19 +348,19 @@ impl CustomOp3 for OutputNll {
                     .broadcast_add(&b.detach())?;
                 let (st, _) = l.storage_and_layout();
                 match &*st {
-                    candle_core::Storage::Cpu(c) => c.clone(),
+                    candle_core::Storage::Cpu(c) => (c.clone(), None),
                     _ => candle_core::bail!("fused output layer: not on the CPU"),
                 }
             }
         };
         let d = match logits {
             CpuStorage::F32(buf) => Tensor::from_vec(
-                output_nll_grad(&self.targets, buf, grad, v)?,
+                output_nll_grad(&self.targets, buf, lses, grad, v)?,
                 (n, v),
                 x.device(),
             )?,
             CpuStorage::F64(buf) => Tensor::from_vec(
-                output_nll_grad(&self.targets, buf, grad, v)?,
+                output_nll_grad(&self.targets, buf, lses, grad, v)?,
                 (n, v),
                 x.device(),
             )?,
@@ -341,38 +368,7 @@ impl CustomOp3 for OutputNll {
         };
         let dx = d.matmul(&w_2.detach().t()?)?;
         let dw = x.detach().t()?.matmul(&d)?;
-        let db = column_sums(&d)?;
+        let db = crate::kernels::column_sums(&d)?;
         Ok((Some(dx), Some(dw), Some(db)))
-    }
-}
-
-/// Column sums of a contiguous `[N, V]` tensor, parallel over blocks of columns (each task reads its
-/// columns row after row, contiguously).
-fn column_sums(d: &Tensor) -> Result<Tensor> {
-    fn run<T: Real>(d: &Tensor) -> Result<Tensor> {
-        let (n, v) = d.dims2()?;
-        let (st, l) = d.storage_and_layout();
-        let x = match &*st {
-            candle_core::Storage::Cpu(c) => slice::<T>(c, l)?,
-            _ => candle_core::bail!("column sums: not on the CPU"),
-        };
-        const COLS: usize = 256;
-        let mut out = vec![T::zero(); v];
-        out.par_chunks_mut(COLS).enumerate().for_each(|(b, o)| {
-            let c0 = b * COLS;
-            for r in 0..n {
-                let row = &x[r * v + c0..r * v + c0 + o.len()];
-                for (a, &y) in o.iter_mut().zip(row) {
-                    *a = *a + y;
-                }
-            }
-        });
-        Tensor::from_vec(out, v, d.device())
-    }
-    let d = d.contiguous()?;
-    match d.dtype() {
-        DType::F32 => run::<f32>(&d),
-        DType::F64 => run::<f64>(&d),
-        _ => d.sum(0),
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-fn bench(kernels: &str) -> serde_json::Value {
+fn bench(kernels: &str, extra: &[&str]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
         .args([
             "--kernels",
@@ -22,6 +22,7 @@ fn bench(kernels: &str) -> serde_json::Value {
             "--data",
         ])
         .arg(common::data_dir())
+        .args(extra)
         .output()
         .unwrap();
     assert!(
@@ -36,7 +37,7 @@ fn bench(kernels: &str) -> serde_json::Value {
 #[test]
 fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
     for k in ["fused", "reference"] {
-        let r = bench(k);
+        let r = bench(k, &[]);
         assert_eq!(r["config"]["kernels"], k);
         for key in [
             "train_tgt_tok_per_s",
@@ -55,4 +56,18 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
         let p = &r["train_phase_s_median"];
         assert!(p["forward"].as_f64().unwrap() > 0.0 && p["backward"].as_f64().unwrap() > 0.0);
     }
+}
+
+/// `--compare-packed-gemm` alternates the training steps between the packed micro-kernel and the general
+/// GEMM and reports both medians.
+#[test]
+fn bench_compares_packed_and_general_gemm_steps() {
+    let r = bench("fused", &["--compare-packed-gemm"]); // 2 timed steps: one each
+    let c = &r["packed_gemm_comparison"];
+    assert_eq!(c["packed_steps"], 1, "{c}");
+    assert_eq!(c["general_gemm_steps"], 1, "{c}");
+    for key in ["packed_step_s_median", "general_gemm_step_s_median"] {
+        assert!(c[key].as_f64().unwrap_or(0.0) > 0.0, "{key}: {c}");
+    }
+    assert!(bench("fused", &[])["packed_gemm_comparison"].is_null());
 }

@@ -93,6 +93,21 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "attention scores",
         );
+        // x W + b as one node (a row count and widths that leave remainders).
+        let vars = [
+            rand_var(&mut rng, &[19, 13], 1.5, dtype),
+            rand_var(&mut rng, &[13, 21], 1.0, dtype),
+            rand_var(&mut rng, &[21], 1.0, dtype),
+        ];
+        compare(
+            dtype,
+            &vars,
+            &|x| vec![cgnmt::kernels::linear(Kernels::Fused, &x[0], &x[1], &x[2]).unwrap()],
+            &|x| vec![x[0].matmul(&x[1]).unwrap().broadcast_add(&x[2]).unwrap()],
+            ft,
+            gt,
+            "linear",
+        );
         // Softmax + context, with masked positions.
         let mask: Vec<f64> = (0..b * s)
             .map(|i| if i % s >= s - (i / s) % 3 { -1e9 } else { 0.0 })
@@ -572,9 +587,9 @@ fn fused_bidirectional_gru_matches_step_by_step() {
         let mask: Vec<f64> = (0..s * b)
             .map(|k| if k / b < lens[k % b] { 1.0 } else { 0.0 })
             .collect();
+        // x [B, S, 6H]: both directions' projected inputs side by side.
         let vars = [
-            rand_var(&mut rng, &[s, b, 3 * h], 1.5, dtype),
-            rand_var(&mut rng, &[s, b, 3 * h], 1.5, dtype),
+            rand_var(&mut rng, &[b, s, 6 * h], 1.5, dtype),
             rand_var(&mut rng, &[h, 2 * h], 0.5, dtype),
             rand_var(&mut rng, &[h, h], 0.5, dtype),
             rand_var(&mut rng, &[h, 2 * h], 0.5, dtype),
@@ -595,20 +610,21 @@ fn fused_bidirectional_gru_matches_step_by_step() {
         compare(
             dtype,
             &vars,
+            &|x| vec![bigru_fused(&x[0], mask.clone(), (&x[1], &x[2]), (&x[3], &x[4])).unwrap()],
             &|x| {
-                vec![
-                    bigru_fused(&x[0], &x[1], mask.clone(), (&x[2], &x[3]), (&x[4], &x[5]))
-                        .unwrap(),
-                ]
-            },
-            &|x| {
-                let (gf, gb) = (gru(&x[2], &x[3]), gru(&x[4], &x[5]));
+                let (gf, gb) = (gru(&x[1], &x[2]), gru(&x[3], &x[4]));
+                let xt = |t: usize, d: usize| {
+                    x[0].i((.., t))
+                        .unwrap()
+                        .narrow(1, d * 3 * h, 3 * h)
+                        .unwrap()
+                };
                 let h0 = Tensor::zeros((b, h), dtype, &Device::Cpu).unwrap();
                 let mut fwd = vec![];
                 let mut st = h0.clone();
                 for t in 0..s {
                     st = gf
-                        .step_masked(&x[0].i(t).unwrap(), &st, Some(&m.i(t).unwrap()))
+                        .step_masked(&xt(t, 0), &st, Some(&m.i(t).unwrap()))
                         .unwrap();
                     fwd.push(st.clone());
                 }
@@ -616,7 +632,7 @@ fn fused_bidirectional_gru_matches_step_by_step() {
                 let mut st = h0;
                 for t in (0..s).rev() {
                     st = gb
-                        .step_masked(&x[1].i(t).unwrap(), &st, Some(&m.i(t).unwrap()))
+                        .step_masked(&xt(t, 1), &st, Some(&m.i(t).unwrap()))
                         .unwrap();
                     bwd[t] = st.clone();
                 }
@@ -633,5 +649,84 @@ fn fused_bidirectional_gru_matches_step_by_step() {
             gt,
             "bidirectional GRU sequence",
         );
+    }
+}
+
+/// The packed micro-kernel GEMM against a plain triple loop (f64 sums): every instruction set this CPU
+/// has, row counts around the 6-row tile, widths around the panel width, depths across the 256-deep blocks,
+/// strided operands, packing from a matrix and from a transpose, overwrite and accumulate.
+#[test]
+fn packed_gemm_equals_plain_product() {
+    use cgnmt::packed_gemm::{Isa, Packed};
+    let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    if isas.is_empty() {
+        eprintln!("no AVX2/AVX-512 on this CPU: the packed GEMM is never used");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(11);
+    let mut rand =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect() };
+    for isa in isas {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (5, 3, 17),
+            (6, 300, 32),
+            (7, 256, 33),
+            (13, 513, 70),
+            (64, 40, 16),
+        ] {
+            for transposed in [false, true] {
+                // B [k, n], stored row-major, or as the transpose of a row-major [n, k].
+                let store = rand(k * n);
+                let b_at = |i: usize, j: usize| {
+                    if transposed {
+                        store[j * k + i]
+                    } else {
+                        store[i * n + j]
+                    }
+                };
+                let packed = if transposed {
+                    Packed::new(isa, &store, k, n, 1, k)
+                } else {
+                    Packed::new(isa, &store, k, n, n, 1)
+                };
+                let (lda, ldc) = (k + 3, n + 5);
+                let a = rand(m * lda);
+                for accumulate in [false, true] {
+                    for threads in [1, 2] {
+                        let before = rand(m * ldc);
+                        let mut dst = before.clone();
+                        packed.mul_into(m, &a, lda, &mut dst, ldc, accumulate, threads);
+                        for r in 0..m {
+                            for j in 0..ldc {
+                                let got = dst[r * ldc + j] as f64;
+                                if j >= n {
+                                    assert_eq!(
+                                        got,
+                                        before[r * ldc + j] as f64,
+                                        "{isa:?}: padding written"
+                                    );
+                                    continue;
+                                }
+                                let mut want: f64 = (0..k)
+                                    .map(|i| a[r * lda + i] as f64 * b_at(i, j) as f64)
+                                    .sum();
+                                if accumulate {
+                                    want += before[r * ldc + j] as f64;
+                                }
+                                assert!(
+                                    (got - want).abs() <= 1e-5 * (1.0 + want.abs()) * (k as f64).sqrt(),
+                                    "{isa:?} m {m} k {k} n {n} transposed {transposed} accumulate {accumulate}: \
+                                     ({r}, {j}) {got} vs {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
