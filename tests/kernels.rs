@@ -730,3 +730,17 @@ fn packed_gemm_equals_plain_product() {
         }
     }
 }
+
+/// The tiled transpose, on one thread (small) and on the pool (large), against element-wise indexing.
+#[test]
+fn tiled_transpose_equals_indexing() {
+    for &(r, c) in &[(1, 1), (3, 70), (33, 31), (300, 517), (1000, 70)] {
+        let x: Vec<f64> = (0..r * c).map(|i| i as f64).collect();
+        let t = cgnmt::kernels::transposed(&x, r, c);
+        for i in 0..r {
+            for j in 0..c {
+                assert_eq!(t[j * r + i], x[i * c + j], "[{r}, {c}] at ({i}, {j})");
+            }
+        }
+    }
+}
