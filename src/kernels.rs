@@ -930,38 +930,48 @@ impl<'a, T: Real> Oriented<'a, T> {
     /// `[m, n]` (row stride `dst_rs`): the packed micro-kernel for f32 on AVX2/AVX-512 CPUs (the weight
     /// packed at the first product, see [`crate::packed_gemm`]), the general GEMM otherwise.
     pub fn mul_into(&self, m: usize, dst: &mut [T], dst_rs: usize, accumulate: bool, x: Mat<T>) {
-        if let (Some(isa), Some(w), Some(xs), true) = (
-            crate::packed_gemm::Isa::detect(),
-            as_f32(self.w),
-            as_f32(x.data),
-            x.cs == 1 && packed_gemm_on(),
-        ) {
-            let p = self
-                .packed
-                .get_or_init(|| crate::packed_gemm::Packed::new(isa, w, self.k, self.n, self.n, 1));
-            let d = as_f32_mut(dst).expect("f32 like the weight");
-            p.mul_into(m, xs, x.rs, d, dst_rs, accumulate, gemm_threads());
-            return;
+        if !self.packed_mul(false, m, dst, dst_rs, accumulate, &x) {
+            gemm_into(m, self.n, self.k, dst, dst_rs, accumulate, x, self.fwd(m));
         }
-        gemm_into(m, self.n, self.k, dst, dst_rs, accumulate, x, self.fwd(m));
     }
 
     /// `dst = (accumulate ? dst : 0) + g Wᵀ` for `g` `[m, n]` into `dst` `[m, k]` (see [`Oriented::mul_into`]).
     pub fn mul_t_into(&self, m: usize, dst: &mut [T], dst_rs: usize, accumulate: bool, g: Mat<T>) {
-        if let (Some(isa), Some(w), Some(gs), true) = (
+        if !self.packed_mul(true, m, dst, dst_rs, accumulate, &g) {
+            gemm_into(m, self.k, self.n, dst, dst_rs, accumulate, g, self.bwd(m));
+        }
+    }
+
+    /// The product with `W` (`Wᵀ` when `t`) by the packed micro-kernel, when it applies (f32, a row-major
+    /// left operand, a CPU with a packed kernel, not switched off); false when it does not.
+    fn packed_mul(
+        &self,
+        t: bool,
+        m: usize,
+        dst: &mut [T],
+        dst_rs: usize,
+        accumulate: bool,
+        x: &Mat<T>,
+    ) -> bool {
+        let (Some(isa), Some(w), Some(xs), Some(d), true) = (
             crate::packed_gemm::Isa::detect(),
             as_f32(self.w),
-            as_f32(g.data),
-            g.cs == 1 && packed_gemm_on(),
-        ) {
-            let p = self
-                .packed_t
-                .get_or_init(|| crate::packed_gemm::Packed::new(isa, w, self.n, self.k, 1, self.n));
-            let d = as_f32_mut(dst).expect("f32 like the weight");
-            p.mul_into(m, gs, g.rs, d, dst_rs, accumulate, gemm_threads());
-            return;
-        }
-        gemm_into(m, self.k, self.n, dst, dst_rs, accumulate, g, self.bwd(m));
+            as_f32(x.data),
+            as_f32_mut(dst),
+            x.cs == 1 && packed_gemm_on(),
+        ) else {
+            return false;
+        };
+        use crate::packed_gemm::Packed;
+        let p = if t {
+            self.packed_t
+                .get_or_init(|| Packed::new(isa, w, self.n, self.k, 1, self.n))
+        } else {
+            self.packed
+                .get_or_init(|| Packed::new(isa, w, self.k, self.n, self.n, 1))
+        };
+        p.mul_into(m, xs, x.rs, d, dst_rs, accumulate, gemm_threads());
+        true
     }
     fn wt(&self) -> &[T] {
         self.wt.get_or_init(|| transposed(self.w, self.k, self.n))
