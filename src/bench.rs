@@ -205,6 +205,8 @@ pub struct BenchOptions {
     /// Alternate training steps between the packed micro-kernel and the general GEMM for the recurrences'
     /// products (same process, same batches' shapes: far less noisy than comparing two runs).
     pub compare_packed_gemm: bool,
+    /// Time the fused ops' forward and backward passes (see [`crate::profile`]) over the timed steps.
+    pub profile_ops: bool,
 }
 
 /// Run the benchmark; prints a human summary to stderr and returns the JSON record.
@@ -282,11 +284,14 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         Ok([f, bw, s.elapsed().as_secs_f64() - f - bw])
     };
     step(&batches[0], &mut opt)?; // warm-up
+    crate::profile::reset();
+    crate::profile::set_enabled(opts.profile_ops);
     let mut times = vec![];
     let mut phases: [Vec<f64>; 3] = [vec![], vec![], vec![]];
     let mut toks = 0usize;
     // With --compare-packed-gemm, odd steps use the general GEMM (reported apart).
     let mut general_times = vec![];
+    let mut phase_sums = [0.0f64; 3];
     for (bi, b) in batches.iter().enumerate() {
         let general = opts.compare_packed_gemm && bi % 2 == 1;
         crate::kernels::set_packed_gemm(!general);
@@ -297,13 +302,54 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
             continue;
         }
         times.push(s.elapsed().as_secs_f64());
+        for (a, x) in phase_sums.iter_mut().zip(p) {
+            *a += x;
+        }
         for (v, x) in phases.iter_mut().zip(p) {
             v.push(x);
         }
         toks = b.tgt_tokens;
     }
     crate::kernels::set_packed_gemm(true);
+    crate::profile::set_enabled(false);
     let step_s = median(&mut times);
+    let op_profile = if opts.profile_ops {
+        let n = batches.len().max(1) as f64;
+        let rows = crate::profile::totals();
+        eprintln!(
+            "mean seconds per training step, by op and pass ({} steps):",
+            batches.len()
+        );
+        for (name, s, calls) in &rows {
+            eprintln!(
+                "  {name:<32} {:>8.4} s  ({:.1} calls/step)",
+                s / n,
+                *calls as f64 / n
+            );
+        }
+        let mut m: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(k, s, _)| (k.to_string(), json!(s / n)))
+            .collect();
+        // What the phases spent outside the fused ops (candle's graph and gradient store, composed ops).
+        for (pass, all) in [("forward", phase_sums[0]), ("backward", phase_sums[1])] {
+            let ops: f64 = rows
+                .iter()
+                .filter(|(k, _, _)| !k.starts_with(' ') && k.ends_with(pass))
+                .map(|(_, s, _)| s)
+                .sum();
+            let rest = (all - ops) / n;
+            eprintln!(
+                "  {:<32} {:>8.4} s",
+                format!("{pass} outside the fused ops"),
+                rest
+            );
+            m.insert(format!("{pass} outside the fused ops"), json!(rest));
+        }
+        serde_json::Value::Object(m)
+    } else {
+        serde_json::Value::Null
+    };
     let comparison = if general_times.is_empty() {
         serde_json::Value::Null
     } else {
@@ -387,6 +433,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "gflops_per_s": gflops,
         "sgemm_peak_gflops": peak,
         "gemm_gflops_at_step_shapes": step_gemm,
+        "op_profile": op_profile,
         "packed_gemm_comparison": comparison,
     });
     eprintln!(

@@ -32,11 +32,13 @@ pub struct DecoderWeights<'a> {
     pub c_z: Option<&'a Tensor>,
 }
 
-/// Run the decoder over `T` target steps: word projections `wp` `[B, T, 3H]` (batch-major, `W e + b`), the
-/// gate's word term `wz` `[B, T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
+/// Run the decoder over `T` target steps: word projections `wp` `[B·T, 3H]` (batch-major rows `(b, i)`, `W e +
+/// b`), the gate's word term `wz` `[B·T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
 /// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
 /// `[B, S]`; `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
-/// no gate. Returns `[B, T, 3H]`: row `(b, i)` is `[t_{i−1} | s_i]`, what the readout reads.
+/// no gate. Returns `[B·T, 3H]`: row `(b, i)` is `[t_{i−1} | s_i]`, what the readout reads. (Rows rather than
+/// `[B, T, ·]` so that no reshape node sits between these ops and their neighbours: each would cost the
+/// backward pass a zero-filled gradient and an addition of its full size.)
 #[allow(clippy::too_many_arguments)]
 pub fn decoder_sequence_fused(
     wp: &Tensor,
@@ -48,14 +50,15 @@ pub fn decoder_sequence_fused(
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
 ) -> Result<Tensor> {
-    let (b, tl, h3) = wp.dims3()?;
-    let h = h3 / 3;
+    let (rows, h3) = wp.dims2()?;
+    let (b, h) = t0.dims2()?;
+    let tl = if b > 0 { rows / b } else { 0 };
     let (b2, s, ad) = ah.tensor.dims3()?;
     let a2 = annotations.tensor.dim(2)?;
     let ok = h3 == 3 * h
         && b2 == b
         && tl > 0
-        && t0.dims2()? == (b, h)
+        && rows == b * tl
         && annotations.tensor.dims3()? == (b, s, 2 * h)
         && a2 == 2 * h
         && mask_bias.dims2()? == (b, s)
@@ -64,7 +67,7 @@ pub fn decoder_sequence_fused(
         && w.c.dims2()? == (2 * h, 3 * h)
         && w.u_ru.dims2()? == (h, 2 * h)
         && w.u.dims2()? == (h, h)
-        && wz.map_or(Ok(true), |x| x.dims3().map(|d| d == (b, tl, h)))?
+        && wz.map_or(Ok(true), |x| x.dims2().map(|d| d == (b * tl, h)))?
         && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
         && w.c_z
             .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
@@ -247,7 +250,9 @@ struct Dims {
 
 impl DecoderSequence {
     fn dims(&self) -> Result<Dims> {
-        let (b, tl, h3) = self.wp.tensor.dims3()?;
+        let (rows, h3) = self.wp.tensor.dims2()?;
+        let b = self.t0.tensor.dim(0)?;
+        let tl = rows / b.max(1);
         let (_, s, ad) = self.ah.tensor.dims3()?;
         Ok(Dims {
             tl,
@@ -270,17 +275,27 @@ impl DecoderSequence {
     #[allow(clippy::type_complexity)]
     fn stacked<T: Real>(&self) -> Result<(Vec<T>, usize, Vec<T>, usize)> {
         fn cat<T: Real>(parts: &[&Shared]) -> Result<(Vec<T>, usize)> {
-            let mats: Vec<(Vec<T>, usize)> = parts
+            use rayon::prelude::*;
+            let guards: Vec<_> = parts
                 .iter()
-                .map(|p| Ok((crate::kernels::to_vec::<T>(&p.tensor)?, p.tensor.dim(1)?)))
+                .map(|p| p.tensor.storage_and_layout())
+                .collect();
+            let mats: Vec<(&[T], usize)> = guards
+                .iter()
+                .zip(parts)
+                .map(|((g, l), p)| Ok((storage_slice::<T>(g, l)?, p.tensor.dim(1)?)))
                 .collect::<Result<_>>()?;
             let width: usize = mats.iter().map(|m| m.1).sum();
             let rows = parts[0].tensor.dim(0)?;
-            let mut out = Vec::with_capacity(rows * width);
-            for r in 0..rows {
-                for (m, w) in &mats {
-                    out.extend_from_slice(&m[r * w..(r + 1) * w]);
-                }
+            let mut out = crate::kernels::zeroed::<T>(rows * width);
+            if width > 0 {
+                out.par_chunks_mut(width).enumerate().for_each(|(r, o)| {
+                    let mut at = 0;
+                    for (m, w) in &mats {
+                        o[at..at + w].copy_from_slice(&m[r * w..(r + 1) * w]);
+                        at += w;
+                    }
+                });
             }
             Ok((out, width))
         }
@@ -330,16 +345,16 @@ impl DecoderSequence {
         let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
         let kinds = self.kinds::<T>();
 
-        let mut tall = vec![T::zero(); tl * b * h];
+        let mut tall = crate::kernels::zeroed(tl * b * h);
         tall[..b * h].copy_from_slice(storage_slice::<T>(&g_t0, &l_t0)?);
-        let mut q = vec![T::zero(); tl * b * wq];
-        let mut actx = vec![T::zero(); tl * b * w_ac];
-        let mut z = vec![T::zero(); if gated { n * b * h } else { 0 }];
-        let mut ts = vec![T::zero(); n * b * h];
-        let mut cp = vec![T::zero(); n * b * wc];
-        let mut ru = vec![T::zero(); n * b * 2 * h];
-        let mut rts = vec![T::zero(); n * b * h];
-        let mut cc = vec![T::zero(); n * b * h];
+        let mut q = crate::kernels::zeroed(tl * b * wq);
+        let mut actx = crate::kernels::zeroed(tl * b * w_ac);
+        let mut z = crate::kernels::zeroed(if gated { n * b * h } else { 0 });
+        let mut ts = crate::kernels::zeroed(n * b * h);
+        let mut cp = crate::kernels::zeroed(n * b * wc);
+        let mut ru = crate::kernels::zeroed(n * b * 2 * h);
+        let mut rts = crate::kernels::zeroed(n * b * h);
+        let mut cc = crate::kernels::zeroed(n * b * h);
         let mut pre = vec![T::zero(); b * h3];
         let mut hu = vec![T::zero(); b * 2 * h];
         let mut rc = vec![T::zero(); b * h];
@@ -349,12 +364,15 @@ impl DecoderSequence {
             let (t_done, t_rest) = tall.split_at_mut((i + 1) * bh);
             let t_i = &t_done[i * bh..];
             let q_i = &mut q[i * b * wq..(i + 1) * b * wq];
-            tw.mul_into(b, q_i, wq, false, Mat::rows(t_i, h));
+            crate::profile::timed("  decoder fwd: query GEMM", || {
+                tw.mul_into(b, q_i, wq, false, Mat::rows(t_i, h))
+            });
             let actx_i = &mut actx[i * b * w_ac..(i + 1) * b * w_ac];
             {
                 let out = RowsMut::new(actx_i, w_ac);
                 let q_i = &*q_i;
                 let mask = &mask;
+                let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
                 rows_par(b, b * s * ad, |r| {
                     let mut e = vec![T::zero(); s];
                     crate::attention::score_rows_d(
@@ -383,7 +401,9 @@ impl DecoderSequence {
                 cs: 1,
             };
             let cp_i = &mut cp[i * b * wc..(i + 1) * b * wc];
-            cw.mul_into(b, cp_i, wc, false, ctx_i);
+            crate::profile::timed("  decoder fwd: context GEMM", || {
+                cw.mul_into(b, cp_i, wc, false, ctx_i)
+            });
             let (z_i, ts_i) = (
                 if gated {
                     &mut z[i * bh..(i + 1) * bh]
@@ -399,6 +419,7 @@ impl DecoderSequence {
                     RowsMut::new(&mut pre, h3),
                 );
                 let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
+                let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
                 rows_par(b, bh3, |r| {
                     let terms = [
                         wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h]),
@@ -429,10 +450,12 @@ impl DecoderSequence {
                 rh: &mut rts[i * bh..(i + 1) * bh],
                 ht: &mut cc[i * bh..(i + 1) * bh],
             };
-            gru_step_forward(h, &pre, t_next, None, acts, (&mut hu, &mut rc), &u_ru, &u);
+            crate::profile::timed("  decoder fwd: GRU step", || {
+                gru_step_forward(h, &pre, t_next, None, acts, (&mut hu, &mut rc), &u_ru, &u)
+            });
         }
         // The readout's input, batch-major: [t_{i−1} | s_i].
-        let mut out = vec![T::zero(); b * tl * h3];
+        let mut out = crate::kernels::zeroed(b * tl * h3);
         for (row, o) in out.chunks_mut(h3).enumerate() {
             let (r, i) = (row / tl, row % tl);
             o[..h].copy_from_slice(&tall[(i * b + r) * h..(i * b + r + 1) * h]);
@@ -454,7 +477,7 @@ impl DecoderSequence {
             cw: cw_v,
             wc,
         }));
-        Ok((T::to_cpu_storage_owned(out), Shape::from((b, tl, h3))))
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, h3))))
     }
 
     fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
@@ -487,9 +510,12 @@ impl DecoderSequence {
         } = *saved
             .downcast::<Saved<T>>()
             .map_err(|_| candle_core::Error::Msg("fused decoder: dtype".into()))?;
-        let g: Vec<T> = crate::kernels::to_vec(grad)?; // [B, T, 3H]
+        let grad = grad.contiguous()?;
+        let (g_st, g_l) = grad.storage_and_layout();
+        let g = storage_slice::<T>(&g_st, g_l)?; // [B·T, 3H]
         let vec_of = |x: &Shared| crate::kernels::to_vec::<T>(&x.tensor);
-        let wp = vec_of(&self.wp)?;
+        let (wp_st, wp_l) = self.wp.tensor.storage_and_layout();
+        let wp = storage_slice::<T>(&wp_st, wp_l)?;
         let v = vec_of(&self.v)?;
         let (u_ru_v, u_v) = (vec_of(&self.u_ru)?, vec_of(&self.u)?);
         let tw = Oriented::new(&tw_v, h, wq);
@@ -500,11 +526,11 @@ impl DecoderSequence {
         let kinds = self.kinds::<T>();
         let (bh, bh3) = (b * h, b * h3);
 
-        let mut dwp = vec![T::zero(); tl * bh3];
-        let mut dzp = vec![T::zero(); if gated { tl * bh } else { 0 }];
-        let mut dcp = vec![T::zero(); n * b * wc];
-        let mut dpre = vec![T::zero(); n * bh3];
-        let mut dq = vec![T::zero(); tl * b * wq];
+        let mut dwp = crate::kernels::zeroed(tl * bh3);
+        let mut dzp = crate::kernels::zeroed(if gated { tl * bh } else { 0 });
+        let mut dcp = crate::kernels::zeroed(n * b * wc);
+        let mut dpre = crate::kernels::zeroed(n * bh3);
+        let mut dq = crate::kernels::zeroed(tl * b * wq);
         let mut dv_rows = vec![T::zero(); b * ad];
         let mut dt = vec![T::zero(); bh]; // ∂t_i carried from step i + 1
         let mut dts = vec![T::zero(); bh];
@@ -536,7 +562,9 @@ impl DecoderSequence {
                     hp: ts_i,
                     mask: None,
                 };
-                step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru);
+                crate::profile::timed("  decoder bwd: GRU step", || {
+                    step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru)
+                });
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
                 let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
                 {
@@ -553,6 +581,7 @@ impl DecoderSequence {
                     } else {
                         &z[..]
                     };
+                    let _t = crate::profile::Scope::new("  decoder bwd: gate rows");
                     rows_par(b, bh3, |r| unsafe {
                         bwd_mix_row_d(
                             &dpre_i[r * h3..(r + 1) * h3],
@@ -586,7 +615,9 @@ impl DecoderSequence {
                     }
                 }
                 let dcp_i = &*dcp_i;
-                cw.mul_t_into(b, &mut dctx, a2, true, Mat::rows(dcp_i, wc));
+                crate::profile::timed("  decoder bwd: context GEMM", || {
+                    cw.mul_t_into(b, &mut dctx, a2, true, Mat::rows(dcp_i, wc))
+                });
             }
             // Attention backward: ∂s_i → ∂α → ∂e → ∂(A h), ∂(B t), ∂v; ∂h accumulated in place.
             let actx_i = &actx[i * b * w_ac..(i + 1) * b * w_ac];
@@ -602,6 +633,7 @@ impl DecoderSequence {
                 let dvw = RowsMut::new(&mut dv_rows, ad);
                 let gfull = &gfull;
                 let v = &v;
+                let _t = crate::profile::Scope::new("  decoder bwd: attention rows");
                 self.ah.with_slice::<T, _>(|ah| {
                     self.ann.with_slice::<T, _>(|ann| {
                         self.ah.accumulate::<T>(|d_ah| {
@@ -638,10 +670,13 @@ impl DecoderSequence {
                 })?;
             }
             let dq_i = &*dq_i;
-            tw.mul_t_into(b, &mut dt_prev, h, true, Mat::rows(dq_i, wq));
+            crate::profile::timed("  decoder bwd: query GEMM", || {
+                tw.mul_t_into(b, &mut dt_prev, h, true, Mat::rows(dq_i, wq))
+            });
             std::mem::swap(&mut dt, &mut dt_prev);
         }
         // `dt` is ∂t_0 now. Inputs' gradients, and each weight's as one GEMM over all steps.
+        let _t = crate::profile::Scope::new("  decoder bwd: weight gradients");
         self.t0.add_grad(dt);
         self.wp.add_grad(dwp);
         if let Some(wz) = &self.wz {
@@ -661,27 +696,40 @@ impl DecoderSequence {
             cs: w_ac,
         };
         let weight_grad = |k: usize, nn: usize, rows: usize, lhs: Mat<T>, rhs: Mat<T>| {
-            let mut d = vec![T::zero(); k * nn];
+            let mut d = crate::kernels::zeroed(k * nn);
             gemm_into(k, nn, rows, &mut d, nn, false, lhs, rhs);
             d
         };
-        // Columns `[from, from + cols)` of a stacked weight's gradient `[k, width]` to `sh`.
-        let add_cols = |sh: &Shared, d: &[T], width: usize, from: usize, cols: usize| {
-            let part: Vec<T> = d
-                .chunks(width)
-                .flat_map(|row| row[from..from + cols].iter().copied())
-                .collect();
-            sh.add_grad(part);
-        };
-        let d_tw = weight_grad(h, wq, tl * b, Mat::t(&tall, h), Mat::rows(&dq, wq));
-        add_cols(&self.b_att, &d_tw, wq, 0, ad);
-        if let Some(uz) = &self.u_z {
-            add_cols(uz, &d_tw, wq, ad, h);
+        // A stacked weight's parts as GEMMs over column blocks `[from, from + cols)` of the stacked
+        // gradient rows `d` (no copies of the parts).
+        fn block<T>(d: &[T], width: usize, from: usize) -> Mat<'_, T> {
+            Mat {
+                data: d.get(from..).unwrap_or(&[]),
+                rs: width,
+                cs: 1,
+            }
         }
-        let d_cw = weight_grad(a2, wc, nb, ctx_t, Mat::rows(&dcp, wc));
-        add_cols(&self.c, &d_cw, wc, 0, h3);
+        let rows_t = tl * b;
+        self.b_att.add_grad(weight_grad(
+            h,
+            ad,
+            rows_t,
+            Mat::t(&tall, h),
+            block(&dq, wq, 0),
+        ));
+        if let Some(uz) = &self.u_z {
+            uz.add_grad(weight_grad(
+                h,
+                h,
+                rows_t,
+                Mat::t(&tall, h),
+                block(&dq, wq, ad),
+            ));
+        }
+        self.c
+            .add_grad(weight_grad(a2, h3, nb, ctx_t, block(&dcp, wc, 0)));
         if let Some(cz) = &self.c_z {
-            add_cols(cz, &d_cw, wc, h3, h);
+            cz.add_grad(weight_grad(a2, h, nb, ctx_t, block(&dcp, wc, h3)));
         }
         self.u_ru.add_grad(weight_grad(
             h,
@@ -711,15 +759,19 @@ impl CustomOp1 for DecoderSequence {
         "fused-decoder-sequence"
     }
     fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s, forward_of, self)
+        crate::profile::timed("decoder sequence forward", || {
+            by_dtype!(s, forward_of, self)
+        })
     }
     fn bwd(&self, bundle: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        match grad.dtype() {
-            candle_core::DType::F32 => self.backward::<f32>(grad)?,
-            candle_core::DType::F64 => self.backward::<f64>(grad)?,
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        }
-        Ok(Some(bundle.zeros_like()?))
+        crate::profile::timed("decoder sequence backward", || {
+            match grad.dtype() {
+                candle_core::DType::F32 => self.backward::<f32>(grad)?,
+                candle_core::DType::F64 => self.backward::<f64>(grad)?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            }
+            Ok(Some(bundle.zeros_like()?))
+        })
     }
 }
 

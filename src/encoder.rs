@@ -88,9 +88,7 @@ impl Encoder {
     /// `src`: `[B, S]` u32 ids, `mask`: `[B, S]` (1 = word, 0 = padding), in the model dtype.
     pub fn forward(&self, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
         let (b, s) = src.dims2()?;
-        let e = self
-            .emb
-            .embedding(&src.flatten_all()?)?
+        let e = crate::kernels::embedding(self.fwd.kernels, &self.emb, &src.flatten_all()?)?
             .broadcast_add(&self.emb_b)?;
         if self.fwd.kernels.fused_on(e.device()) {
             // Both directions' input projections as one product, both recurrences as one fused op (see
@@ -99,11 +97,12 @@ impl Encoder {
             let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
             let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
             let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
-            let x =
-                crate::kernels::linear(self.fwd.kernels, &e, &w, &bias)?.reshape((b, s, 6 * h))?;
+            // Rows `(b, t)`: no reshape node (see `decoder_sequence_fused`).
+            let x = crate::kernels::linear(self.fwd.kernels, &e, &w, &bias)?;
             let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
             let annotations = bigru_fused(
                 &x,
+                b,
                 m,
                 (&self.fwd.u_ru, &self.fwd.u),
                 (&self.bwd.u_ru, &self.bwd.u),
@@ -386,7 +385,8 @@ impl CustomOp3 for GruUpdateGrad {
 }
 
 /// The bidirectional encoder's two masked GRU recurrences as one fused op: projected inputs `x`
-/// `[B, S, 6H]` (batch-major, both directions' `W x + b` side by side, forward first), the padding mask (`S·B` values, time-major; a state is kept where it is 0) and
+/// `[B·S, 6H]` (rows `(b, t)` of a batch of `batch` sentences, both directions' `W x + b` side by side,
+/// forward first), the padding mask (`S·B` values, time-major; a state is kept where it is 0) and
 /// each direction's `U_ru` `[H, 2H]`, `U` `[H, H]`; returns the annotations `[B, S, 2H]` (`[→h_j ; ←h_j]`).
 /// One graph node for the whole encoder: each direction runs its steps with one GEMM per recurrent product
 /// into preallocated buffers, the two directions concurrently (one core each), and the backward pass runs
@@ -395,13 +395,16 @@ impl CustomOp3 for GruUpdateGrad {
 /// handles (see `decoder_sequence`).
 pub fn bigru_fused(
     x: &Tensor,
+    batch: usize,
     mask: Vec<f64>,
     fwd: (&Tensor, &Tensor),
     bwd: (&Tensor, &Tensor),
 ) -> Result<Tensor> {
-    let (b, s, h6) = x.dims3()?;
-    let h = h6 / 6;
+    let (rows, h6) = x.dims2()?;
+    let (b, h) = (batch, h6 / 6);
+    let s = if b > 0 { rows / b } else { 0 };
     let ok = h6 == 6 * h
+        && rows == b * s
         && mask.len() == s * b
         && [fwd.0, bwd.0]
             .iter()
@@ -414,6 +417,7 @@ pub fn bigru_fused(
     }
     let sh = Shared::new;
     let op = BiGru {
+        b,
         x: sh(x)?,
         u_ru: [sh(fwd.0)?, sh(bwd.0)?],
         u: [sh(fwd.1)?, sh(bwd.1)?],
@@ -429,7 +433,8 @@ pub fn bigru_fused(
 }
 
 struct BiGru {
-    /// `[B, S, 6H]`, the forward direction's columns first.
+    b: usize,
+    /// `[B·S, 6H]` (rows `(b, t)`), the forward direction's columns first.
     x: Shared,
     u_ru: [Shared; 2],
     u: [Shared; 2],
@@ -439,8 +444,8 @@ struct BiGru {
 
 impl BiGru {
     fn dims(&self) -> Result<(usize, usize, usize)> {
-        let (b, s, h6) = self.x.tensor.dims3()?;
-        Ok((s, b, h6 / 6))
+        let (rows, h6) = self.x.tensor.dims2()?;
+        Ok((rows / self.b.max(1), self.b, h6 / 6))
     }
 
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
@@ -454,7 +459,7 @@ impl BiGru {
         let run = |d: usize| -> Result<(Vec<T>, Option<GruSaved<T>>)> {
             // This direction's columns, time-major: every step reads one contiguous `[B, 3H]` block.
             let h3 = 3 * h;
-            let mut x = vec![T::zero(); s * b * h3];
+            let mut x = crate::kernels::zeroed(s * b * h3);
             for (row, o) in x.chunks_mut(h3).enumerate() {
                 let (t, i) = (row / b, row % b);
                 let at = (i * s + t) * 2 * h3 + d * h3;
@@ -469,7 +474,7 @@ impl BiGru {
         let (f, r) = rayon::join(|| run(0), || run(1));
         let ((f, fs), (r, rs)) = (f?, r?);
         // Annotations, batch-major: [→h_j ; ←h_j].
-        let mut out = vec![T::zero(); b * s * 2 * h];
+        let mut out = crate::kernels::zeroed(b * s * 2 * h);
         for (row, o) in out.chunks_mut(2 * h).enumerate() {
             let (i, t) = (row / s, row % s);
             o[..h].copy_from_slice(&f[(t * b + i) * h..(t * b + i + 1) * h]);
@@ -497,7 +502,7 @@ impl BiGru {
         let g = crate::kernels::to_vec::<T>(grad)?; // [B, S, 2H]
                                                     // Each direction's ∂states, time-major.
         let split = |d: usize| -> Vec<T> {
-            let mut out = vec![T::zero(); s * b * h];
+            let mut out = crate::kernels::zeroed(s * b * h);
             for (row, o) in out.chunks_mut(h).enumerate() {
                 let (t, i) = (row / b, row % b);
                 let at = (i * s + t) * 2 * h + d * h;
@@ -520,7 +525,7 @@ impl BiGru {
         // ∂x batch-major `[B, S, 6H]` from each direction's time-major `[S, B, 3H]`.
         let h3 = 3 * h;
         let dxs = [a?, c?];
-        let mut dx = vec![T::zero(); b * s * 2 * h3];
+        let mut dx = crate::kernels::zeroed(b * s * 2 * h3);
         dx.par_chunks_mut(2 * h3).enumerate().for_each(|(row, o)| {
             let (i, t) = (row / s, row % s);
             for (d, dxd) in dxs.iter().enumerate() {
@@ -538,15 +543,19 @@ impl candle_core::CustomOp1 for BiGru {
         "fused-bidirectional-gru"
     }
     fn cpu_fwd(&self, st: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(st, bigru_forward, self)
+        crate::profile::timed("encoder bigru forward", || {
+            by_dtype!(st, bigru_forward, self)
+        })
     }
     fn bwd(&self, bundle: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        match grad.dtype() {
-            DType::F32 => self.backward::<f32>(grad)?,
-            DType::F64 => self.backward::<f64>(grad)?,
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        }
-        Ok(Some(bundle.zeros_like()?))
+        crate::profile::timed("encoder bigru backward", || {
+            match grad.dtype() {
+                DType::F32 => self.backward::<f32>(grad)?,
+                DType::F64 => self.backward::<f64>(grad)?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            }
+            Ok(Some(bundle.zeros_like()?))
+        })
     }
 }
 
@@ -768,8 +777,8 @@ fn gru_dir_forward<T: Real>(
     let mut ru = vec![T::zero(); per * 2 * h];
     let mut rh = vec![T::zero(); per * h];
     let mut ht = vec![T::zero(); per * h];
-    let mut hp = vec![T::zero(); if save { s * b * h } else { 0 }];
-    let mut out = vec![T::zero(); s * b * h];
+    let mut hp = crate::kernels::zeroed(if save { s * b * h } else { 0 });
+    let mut out = crate::kernels::zeroed(s * b * h);
     let mut state = vec![T::zero(); b * h];
     let mut hu = vec![T::zero(); b * 2 * h];
     let mut rc = vec![T::zero(); b * h];
@@ -812,7 +821,7 @@ fn gru_dir_backward<T: Real>(
     let GruSaved { ru, rh, ht, hp } = saved;
     let u_ru_o = crate::kernels::Oriented::new(u_ru, h, 2 * h);
     let u_o = crate::kernels::Oriented::new(u, h, h);
-    let mut dxp = vec![T::zero(); s * b * h3];
+    let mut dxp = crate::kernels::zeroed(s * b * h3);
     let mut dh = vec![T::zero(); b * h];
     let mut drh = vec![T::zero(); b * h];
     for n in 0..s {

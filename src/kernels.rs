@@ -186,12 +186,16 @@ impl Real for f32 {
     }
 }
 
-/// `exp(x)` for f32 without branches: `x = n ln2 + r`, `|r| ≤ ln2/2`, `exp(r)` by its Taylor polynomial to
-/// degree 7 (truncation error < 3e-8 relative), scaled by `2^n` through the exponent bits.
+/// `exp(x)` for f32 without branches or calls (so that loops over it vectorise): `x = n ln2 + r`, `|r| ≤ ln2/2`,
+/// `exp(r)` by its Taylor polynomial to degree 7 (truncation error < 3e-8 relative), scaled by `2^n` through
+/// the exponent bits. `n` is rounded to nearest by adding and subtracting `1.5·2²³` (the sum's low mantissa
+/// bits then hold `n` as an integer), which compiles to plain vector adds where `f32::round` is a libm call.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
+    const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    let y = x * std::f32::consts::LOG2_E + ROUND;
+    let n = y - ROUND;
     // ln 2 split in a high part exact in f32 and a low correction.
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let mut p = 1.0 / 5040.0;
@@ -202,7 +206,9 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 0.5;
     p = p * r + 1.0;
     p = p * r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n ∈ [−126, 127]: the biased exponent n + 127 is a normal one.
+    let n_int = y.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let scale = f32::from_bits(((n_int + 127) as u32) << 23);
     // Underflow to 0 as libm does (softmax over masked positions must give exactly 0).
     if x <= -87.0 {
         0.0
@@ -450,7 +456,7 @@ fn transpose_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Sha
 /// The row-major `[c, r]` transpose of a row-major `[r, c]` matrix, copied tile by tile.
 pub fn transposed<T: Real>(x: &[T], r: usize, c: usize) -> Vec<T> {
     use rayon::prelude::*;
-    let mut out = vec![T::zero(); r * c];
+    let mut out = zeroed(r * c);
     if r == 0 || c == 0 {
         return out;
     }
@@ -486,6 +492,46 @@ impl candle_core::CustomOp1 for Transpose {
     fn bwd(&self, _x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         Ok(Some(transpose(&grad.contiguous()?)?))
     }
+}
+
+thread_local! {
+    /// Parameters' gradients the fused ops handed over during the backward pass running on this thread
+    /// ([`backward`]); `None` outside one.
+    static HANDED: std::cell::RefCell<Option<Vec<(Tensor, Tensor)>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// `loss.backward()`, except that the fused ops hand their parameters' gradients over directly instead of
+/// returning them to candle's gradient store, which would add each into a zero-filled tensor of the
+/// parameter's size (two passes over it and two allocations per parameter and step); they join the store
+/// afterwards, added only where a composed op also contributed.
+pub fn backward(loss: &Tensor) -> Result<candle_core::backprop::GradStore> {
+    HANDED.with(|h| *h.borrow_mut() = Some(Vec::new()));
+    let result = loss.backward();
+    let handed = HANDED.with(|h| h.borrow_mut().take()).unwrap_or_default();
+    let mut grads = result?;
+    for (var, g) in handed {
+        let g = match grads.remove(&var) {
+            Some(prev) => (prev + g)?,
+            None => g,
+        };
+        grads.insert(&var, g);
+    }
+    Ok(grads)
+}
+
+/// A fused op's gradient `grad` for its input `arg`: kept aside when `arg` is a parameter and a
+/// [`backward`] pass is running on this thread (returns `None`), otherwise returned for candle to add.
+pub fn hand_over(arg: &Tensor, grad: Tensor) -> Option<Tensor> {
+    if !arg.is_variable() {
+        return Some(grad);
+    }
+    HANDED.with(|h| match h.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push((arg.clone(), grad));
+            None
+        }
+        None => Some(grad),
+    })
 }
 
 /// End the pass: release the prepared weights.
@@ -730,7 +776,7 @@ impl candle_core::CustomOp1 for ShareTap {
             }
             _ => None,
         };
-        v.transpose()
+        Ok(v.transpose()?.and_then(|g| hand_over(arg, g)))
     }
 }
 
@@ -999,6 +1045,55 @@ pub fn to_vec<T: Real>(x: &Tensor) -> Result<Vec<T>> {
     x.flatten_all()?.to_vec1::<T>()
 }
 
+/// Elements from which [`zeroed`] and [`tiled`] fill a new buffer on both cores.
+const PAR_FILL: usize = 1 << 16;
+
+/// `n` zeros. A zero-filled allocation is one serial `memset` (the allocator reuses freed memory), which for
+/// the fused ops' multi-megabyte buffers left the second core idle: large buffers are filled on both.
+pub fn zeroed<T: Real>(n: usize) -> Vec<T> {
+    use rayon::prelude::*;
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    let spare = &mut v.spare_capacity_mut()[..n];
+    let zero = std::mem::MaybeUninit::new(T::zero());
+    if n >= PAR_FILL && !SERIAL.with(|s| s.get()) {
+        spare
+            .par_chunks_mut(PAR_FILL / 4)
+            .for_each(|c| c.fill(zero));
+    } else {
+        spare.fill(zero);
+    }
+    // SAFETY: the first n elements were all written above.
+    unsafe { v.set_len(n) };
+    v
+}
+
+/// `rows` copies of `row`, one after the other (e.g. a bias under a GEMM), filled like [`zeroed`].
+pub fn tiled<T: Real>(rows: usize, row: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    let (m, n) = (row.len(), rows * row.len());
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    if m > 0 {
+        let fill = |c: &mut [std::mem::MaybeUninit<T>]| {
+            for r in c.chunks_mut(m) {
+                for (d, x) in r.iter_mut().zip(row) {
+                    d.write(*x);
+                }
+            }
+        };
+        let spare = &mut v.spare_capacity_mut()[..n];
+        if n >= PAR_FILL && !SERIAL.with(|s| s.get()) {
+            spare
+                .par_chunks_mut(m * (PAR_FILL / 4).div_ceil(m))
+                .for_each(fill);
+        } else {
+            fill(spare);
+        }
+    }
+    // SAFETY: the first n elements were all written above (whole rows of m).
+    unsafe { v.set_len(n) };
+    v
+}
+
 /// Run `f(row, …)` over the rows of a step, on the pool when the step is large enough.
 pub(crate) fn rows_par<F: Fn(usize) + Sync + Send>(b: usize, elems: usize, f: F) {
     use rayon::prelude::*;
@@ -1110,7 +1205,6 @@ fn linear_fwd<T: Real>(
     s3: &CpuStorage,
     l3: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
-    use rayon::prelude::*;
     let (n, k) = l1.shape().dims2()?;
     let (k2, m) = l2.shape().dims2()?;
     let (x, w, b) = (
@@ -1124,10 +1218,7 @@ fn linear_fwd<T: Real>(
             b.len()
         );
     }
-    let mut out = vec![T::zero(); n * m];
-    if m > 0 {
-        out.par_chunks_mut(m).for_each(|row| row.copy_from_slice(b));
-    }
+    let mut out = tiled(n, b);
     gemm_into(n, m, k, &mut out, m, true, Mat::rows(x, k), Mat::rows(w, m));
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
 }
@@ -1145,20 +1236,100 @@ impl candle_core::CustomOp3 for Linear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, linear_fwd, s1, l1, s2, l2, s3, l3)
+        crate::profile::timed("linear forward", || {
+            by_dtype!(s1, linear_fwd, s1, l1, s2, l2, s3, l3)
+        })
     }
     fn bwd(
         &self,
         x: &Tensor,
         w: &Tensor,
-        _b: &Tensor,
+        b: &Tensor,
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = grad.contiguous()?;
-        let dx = g.matmul(&w.detach().t()?)?;
-        let dw = x.detach().t()?.matmul(&g)?;
-        let db = column_sums(&g)?;
-        Ok((Some(dx), Some(dw), Some(db)))
+        crate::profile::timed("linear backward", || {
+            let g = grad.contiguous()?;
+            let dx = g.matmul(&w.detach().t()?)?;
+            let dw = x.detach().t()?.matmul(&g)?;
+            let db = column_sums(&g)?;
+            Ok((Some(dx), hand_over(w, dw), hand_over(b, db)))
+        })
+    }
+}
+
+/// Rows `ids` (`[N]`, u32) of an embedding table `[V, E]`: `[N, E]`. With fused kernels on the CPU one graph
+/// node whose backward pass scatters the rows' gradients into one `[V, E]` buffer and hands it over (see
+/// [`hand_over`]); composed, candle's `index_select` adds into a zero-filled table twice per pass.
+pub fn embedding(k: Kernels, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    if !k.fused_on(table.device())
+        || table.rank() != 2
+        || !matches!(
+            table.dtype(),
+            candle_core::DType::F32 | candle_core::DType::F64
+        )
+    {
+        return table.embedding(ids);
+    }
+    let ids: Vec<u32> = ids
+        .flatten_all()?
+        .to_dtype(candle_core::DType::U32)?
+        .to_vec1()?;
+    let v = table.dim(0)?;
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+        candle_core::bail!("embedding: id {bad} out of range for a vocabulary of {v}");
+    }
+    table.contiguous()?.apply_op1(Embedding { ids })
+}
+
+struct Embedding {
+    ids: Vec<u32>,
+}
+
+fn embedding_fwd<T: Real>(
+    op: &Embedding,
+    s: &CpuStorage,
+    l: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    use rayon::prelude::*;
+    let (_, e) = l.shape().dims2()?;
+    let table = slice::<T>(s, l)?;
+    let mut out = zeroed::<T>(op.ids.len() * e);
+    if e > 0 {
+        out.par_chunks_mut(e)
+            .zip(&op.ids)
+            .for_each(|(o, &i)| o.copy_from_slice(&table[i as usize * e..(i as usize + 1) * e]));
+    }
+    Ok((T::to_cpu_storage_owned(out), Shape::from((op.ids.len(), e))))
+}
+
+fn embedding_grad<T: Real>(op: &Embedding, table: &Tensor, grad: &Tensor) -> Result<Tensor> {
+    let (v, e) = table.dims2()?;
+    let g = grad.contiguous()?;
+    let (st, l) = g.storage_and_layout();
+    let g = storage_slice::<T>(&st, l)?;
+    let mut d = zeroed::<T>(v * e);
+    for (row, &i) in g.chunks_exact(e.max(1)).zip(&op.ids) {
+        for (a, x) in d[i as usize * e..(i as usize + 1) * e].iter_mut().zip(row) {
+            *a = *a + *x;
+        }
+    }
+    Tensor::from_vec(d, (v, e), table.device())
+}
+
+impl candle_core::CustomOp1 for Embedding {
+    fn name(&self) -> &'static str {
+        "embedding"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s, embedding_fwd, self, s, l)
+    }
+    fn bwd(&self, table: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let d = match table.dtype() {
+            candle_core::DType::F32 => embedding_grad::<f32>(self, table, grad)?,
+            candle_core::DType::F64 => embedding_grad::<f64>(self, table, grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        Ok(hand_over(table, d))
     }
 }

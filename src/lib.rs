@@ -23,6 +23,7 @@ pub mod kernels;
 pub mod model;
 pub mod optim;
 pub mod packed_gemm;
+pub mod profile;
 pub mod readout;
 pub mod train;
 pub mod translate;

@@ -163,6 +163,10 @@ struct BenchArgs {
     /// recurrences' products and report both medians (the training figures then come from the packed steps).
     #[arg(long)]
     compare_packed_gemm: bool,
+    /// Time each fused op's forward and backward pass over the timed training steps and print the
+    /// per-step means (the JSON gets `op_profile`); adds a clock read per op call.
+    #[arg(long)]
+    profile_ops: bool,
     /// Model/training overrides (e.g. model.context_gate=none, model.coverage=neural).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
@@ -696,6 +700,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         decode_sentences: a.decode_sentences,
         repeats: a.repeats,
         compare_packed_gemm: a.compare_packed_gemm,
+        profile_ops: a.profile_ops,
     };
     let rec = cgnmt::bench::run(&cfg, &data_dir(a.data), &opts)?;
     println!("{rec}");

@@ -378,7 +378,7 @@ impl Model {
     /// Gradients of `loss` (from [`Model::loss`]) for every parameter; releases the weights the pass
     /// prepared.
     pub fn backward(&self, loss: &Tensor) -> Result<candle_core::backprop::GradStore> {
-        let grads = loss.backward()?;
+        let grads = crate::kernels::backward(loss)?;
         crate::kernels::end_pass();
         Ok(grads)
     }
@@ -394,16 +394,13 @@ impl Model {
                 crate::kernels::Shared::new(&src.keys.annotations)?,
             ));
         }
-        let e_all = self.tgt_emb.embedding(&batch.tgt.flatten_all()?)?; // [B*T, E]
+        let e_all =
+            crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?; // [B*T, E]
         let e_dim = e_all.dim(1)?;
+        // Batch-major rows `(b, i)` (the fused decoder reads these); the step-by-step path takes time-major
+        // copies.
         let wp = self.cell.project_words(&e_all)?;
-        let k = wp.dim(1)?;
-        // Batch-major `[B, T, ·]` (the fused decoder reads these); the step-by-step path takes time-major copies.
-        let wp = wp.reshape((b, t_len, k))?;
-        let wz = match self.gate.word_term(&e_all)? {
-            Some(w) => Some(w.reshape((b, t_len, w.dim(1)?))?),
-            None => None,
-        };
+        let wz = self.gate.word_term(&e_all)?;
         let e3 = e_all.reshape((b, t_len, e_dim))?;
         let readin = if let Some(gate) = self.sequence_gate() {
             // The whole decoder recurrence as one fused op (see `decoder_sequence`).
@@ -435,8 +432,7 @@ impl Model {
                 &w,
                 gate,
             )?;
-            let h = self.cell.hidden;
-            Readin::Stacked(y.reshape((b * t_len, 3 * h))?)
+            Readin::Stacked(y)
         } else {
             // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
             let fused = self.kernels.fused_on(wp.device());
@@ -448,7 +444,11 @@ impl Model {
                     (0..t_len).map(|i| x.i(i)).collect()
                 }
             };
-            let time_major = |x: &Tensor| x.transpose(0, 1)?.contiguous();
+            let time_major = |x: &Tensor| {
+                x.reshape((b, t_len, x.dim(1)?))?
+                    .transpose(0, 1)?
+                    .contiguous()
+            };
             let wp_steps = steps(&time_major(&wp)?)?;
             let wz_steps = match &wz {
                 Some(w) => Some(steps(&time_major(w)?)?),

@@ -76,7 +76,7 @@ impl Packed {
         );
         let nr = isa.nr();
         let panels = n.div_ceil(nr);
-        let mut data = vec![0.0f32; panels * k * nr];
+        let mut data = crate::kernels::zeroed::<f32>(panels * k * nr);
         if k > 0 {
             data.par_chunks_mut(k * nr)
                 .enumerate()

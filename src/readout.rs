@@ -120,15 +120,17 @@ impl CustomOp1 for Maxout {
         "fused-maxout"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s, maxout_fwd, s, l)
+        crate::profile::timed("maxout forward", || by_dtype!(s, maxout_fwd, s, l))
     }
     fn bwd(&self, r: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let d = match r.dtype() {
-            DType::F32 => maxout_grad::<f32>(r, grad)?,
-            DType::F64 => maxout_grad::<f64>(r, grad)?,
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        };
-        Ok(Some(d))
+        crate::profile::timed("maxout backward", || {
+            let d = match r.dtype() {
+                DType::F32 => maxout_grad::<f32>(r, grad)?,
+                DType::F64 => maxout_grad::<f64>(r, grad)?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            };
+            Ok(Some(d))
+        })
     }
 }
 
@@ -246,7 +248,6 @@ fn output_nll_fwd<T: Real>(
     s3: &CpuStorage,
     l3: &Layout,
 ) -> Result<(CpuStorage, Shape)> {
-    use candle_core::backend::BackendStorage;
     let (n, e) = l1.shape().dims2()?;
     let (e2, v) = l2.shape().dims2()?;
     let b = slice::<T>(s3, l3)?;
@@ -254,15 +255,21 @@ fn output_nll_fwd<T: Real>(
         candle_core::bail!("fused output layer: shape mismatch");
     }
     check_targets(&op.targets, v)?;
-    let mut logits = s1.matmul(s2, (1, n, v, e), l1, l2)?;
+    // The logits `[N, V]` into a buffer filled on both cores (candle's matmul zero-fills on one).
+    let mut buf = crate::kernels::zeroed::<T>(n * v);
+    crate::kernels::gemm_into(
+        n,
+        v,
+        e,
+        &mut buf,
+        v,
+        false,
+        crate::kernels::Mat::rows(slice::<T>(s1, l1)?, e),
+        crate::kernels::Mat::rows(slice::<T>(s2, l2)?, v),
+    );
     let mut out = vec![T::zero(); n];
     let mut lses = vec![T::zero(); n];
     {
-        let buf: &mut [T] = match &mut logits {
-            CpuStorage::F32(x) => bytemuck_cast::<f32, T>(x),
-            CpuStorage::F64(x) => bytemuck_cast::<f64, T>(x),
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        };
         out.par_chunks_mut(ROWS_PER_TASK)
             .zip(lses.par_chunks_mut(ROWS_PER_TASK))
             .zip(buf.par_chunks_mut(ROWS_PER_TASK * v))
@@ -276,15 +283,8 @@ fn output_nll_fwd<T: Real>(
         .iter()
         .map(|x| candle_core::WithDType::to_f64(*x))
         .collect();
-    *op.logits.lock().expect("logits cache") = Some((logits, lses));
+    *op.logits.lock().expect("logits cache") = Some((T::to_cpu_storage_owned(buf), lses));
     Ok((T::to_cpu_storage_owned(out), Shape::from(n)))
-}
-
-/// View a `Vec<A>` as `&mut [B]` when A and B are the same type (dispatch on the storage's element type).
-fn bytemuck_cast<A: 'static, B: 'static>(x: &mut [A]) -> &mut [B] {
-    assert_eq!(std::any::TypeId::of::<A>(), std::any::TypeId::of::<B>());
-    // SAFETY: A and B are the same type (checked above).
-    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut B, x.len()) }
 }
 
 /// `g (softmax − onehot)` in place of the logits, from each row's log-normaliser (computed here when
@@ -325,7 +325,9 @@ impl CustomOp3 for OutputNll {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        by_dtype!(s1, output_nll_fwd, self, s1, l1, s2, l2, s3, l3)
+        crate::profile::timed("output nll forward", || {
+            by_dtype!(s1, output_nll_fwd, self, s1, l1, s2, l2, s3, l3)
+        })
     }
     fn bwd(
         &self,
@@ -335,40 +337,46 @@ impl CustomOp3 for OutputNll {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let n = x.dim(0)?;
-        let v = b.dim(0)?;
-        let cached = self.logits.lock().expect("logits cache").take();
-        let (logits, lses) = match cached {
-            Some((c, l)) => (c, Some(l)),
-            None => {
-                // A second backward pass: recompute the logits.
-                let l = x
-                    .detach()
-                    .matmul(&w_2.detach())?
-                    .broadcast_add(&b.detach())?;
-                let (st, _) = l.storage_and_layout();
-                match &*st {
-                    candle_core::Storage::Cpu(c) => (c.clone(), None),
-                    _ => candle_core::bail!("fused output layer: not on the CPU"),
+        crate::profile::timed("output nll backward", || {
+            let n = x.dim(0)?;
+            let v = b.dim(0)?;
+            let cached = self.logits.lock().expect("logits cache").take();
+            let (logits, lses) = match cached {
+                Some((c, l)) => (c, Some(l)),
+                None => {
+                    // A second backward pass: recompute the logits.
+                    let l = x
+                        .detach()
+                        .matmul(&w_2.detach())?
+                        .broadcast_add(&b.detach())?;
+                    let (st, _) = l.storage_and_layout();
+                    match &*st {
+                        candle_core::Storage::Cpu(c) => (c.clone(), None),
+                        _ => candle_core::bail!("fused output layer: not on the CPU"),
+                    }
                 }
-            }
-        };
-        let d = match logits {
-            CpuStorage::F32(buf) => Tensor::from_vec(
-                output_nll_grad(&self.targets, buf, lses, grad, v)?,
-                (n, v),
-                x.device(),
-            )?,
-            CpuStorage::F64(buf) => Tensor::from_vec(
-                output_nll_grad(&self.targets, buf, lses, grad, v)?,
-                (n, v),
-                x.device(),
-            )?,
-            _ => candle_core::bail!("fused kernels support f32 and f64"),
-        };
-        let dx = d.matmul(&w_2.detach().t()?)?;
-        let dw = x.detach().t()?.matmul(&d)?;
-        let db = crate::kernels::column_sums(&d)?;
-        Ok((Some(dx), Some(dw), Some(db)))
+            };
+            let d = match logits {
+                CpuStorage::F32(buf) => Tensor::from_vec(
+                    output_nll_grad(&self.targets, buf, lses, grad, v)?,
+                    (n, v),
+                    x.device(),
+                )?,
+                CpuStorage::F64(buf) => Tensor::from_vec(
+                    output_nll_grad(&self.targets, buf, lses, grad, v)?,
+                    (n, v),
+                    x.device(),
+                )?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            };
+            let dx = d.matmul(&w_2.detach().t()?)?;
+            let dw = x.detach().t()?.matmul(&d)?;
+            let db = crate::kernels::column_sums(&d)?;
+            Ok((
+                Some(dx),
+                crate::kernels::hand_over(w_2, dw),
+                crate::kernels::hand_over(b, db),
+            ))
+        })
     }
 }

@@ -55,7 +55,7 @@ fn compare(
         lf = (lf + (a * r.as_tensor()).unwrap().sum_all().unwrap()).unwrap();
         lr = (lr + (b * r.as_tensor()).unwrap().sum_all().unwrap()).unwrap();
     }
-    let gf = lf.backward().unwrap();
+    let gf = cgnmt::kernels::backward(&lf).unwrap();
     let gr = lr.backward().unwrap();
     for (i, x) in xs.iter().enumerate() {
         let (a, b) = (gf.get(x), gr.get(x));
@@ -107,6 +107,19 @@ fn fused_ops_match_their_composed_reference() {
             ft,
             gt,
             "linear",
+        );
+        // Embedding rows, with repeated ids (their gradients add) and rows never used (zero gradient).
+        let ids = Tensor::new(&[3u32, 0, 3, 6, 1, 3, 0], &Device::Cpu).unwrap();
+        let vars = [rand_var(&mut rng, &[8, 5], 1.0, dtype)];
+        let ids2 = ids.clone();
+        compare(
+            dtype,
+            &vars,
+            &|x| vec![cgnmt::kernels::embedding(Kernels::Fused, &x[0], &ids).unwrap()],
+            &|x| vec![x[0].embedding(&ids2).unwrap()],
+            ft,
+            gt,
+            "embedding",
         );
         // Softmax + context, with masked positions.
         let mask: Vec<f64> = (0..b * s)
@@ -610,7 +623,10 @@ fn fused_bidirectional_gru_matches_step_by_step() {
         compare(
             dtype,
             &vars,
-            &|x| vec![bigru_fused(&x[0], mask.clone(), (&x[1], &x[2]), (&x[3], &x[4])).unwrap()],
+            &|x| {
+                let rows = x[0].reshape((b * s, 6 * h)).unwrap();
+                vec![bigru_fused(&rows, b, mask.clone(), (&x[1], &x[2]), (&x[3], &x[4])).unwrap()]
+            },
             &|x| {
                 let (gf, gb) = (gru(&x[1], &x[2]), gru(&x[3], &x[4]));
                 let xt = |t: usize, d: usize| {
