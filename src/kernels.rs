@@ -1179,6 +1179,41 @@ pub(crate) fn column_sums(d: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// The gradients of `x W` (`x` `[N, K]`, `W` `[K, M]`) for the output gradient `g` `[N, M]`: `∂x = g Wᵀ`,
+/// `∂W = xᵀ g`, each a GEMM into a buffer filled on both cores (candle's matmul zero-fills on one).
+pub(crate) fn product_grads(x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn run<T: Real>(x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
+        let ((n, k), (k2, m), (n2, m2)) = (x.dims2()?, w.dims2()?, g.dims2()?);
+        if k != k2 || n != n2 || m != m2 {
+            candle_core::bail!("product gradients: [{n}, {k}] x [{k2}, {m}] against [{n2}, {m2}]");
+        }
+        let (x, w, g) = (x.contiguous()?, w.contiguous()?, g.contiguous()?);
+        let ((xs, xl), (ws, wl), (gs, gl)) = (
+            x.storage_and_layout(),
+            w.storage_and_layout(),
+            g.storage_and_layout(),
+        );
+        let (xd, wd, gd) = (
+            storage_slice::<T>(&xs, xl)?,
+            storage_slice::<T>(&ws, wl)?,
+            storage_slice::<T>(&gs, gl)?,
+        );
+        let mut dx = zeroed::<T>(n * k);
+        gemm_into(n, k, m, &mut dx, k, false, Mat::rows(gd, m), Mat::t(wd, m));
+        let mut dw = zeroed::<T>(k * m);
+        gemm_into(k, m, n, &mut dw, m, false, Mat::t(xd, k), Mat::rows(gd, m));
+        Ok((
+            Tensor::from_vec(dx, (n, k), x.device())?,
+            Tensor::from_vec(dw, (k, m), x.device())?,
+        ))
+    }
+    match x.dtype() {
+        candle_core::DType::F32 => run::<f32>(x, w, g),
+        candle_core::DType::F64 => run::<f64>(x, w, g),
+        _ => Ok((g.matmul(&w.t()?)?, x.t()?.matmul(g)?)),
+    }
+}
+
 /// `x W + b` (`x` `[N, K]`, `W` `[K, M]`, `b` `[M]`): with fused kernels on the CPU one graph node whose
 /// forward pass runs the GEMM over the broadcast bias and whose backward pass forms `∂b` as parallel column
 /// sums (composed, `broadcast_add` adds a node whose backward pass sums the rows on one thread).
@@ -1250,8 +1285,7 @@ impl candle_core::CustomOp3 for Linear {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         crate::profile::timed("linear backward", || {
             let g = grad.contiguous()?;
-            let dx = g.matmul(&w.detach().t()?)?;
-            let dw = x.detach().t()?.matmul(&g)?;
+            let (dx, dw) = product_grads(x, w, &g)?;
             let db = column_sums(&g)?;
             Ok((Some(dx), hand_over(w, dw), hand_over(b, db)))
         })

@@ -369,8 +369,7 @@ impl CustomOp3 for OutputNll {
                 )?,
                 _ => candle_core::bail!("fused kernels support f32 and f64"),
             };
-            let dx = d.matmul(&w_2.detach().t()?)?;
-            let dw = x.detach().t()?.matmul(&d)?;
+            let (dx, dw) = crate::kernels::product_grads(x, w_2, &d)?;
             let db = crate::kernels::column_sums(&d)?;
             Ok((
                 Some(dx),
