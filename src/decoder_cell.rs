@@ -143,14 +143,23 @@ impl DecoderCell {
         if let Some((word, _)) = &self.cgru {
             return word.project(e);
         }
+        crate::kernels::linear(self.kernels, e, &self.w, &self.word_bias()?)
+    }
+
+    /// [`DecoderCell::project_words`] (not the conditional GRU) as the shared input of the fused decoder
+    /// sequence (see [`crate::kernels::linear_shared`]).
+    pub fn project_words_shared(&self, e: &Tensor) -> Result<crate::kernels::Shared> {
+        crate::kernels::linear_shared(e, &self.w, &self.word_bias()?)
+    }
+
+    /// The word projection's bias over its `k` blocks: `[0; b]` (only the candidate's block has one).
+    fn word_bias(&self) -> Result<Tensor> {
         let k = self.blocks();
-        let bias = if k == 1 {
-            self.b.clone()
-        } else {
-            let zeros = Tensor::zeros((k - 1) * self.hidden, self.b.dtype(), self.b.device())?;
-            Tensor::cat(&[&zeros, &self.b], 0)?
-        };
-        crate::kernels::linear(self.kernels, e, &self.w, &bias)
+        if k == 1 {
+            return Ok(self.b.clone());
+        }
+        let zeros = Tensor::zeros((k - 1) * self.hidden, self.b.dtype(), self.b.device())?;
+        Tensor::cat(&[&zeros, &self.b], 0)
     }
 
     /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]`.

@@ -14,8 +14,8 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use crate::encoder::{gru_step_forward, GruActs, GruStep};
 use crate::gate::ZKind;
 use crate::kernels::{
-    by_dtype, gemm_into, rows_par, simd_dispatch, storage_slice, Mat, Oriented, Real, RowsMut,
-    Shared,
+    by_dtype, gemm_into, rows_par, simd_dispatch, storage_slice, Input, Mat, Oriented, Real,
+    RowsMut, Shared,
 };
 
 /// The decoder's weights the recurrence reads.
@@ -40,9 +40,9 @@ pub struct DecoderWeights<'a> {
 /// `[B, T, ·]` so that no reshape node sits between these ops and their neighbours: each would cost the
 /// backward pass a zero-filled gradient and an addition of its full size.)
 #[allow(clippy::too_many_arguments)]
-pub fn decoder_sequence_fused(
-    wp: &Tensor,
-    wz: Option<&Tensor>,
+pub fn decoder_sequence_fused<'a>(
+    wp: impl Into<Input<'a>>,
+    wz: Option<Input<'a>>,
     t0: &Tensor,
     ah: &Shared,
     annotations: &Shared,
@@ -50,7 +50,8 @@ pub fn decoder_sequence_fused(
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
 ) -> Result<Tensor> {
-    let (rows, h3) = wp.dims2()?;
+    let wp: Input = wp.into();
+    let (rows, h3) = wp.tensor().dims2()?;
     let (b, h) = t0.dims2()?;
     let tl = if b > 0 { rows / b } else { 0 };
     let (b2, s, ad) = ah.tensor.dims3()?;
@@ -67,7 +68,9 @@ pub fn decoder_sequence_fused(
         && w.c.dims2()? == (2 * h, 3 * h)
         && w.u_ru.dims2()? == (h, 2 * h)
         && w.u.dims2()? == (h, h)
-        && wz.map_or(Ok(true), |x| x.dims2().map(|d| d == (b * tl, h)))?
+        && wz
+            .as_ref()
+            .map_or(Ok(true), |x| x.tensor().dims2().map(|d| d == (b * tl, h)))?
         && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
         && w.c_z
             .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
@@ -78,8 +81,8 @@ pub fn decoder_sequence_fused(
     }
     let sh = |x: &Tensor| Shared::new(x);
     let op = DecoderSequence {
-        wp: sh(wp)?,
-        wz: wz.map(sh).transpose()?,
+        wp: wp.into_shared()?,
+        wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
         ah: ah.clone(),
         ann: annotations.clone(),

@@ -97,11 +97,11 @@ impl Encoder {
             let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
             let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
             let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
-            // Rows `(b, t)`: no reshape node (see `decoder_sequence_fused`).
-            let x = crate::kernels::linear(self.fwd.kernels, &e, &w, &bias)?;
+            // Rows `(b, t)`, read through a shared handle: no `[B·S, 6H]` gradient in candle's store.
+            let x = crate::kernels::linear_shared(&e, &w, &bias)?;
             let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
             let annotations = bigru_fused(
-                &x,
+                x,
                 b,
                 m,
                 (&self.fwd.u_ru, &self.fwd.u),
@@ -393,14 +393,15 @@ impl CustomOp3 for GruUpdateGrad {
 /// back-propagation through time inside the op, forming `∂U_ru`, `∂U` as one GEMM each over all steps. Equal
 /// to [`Gru::step_masked`] step by step (tested against it). Inputs and gradients travel through [`Shared`]
 /// handles (see `decoder_sequence`).
-pub fn bigru_fused(
-    x: &Tensor,
+pub fn bigru_fused<'a>(
+    x: impl Into<crate::kernels::Input<'a>>,
     batch: usize,
     mask: Vec<f64>,
     fwd: (&Tensor, &Tensor),
     bwd: (&Tensor, &Tensor),
 ) -> Result<Tensor> {
-    let (rows, h6) = x.dims2()?;
+    let x: crate::kernels::Input = x.into();
+    let (rows, h6) = x.tensor().dims2()?;
     let (b, h) = (batch, h6 / 6);
     let s = if b > 0 { rows / b } else { 0 };
     let ok = h6 == 6 * h
@@ -418,7 +419,7 @@ pub fn bigru_fused(
     let sh = Shared::new;
     let op = BiGru {
         b,
-        x: sh(x)?,
+        x: x.into_shared()?,
         u_ru: [sh(fwd.0)?, sh(bwd.0)?],
         u: [sh(fwd.1)?, sh(bwd.1)?],
         mask,

@@ -194,6 +194,18 @@ impl Gate {
         }
     }
 
+    /// [`Gate::word_term`] as the shared input of the fused decoder sequence (see
+    /// [`crate::kernels::linear_shared`]).
+    pub fn word_term_shared(&self, e: &Tensor) -> Result<Option<crate::kernels::Shared>> {
+        match self {
+            Gate::Context { w_z: Some(w), .. } => {
+                let zeros = Tensor::zeros(w.dim(1)?, w.dtype(), w.device())?;
+                Ok(Some(crate::kernels::linear_shared(e, w, &zeros)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Scales for one step. `wz_e` is `W_z e(y)` for the word fed to the transition.
     pub fn scales(
         &self,

@@ -754,6 +754,105 @@ impl Shared {
     }
 }
 
+/// A fused op's large input: a graph tensor (the op wraps it in a [`Shared`] handle) or a handle its producer
+/// made ([`linear_shared`]), whose gradient then never enters candle's gradient store.
+pub enum Input<'a> {
+    Tensor(&'a Tensor),
+    Shared(Shared),
+}
+
+impl<'a> From<&'a Tensor> for Input<'a> {
+    fn from(t: &'a Tensor) -> Self {
+        Input::Tensor(t)
+    }
+}
+
+impl From<Shared> for Input<'_> {
+    fn from(s: Shared) -> Self {
+        Input::Shared(s)
+    }
+}
+
+impl Input<'_> {
+    /// The input's value.
+    pub fn tensor(&self) -> &Tensor {
+        match self {
+            Input::Tensor(t) => t,
+            Input::Shared(s) => &s.tensor,
+        }
+    }
+    /// The handle the op reads it through.
+    pub fn into_shared(self) -> Result<Shared> {
+        match self {
+            Input::Tensor(t) => Shared::new(t),
+            Input::Shared(s) => Ok(s),
+        }
+    }
+}
+
+/// `x W + b` as the [`Shared`] input of a fused op: the product is formed now, outside the graph, and the graph
+/// holds a one-element token whose backward pass takes the gradient the consumer accumulated in the handle
+/// and returns `∂x`, `∂W`, `∂b`. Compared with [`linear`] feeding a [`Shared::new`] handle, the product's
+/// gradient (`[N, M]`, multi-megabyte for the sequence ops' projections) is never zero-filled and added in
+/// candle's gradient store.
+pub fn linear_shared(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Shared> {
+    let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
+    let tensor = x.detach().apply_op3(&w.detach(), &b.detach(), Linear)?;
+    let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
+    let token = x.apply_op3(&w, &b, LinearTap { acc: acc.clone() })?;
+    Ok(Shared { tensor, token, acc })
+}
+
+struct LinearTap {
+    acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+}
+
+impl candle_core::CustomOp3 for LinearTap {
+    fn name(&self) -> &'static str {
+        "linear-shared"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        _l1: &Layout,
+        _s2: &CpuStorage,
+        _l2: &Layout,
+        _s3: &CpuStorage,
+        _l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        token_storage(s1)
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        _grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        crate::profile::timed("linear backward", || {
+            let (n, m) = (x.dim(0)?, w.dim(1)?);
+            let mut acc = self.acc.lock().expect("gradient accumulator");
+            let g = match x.dtype() {
+                candle_core::DType::F32 => f32::acc_take(&mut acc)
+                    .map(|v| Tensor::from_vec(v, (n, m), x.device()))
+                    .transpose()?,
+                candle_core::DType::F64 => f64::acc_take(&mut acc)
+                    .map(|v| Tensor::from_vec(v, (n, m), x.device()))
+                    .transpose()?,
+                _ => None,
+            };
+            drop(acc);
+            let Some(g) = g else {
+                return Ok((None, None, None));
+            };
+            let (dx, dw) = product_grads(x, w, &g)?;
+            let db = column_sums(&g)?;
+            Ok((Some(dx), hand_over(w, dw), hand_over(b, db)))
+        })
+    }
+}
+
 struct ShareTap {
     acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
 }

@@ -397,10 +397,6 @@ impl Model {
         let e_all =
             crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?; // [B*T, E]
         let e_dim = e_all.dim(1)?;
-        // Batch-major rows `(b, i)` (the fused decoder reads these); the step-by-step path takes time-major
-        // copies.
-        let wp = self.cell.project_words(&e_all)?;
-        let wz = self.gate.word_term(&e_all)?;
         let e3 = e_all.reshape((b, t_len, e_dim))?;
         let readin = if let Some(gate) = self.sequence_gate() {
             // The whole decoder recurrence as one fused op (see `decoder_sequence`).
@@ -422,9 +418,12 @@ impl Model {
                 u_z,
                 c_z,
             };
+            // The word projections, batch-major rows `(b, i)`, as shared inputs.
+            let wp = self.cell.project_words_shared(&e_all)?;
+            let wz = self.gate.word_term_shared(&e_all)?;
             let y = crate::decoder_sequence::decoder_sequence_fused(
-                &wp,
-                wz.as_ref(),
+                wp,
+                wz.map(Into::into),
                 &src.t0,
                 ah,
                 ann,
@@ -434,6 +433,9 @@ impl Model {
             )?;
             Readin::Stacked(y)
         } else {
+            // Batch-major rows `(b, i)`; the steps take time-major copies.
+            let wp = self.cell.project_words(&e_all)?;
+            let wz = self.gate.word_term(&e_all)?;
             // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
             let fused = self.kernels.fused_on(wp.device());
             let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
