@@ -217,23 +217,22 @@ pub fn exp_f32(x: f32) -> f32 {
     }
 }
 
-/// `tanh(x)` for f32: an odd Taylor/Padé-free form `sign(x)(1 − 2/(e^{2|x|}+1))` for |x| ≥ 0.5 and the odd
-/// series to x¹¹ below (relative error < 1e-6 everywhere), blended without branches.
+/// `tanh(x)` for f32 as `x P(x²) / Q(x²)` on `[−9, 9]` (beyond, tanh rounds to ±1 in f32), `P` and `Q` of
+/// degree 4: a rational fit made for this project (least squares on the linearised relative error,
+/// reweighted towards equal ripple), relative error < 4e-7 in f32 arithmetic everywhere (tested against
+/// libm below). No `exp`, no branch, one division: about half the instructions of `1 − 2/(e^{2x} + 1)`
+/// blended with a series near 0, which the attention scores' `[B, S, Ad]` rows spent most of their time in.
 #[inline(always)]
 pub fn tanh_f32(x: f32) -> f32 {
-    let a = x.abs();
-    let big = 1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0);
+    const P: [f32; 4] = [0.133_810_12, 3.495_571_7e-3, 2.060_884_3e-5, 1.335_438e-8];
+    const Q: [f32; 4] = [0.467_143_27, 2.587_691_9e-2, 3.285_609_4e-4, 7.776_432e-7];
+    let x = x.clamp(-9.0, 9.0);
     let z = x * x;
-    // tanh x = x − x³/3 + 2x⁵/15 − 17x⁷/315 + 62x⁹/2835 − 1382x¹¹/155925 + 21844x¹³/6081075
-    let mut p = 21844.0 / 6_081_075.0;
-    p = p * z - 1382.0 / 155_925.0;
-    p = p * z + 62.0 / 2835.0;
-    p = p * z - 17.0 / 315.0;
-    p = p * z + 2.0 / 15.0;
-    p = p * z - 1.0 / 3.0;
-    let small = a + a * z * p;
-    let t = if a < 0.5 { small } else { big };
-    t.copysign(x)
+    let p = ((P[3] * z + P[2]) * z + P[1]) * z + P[0];
+    let q = ((Q[3] * z + Q[2]) * z + Q[1]) * z + Q[0];
+    let p = p * z + 1.0;
+    let q = q * z + 1.0;
+    (x * p / q).clamp(-1.0, 1.0)
 }
 
 /// The contiguous elements of an input of a custom op.
@@ -304,8 +303,31 @@ mod tests {
             worst.1 = worst.1.max(t);
             x += 0.000_731;
         }
+        // Tiny arguments keep their relative accuracy (tanh x ≈ x), large ones saturate at ±1.
+        for x in [
+            1e-30f32,
+            1e-12,
+            3e-7,
+            1e-4,
+            0.01,
+            8.99,
+            9.0,
+            9.5,
+            40.0,
+            f32::MAX,
+        ] {
+            for x in [x, -x] {
+                let t = tanh_f32(x);
+                let r = (x as f64).tanh();
+                worst.1 = worst.1.max((t as f64 - r).abs() / r.abs());
+                assert!(
+                    t.abs() <= 1.0 && t.signum() == x.signum(),
+                    "tanh({x}) = {t}"
+                );
+            }
+        }
         assert!(worst.0 < 1e-6, "exp rel err {}", worst.0);
-        assert!(worst.1 < 2e-6, "tanh rel err {}", worst.1);
+        assert!(worst.1 < 5e-7, "tanh rel err {}", worst.1);
         assert_eq!(tanh_f32(0.0), 0.0);
         assert!(exp_f32(-200.0) == 0.0 && exp_f32(200.0) > 1e38);
         assert!((1.0f32.sigmoid_v() - 0.731_058_6).abs() < 1e-6);
