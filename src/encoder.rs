@@ -472,15 +472,17 @@ impl BiGru {
                 gru_dir_forward(&x, &u_ru, &u, &self.mask, (s, b, h), d == 1, save)
             }))
         };
-        let (f, r) = rayon::join(|| run(0), || run(1));
+        let (f, r) = crate::profile::timed("  encoder fwd: both directions", || {
+            rayon::join(|| run(0), || run(1))
+        });
         let ((f, fs), (r, rs)) = (f?, r?);
         // Annotations, batch-major: [→h_j ; ←h_j].
         let mut out = crate::kernels::zeroed(b * s * 2 * h);
-        for (row, o) in out.chunks_mut(2 * h).enumerate() {
+        out.par_chunks_mut(2 * h).enumerate().for_each(|(row, o)| {
             let (i, t) = (row / s, row % s);
             o[..h].copy_from_slice(&f[(t * b + i) * h..(t * b + i + 1) * h]);
             o[h..].copy_from_slice(&r[(t * b + i) * h..(t * b + i + 1) * h]);
-        }
+        });
         if let (Some(fs), Some(rs)) = (fs, rs) {
             *self.saved.lock().expect("saved activations") = Some(Box::new([fs, rs]));
         }
@@ -500,8 +502,10 @@ impl BiGru {
         let [fs, rs] = *saved
             .downcast::<[GruSaved<T>; 2]>()
             .map_err(|_| candle_core::Error::Msg("fused encoder: dtype".into()))?;
-        let g = crate::kernels::to_vec::<T>(grad)?; // [B, S, 2H]
-                                                    // Each direction's ∂states, time-major.
+        let grad = grad.contiguous()?;
+        let (g_st, g_l) = grad.storage_and_layout();
+        let g = crate::kernels::storage_slice::<T>(&g_st, g_l)?; // [B, S, 2H]
+                                                                 // Each direction's ∂states, time-major.
         let split = |d: usize| -> Vec<T> {
             let mut out = crate::kernels::zeroed(s * b * h);
             for (row, o) in out.chunks_mut(h).enumerate() {
@@ -522,7 +526,9 @@ impl BiGru {
             self.u[d].add_grad(du);
             Ok(dx)
         };
-        let (a, c) = rayon::join(|| run(0, fs), || run(1, rs));
+        let (a, c) = crate::profile::timed("  encoder bwd: both directions", || {
+            rayon::join(|| run(0, fs), || run(1, rs))
+        });
         // ∂x batch-major `[B, S, 6H]` from each direction's time-major `[S, B, 3H]`.
         let h3 = 3 * h;
         let dxs = [a?, c?];
