@@ -71,3 +71,49 @@ fn bench_compares_packed_and_general_gemm_steps() {
     }
     assert!(bench("fused", &[])["packed_gemm_comparison"].is_null());
 }
+
+/// `--profile-ops` times every fused op's passes: each top-level entry is a positive per-step mean, the
+/// decoder and encoder sequence ops' parts add up to at most their op, and what the phases spent outside the
+/// fused ops is reported.
+#[test]
+fn bench_profiles_the_fused_ops() {
+    let r = bench("fused", &["--profile-ops"]);
+    let p = r["op_profile"].as_object().expect("op_profile object");
+    let get = |k: &str| p.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    for op in [
+        "encoder bigru",
+        "decoder sequence",
+        "linear",
+        "maxout",
+        "output nll",
+    ] {
+        for pass in ["forward", "backward"] {
+            let v = get(&format!("{op} {pass}"));
+            assert!(v.is_finite() && v > 0.0, "{op} {pass} = {v}: {p:?}");
+        }
+    }
+    for (whole, prefix) in [
+        ("decoder sequence forward", "  decoder fwd: "),
+        ("decoder sequence backward", "  decoder bwd: "),
+        ("encoder bigru forward", "  encoder fwd: "),
+        ("encoder bigru backward", "  encoder bwd: "),
+    ] {
+        let parts: Vec<f64> = p
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| v.as_f64().unwrap())
+            .collect();
+        assert!(!parts.is_empty(), "no parts of {whole}: {p:?}");
+        let sum: f64 = parts.iter().sum();
+        assert!(
+            sum <= get(whole) * 1.001 + 1e-6,
+            "{whole}: parts {sum} > {}",
+            get(whole)
+        );
+    }
+    for pass in ["forward", "backward"] {
+        assert!(get(&format!("{pass} outside the fused ops")).is_finite());
+    }
+    // Without the flag the timers stay off.
+    assert!(bench("fused", &[])["op_profile"].is_null());
+}
