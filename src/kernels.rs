@@ -853,30 +853,46 @@ impl candle_core::CustomOp3 for LinearTap {
         _grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         crate::profile::timed("linear backward", || {
-            let (n, m) = (x.dim(0)?, w.dim(1)?);
-            let mut acc = self.acc.lock().expect("gradient accumulator");
-            let g = match x.dtype() {
-                candle_core::DType::F32 => f32::acc_take(&mut acc)
-                    .map(|v| Tensor::from_vec(v, (n, m), x.device()))
-                    .transpose()?,
-                candle_core::DType::F64 => f64::acc_take(&mut acc)
-                    .map(|v| Tensor::from_vec(v, (n, m), x.device()))
-                    .transpose()?,
-                _ => None,
-            };
-            drop(acc);
-            let Some(g) = g else {
-                return Ok((None, None, None));
-            };
-            let (dx, dw) = product_grads(x, w, &g)?;
-            let db = column_sums(&g)?;
-            Ok((Some(dx), hand_over(w, dw), hand_over(b, db)))
+            let shape = (x.dim(0)?, w.dim(1)?);
+            match take_accumulated(&self.acc, shape, x.dtype(), x.device())? {
+                Some(g) => linear_grads(x, w, b, &g),
+                None => Ok((None, None, None)),
+            }
         })
     }
 }
 
 struct ShareTap {
     acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+}
+
+/// The gradient accumulated in a shared handle as a tensor of `shape` (`None` when nothing was added),
+/// leaving the accumulator empty.
+fn take_accumulated<S: Into<Shape>>(
+    acc: &std::sync::Mutex<AccBuf>,
+    shape: S,
+    dtype: candle_core::DType,
+    dev: &Device,
+) -> Result<Option<Tensor>> {
+    let mut acc = acc.lock().expect("gradient accumulator");
+    match dtype {
+        candle_core::DType::F32 => f32::acc_take(&mut acc).map(|v| Tensor::from_vec(v, shape, dev)),
+        candle_core::DType::F64 => f64::acc_take(&mut acc).map(|v| Tensor::from_vec(v, shape, dev)),
+        _ => None,
+    }
+    .transpose()
+}
+
+/// `x W + b`'s gradients for the output gradient `g`: `∂x` to candle, `∂W` and `∂b` handed over.
+fn linear_grads(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    g: &Tensor,
+) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    let (dx, dw) = product_grads(x, w, g)?;
+    let db = column_sums(g)?;
+    Ok((Some(dx), hand_over(w, dw), hand_over(b, db)))
 }
 
 impl candle_core::CustomOp1 for ShareTap {
@@ -887,17 +903,8 @@ impl candle_core::CustomOp1 for ShareTap {
         token_storage(s)
     }
     fn bwd(&self, arg: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
-        let mut acc = self.acc.lock().expect("gradient accumulator");
-        let v = match arg.dtype() {
-            candle_core::DType::F32 => {
-                f32::acc_take(&mut acc).map(|v| Tensor::from_vec(v, arg.shape(), arg.device()))
-            }
-            candle_core::DType::F64 => {
-                f64::acc_take(&mut acc).map(|v| Tensor::from_vec(v, arg.shape(), arg.device()))
-            }
-            _ => None,
-        };
-        Ok(v.transpose()?.and_then(|g| hand_over(arg, g)))
+        let g = take_accumulated(&self.acc, arg.shape(), arg.dtype(), arg.device())?;
+        Ok(g.and_then(|g| hand_over(arg, g)))
     }
 }
 
@@ -1405,10 +1412,7 @@ impl candle_core::CustomOp3 for Linear {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         crate::profile::timed("linear backward", || {
-            let g = grad.contiguous()?;
-            let (dx, dw) = product_grads(x, w, &g)?;
-            let db = column_sums(&g)?;
-            Ok((Some(dx), hand_over(w, dw), hand_over(b, db)))
+            linear_grads(x, w, b, &grad.contiguous()?)
         })
     }
 }
