@@ -492,18 +492,22 @@ impl Model {
                 ctxs: Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
             }
         };
-        // Readout for all steps at once: batch-major rows (b, i).
-        let e_prev = Tensor::cat(
-            &[
-                Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
-                e3.narrow(1, 0, t_len - 1)?,
-            ],
-            1,
-        )?
-        .reshape((b * t_len, e_dim))?;
+        // Readout for all steps at once: batch-major rows (b, i), each reading e(y_{i−1}) (zero at i = 0).
+        let e_prev = || -> Result<Tensor> {
+            Tensor::cat(
+                &[
+                    Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
+                    e3.narrow(1, 0, t_len - 1)?,
+                ],
+                1,
+            )?
+            .reshape((b * t_len, e_dim))
+        };
         let hid = match &readin {
-            Readin::Stacked(ts) => self.readout.hidden_stacked(ts, &e_prev)?,
-            Readin::Split { states, ctxs } => self.readout.hidden(ctxs, states, &e_prev)?,
+            Readin::Stacked(ts) => {
+                crate::readout::hidden_rows_fused(&self.readout, ts, &e_all, t_len)?
+            }
+            Readin::Split { states, ctxs } => self.readout.hidden(ctxs, states, &e_prev()?)?,
         };
         let targets = batch.tgt.flatten_all()?;
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);

@@ -379,3 +379,325 @@ impl CustomOp3 for OutputNll {
         })
     }
 }
+
+/// The readout's hidden layer `W_1 maxout([t_{i−1} | s_i] [U_o; W_o] + e(y_{i−1}) V_o + b_o)` `[B·T, E]` for the
+/// fused decoder's rows `ts` `[B·T, 3H]` (batch-major `(b, i)`) and the target embeddings `e` `[B·T, E]` (row
+/// `(b, i)` is `e(y_i)`; the readout of step `i` reads `e(y_{i−1})`, zero at `i = 0`), as one fused op: the same
+/// computation as [`Readout::hidden_stacked`] on the shifted embeddings, without the graph's concatenated weight,
+/// shifted copy, sums and maxout nodes, whose gradients candle would zero-fill and add at full size each.
+pub fn hidden_rows_fused(ro: &Readout, ts: &Tensor, e: &Tensor, t_len: usize) -> Result<Tensor> {
+    use crate::kernels::Shared;
+    let (n, h3) = ts.dims2()?;
+    let (n2, ed) = e.dims2()?;
+    let h = ro.hidden;
+    let ok = h3 == 3 * h
+        && n2 == n
+        && t_len > 0
+        && n % t_len == 0
+        && h % 2 == 0
+        && ro.u_o.dims2()? == (h, h)
+        && ro.w_o.dims2()? == (2 * h, h)
+        && ro.v_o.dims2()? == (ed, h)
+        && ro.b_o.dims1()? == h
+        && ro.w_1.dims2()? == (h / 2, ed);
+    if !ok {
+        candle_core::bail!("fused readout: shape mismatch");
+    }
+    let sh = Shared::new;
+    let op = ReadoutRows {
+        ts: sh(ts)?,
+        e: sh(e)?,
+        w: [
+            sh(&ro.u_o)?,
+            sh(&ro.w_o)?,
+            sh(&ro.v_o)?,
+            sh(&ro.b_o)?,
+            sh(&ro.w_1)?,
+        ],
+        t_len,
+        saved: Default::default(),
+    };
+    let tokens: Vec<&Tensor> = [&op.ts, &op.e]
+        .into_iter()
+        .chain(&op.w)
+        .map(|x| &x.token)
+        .collect();
+    Tensor::cat(&tokens, 0)?.apply_op1(op)
+}
+
+/// Maxout pairs per rayon task.
+const PAIRS_PER_TASK: usize = 1 << 12;
+
+struct ReadoutRows {
+    ts: crate::kernels::Shared,
+    e: crate::kernels::Shared,
+    /// `U_o`, `W_o`, `V_o`, `b_o`, `W_1`.
+    w: [crate::kernels::Shared; 5],
+    t_len: usize,
+    saved: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+/// The forward pass's `e_prev`, `r~` and `maxout(r~)`.
+struct ReadoutSaved<T> {
+    e_prev: Vec<T>,
+    r: Vec<T>,
+    m: Vec<T>,
+}
+
+impl ReadoutRows {
+    fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
+        use crate::kernels::{gemm_into, storage_slice, tiled, zeroed, Mat};
+        let (n, h3) = self.ts.tensor.dims2()?;
+        let ed = self.e.tensor.dim(1)?;
+        let (h, tl) = (h3 / 3, self.t_len);
+        let vals: Vec<Vec<T>> = self
+            .w
+            .iter()
+            .map(|w| crate::kernels::to_vec::<T>(&w.tensor))
+            .collect::<Result<_>>()?;
+        let (u_o, w_o, v_o, b_o, w_1) = (&vals[0], &vals[1], &vals[2], &vals[3], &vals[4]);
+        let (ts_g, ts_l) = self.ts.tensor.storage_and_layout();
+        let ts = storage_slice::<T>(&ts_g, ts_l)?;
+        let (e_g, e_l) = self.e.tensor.storage_and_layout();
+        let e = storage_slice::<T>(&e_g, e_l)?;
+        // e(y_{i−1}) per row, zero at i = 0.
+        let mut e_prev = zeroed::<T>(n * ed);
+        if ed > 0 {
+            e_prev
+                .par_chunks_mut(ed)
+                .enumerate()
+                .filter(|(row, _)| row % tl != 0)
+                .for_each(|(row, o)| o.copy_from_slice(&e[(row - 1) * ed..row * ed]));
+        }
+        let mut r = tiled(n, b_o);
+        gemm_into(
+            n,
+            h,
+            h,
+            &mut r,
+            h,
+            true,
+            Mat {
+                data: ts,
+                rs: h3,
+                cs: 1,
+            },
+            Mat::rows(u_o, h),
+        );
+        let s_part = Mat {
+            data: ts.get(h..).unwrap_or(&[]),
+            rs: h3,
+            cs: 1,
+        };
+        gemm_into(n, h, 2 * h, &mut r, h, true, s_part, Mat::rows(w_o, h));
+        gemm_into(
+            n,
+            h,
+            ed,
+            &mut r,
+            h,
+            true,
+            Mat::rows(&e_prev, ed),
+            Mat::rows(v_o, h),
+        );
+        let m: Vec<T> = r
+            .par_chunks(2 * PAIRS_PER_TASK)
+            .flat_map_iter(|c| {
+                c.chunks_exact(2)
+                    .map(|p| if p[0] >= p[1] { p[0] } else { p[1] })
+            })
+            .collect();
+        let mut hid = zeroed::<T>(n * ed);
+        gemm_into(
+            n,
+            ed,
+            h / 2,
+            &mut hid,
+            ed,
+            false,
+            Mat::rows(&m, h / 2),
+            Mat::rows(w_1, ed),
+        );
+        *self.saved.lock().expect("saved activations") =
+            Some(Box::new(ReadoutSaved { e_prev, r, m }));
+        Ok((T::to_cpu_storage_owned(hid), Shape::from((n, ed))))
+    }
+
+    fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
+        use crate::kernels::{gemm_into, storage_slice, zeroed, Mat};
+        let (n, h3) = self.ts.tensor.dims2()?;
+        let ed = self.e.tensor.dim(1)?;
+        let (h, tl) = (h3 / 3, self.t_len);
+        let saved = self
+            .saved
+            .lock()
+            .expect("saved activations")
+            .take()
+            .ok_or_else(|| {
+                candle_core::Error::Msg("fused readout: no saved forward pass".into())
+            })?;
+        let ReadoutSaved { e_prev, r, m } = *saved
+            .downcast::<ReadoutSaved<T>>()
+            .map_err(|_| candle_core::Error::Msg("fused readout: dtype".into()))?;
+        let vals: Vec<Vec<T>> = [&self.w[0], &self.w[1], &self.w[2], &self.w[4]]
+            .iter()
+            .map(|w| crate::kernels::to_vec::<T>(&w.tensor))
+            .collect::<Result<_>>()?;
+        let (u_o, w_o, v_o, w_1) = (&vals[0], &vals[1], &vals[2], &vals[3]);
+        let grad = grad.contiguous()?;
+        let (g_g, g_l) = grad.storage_and_layout();
+        let g = storage_slice::<T>(&g_g, g_l)?; // ∂hid [N, E]
+        let (ts_g, ts_l) = self.ts.tensor.storage_and_layout();
+        let ts = storage_slice::<T>(&ts_g, ts_l)?;
+        let hh = h / 2;
+        // Through W_1 and the maxout (a tie splits the gradient evenly, as the reference's does).
+        let mut dm = zeroed::<T>(n * hh);
+        gemm_into(
+            n,
+            hh,
+            ed,
+            &mut dm,
+            hh,
+            false,
+            Mat::rows(g, ed),
+            Mat::t(w_1, ed),
+        );
+        let mut d_w1 = zeroed::<T>(hh * ed);
+        gemm_into(
+            hh,
+            ed,
+            n,
+            &mut d_w1,
+            ed,
+            false,
+            Mat::t(&m, hh),
+            Mat::rows(g, ed),
+        );
+        let half = T::from_f64c(0.5);
+        let mut dr = zeroed::<T>(n * h);
+        dr.par_chunks_mut(2 * PAIRS_PER_TASK)
+            .zip(r.par_chunks(2 * PAIRS_PER_TASK))
+            .zip(dm.par_chunks(PAIRS_PER_TASK))
+            .for_each(|((d, x), gm)| {
+                for ((dp, p), &gk) in d.chunks_exact_mut(2).zip(x.chunks_exact(2)).zip(gm) {
+                    if p[0] > p[1] {
+                        dp[0] = gk;
+                    } else if p[1] > p[0] {
+                        dp[1] = gk;
+                    } else {
+                        dp[0] = gk * half;
+                        dp[1] = gk * half;
+                    }
+                }
+            });
+        // ∂[t | s] = ∂r [U_o; W_o]ᵀ, ∂e_prev = ∂r V_oᵀ (shifted back onto e's rows), and the weights'.
+        let mut d_ts = zeroed::<T>(n * h3);
+        gemm_into(
+            n,
+            h,
+            h,
+            &mut d_ts,
+            h3,
+            false,
+            Mat::rows(&dr, h),
+            Mat::t(u_o, h),
+        );
+        gemm_into(
+            n,
+            2 * h,
+            h,
+            &mut d_ts[h..],
+            h3,
+            false,
+            Mat::rows(&dr, h),
+            Mat::t(w_o, h),
+        );
+        let mut d_ep = zeroed::<T>(n * ed);
+        gemm_into(
+            n,
+            ed,
+            h,
+            &mut d_ep,
+            ed,
+            false,
+            Mat::rows(&dr, h),
+            Mat::t(v_o, h),
+        );
+        let mut d_e = zeroed::<T>(n * ed);
+        if ed > 0 {
+            d_e.par_chunks_mut(ed)
+                .enumerate()
+                .filter(|(row, _)| (row + 1) % tl != 0)
+                .for_each(|(row, o)| o.copy_from_slice(&d_ep[(row + 1) * ed..(row + 2) * ed]));
+        }
+        let mut d_uo = zeroed::<T>(h * h);
+        gemm_into(
+            h,
+            h,
+            n,
+            &mut d_uo,
+            h,
+            false,
+            Mat {
+                data: ts,
+                rs: 1,
+                cs: h3,
+            },
+            Mat::rows(&dr, h),
+        );
+        let mut d_wo = zeroed::<T>(2 * h * h);
+        let s_t = Mat {
+            data: ts.get(h..).unwrap_or(&[]),
+            rs: 1,
+            cs: h3,
+        };
+        gemm_into(2 * h, h, n, &mut d_wo, h, false, s_t, Mat::rows(&dr, h));
+        let mut d_vo = zeroed::<T>(ed * h);
+        gemm_into(
+            ed,
+            h,
+            n,
+            &mut d_vo,
+            h,
+            false,
+            Mat::t(&e_prev, ed),
+            Mat::rows(&dr, h),
+        );
+        let mut d_bo = vec![T::zero(); h];
+        for row in dr.chunks_exact(h.max(1)) {
+            for (a, &x) in d_bo.iter_mut().zip(row) {
+                *a = *a + x;
+            }
+        }
+        drop((ts_g, g_g));
+        self.ts.add_grad(d_ts);
+        self.e.add_grad(d_e);
+        for (w, d) in self.w.iter().zip([d_uo, d_wo, d_vo, d_bo, d_w1]) {
+            w.add_grad(d);
+        }
+        Ok(())
+    }
+}
+
+fn readout_rows_fwd<T: Real>(op: &ReadoutRows) -> Result<(CpuStorage, Shape)> {
+    op.forward::<T>()
+}
+
+impl CustomOp1 for ReadoutRows {
+    fn name(&self) -> &'static str {
+        "fused-readout-rows"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        crate::profile::timed("readout forward", || by_dtype!(s, readout_rows_fwd, self))
+    }
+    fn bwd(&self, bundle: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        crate::profile::timed("readout backward", || {
+            match grad.dtype() {
+                DType::F32 => self.backward::<f32>(grad)?,
+                DType::F64 => self.backward::<f64>(grad)?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            }
+            Ok(Some(bundle.zeros_like()?))
+        })
+    }
+}

@@ -84,7 +84,7 @@ fn bench_profiles_the_fused_ops() {
         "encoder bigru",
         "decoder sequence",
         "linear",
-        "maxout",
+        "readout",
         "output nll",
     ] {
         for pass in ["forward", "backward"] {

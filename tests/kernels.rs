@@ -108,6 +108,51 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "linear",
         );
+        // The readout over the decoder op's rows against its composed form on the shifted embeddings (3
+        // sentences of 4 steps; widths that leave remainders).
+        let (nb, tl, h, ed) = (3usize, 4usize, 6usize, 5usize);
+        let n = nb * tl;
+        let vars = [
+            rand_var(&mut rng, &[n, 3 * h], 1.0, dtype),
+            rand_var(&mut rng, &[n, ed], 1.0, dtype),
+            rand_var(&mut rng, &[h, h], 0.5, dtype),
+            rand_var(&mut rng, &[2 * h, h], 0.5, dtype),
+            rand_var(&mut rng, &[ed, h], 0.5, dtype),
+            rand_var(&mut rng, &[h], 0.5, dtype),
+            rand_var(&mut rng, &[h / 2, ed], 0.5, dtype),
+        ];
+        let readout = |x: &[Tensor], k: Kernels| cgnmt::readout::Readout {
+            u_o: x[2].clone(),
+            w_o: x[3].clone(),
+            v_o: x[4].clone(),
+            b_o: x[5].clone(),
+            w_1: x[6].clone(),
+            w_2: x[6].t().unwrap(),
+            b: x[5].clone(),
+            hidden: h,
+            kernels: k,
+        };
+        compare(
+            dtype,
+            &vars,
+            &|x| {
+                let ro = readout(x, Kernels::Fused);
+                vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl).unwrap()]
+            },
+            &|x| {
+                let ro = readout(x, Kernels::Reference);
+                let e3 = x[1].reshape((nb, tl, ed)).unwrap();
+                let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
+                let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
+                    .unwrap()
+                    .reshape((n, ed))
+                    .unwrap();
+                vec![ro.hidden_stacked(&x[0], &e_prev).unwrap()]
+            },
+            ft,
+            gt,
+            "readout rows",
+        );
         // Embedding rows, with repeated ids (their gradients add) and rows never used (zero gradient).
         let ids = Tensor::new(&[3u32, 0, 3, 6, 1, 3, 0], &Device::Cpu).unwrap();
         let vars = [rand_var(&mut rng, &[8, 5], 1.0, dtype)];
