@@ -14,8 +14,7 @@ use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use crate::encoder::{gru_step_forward, GruActs, GruStep};
 use crate::gate::ZKind;
 use crate::kernels::{
-    by_dtype, gemm_into, rows_par, simd_dispatch, storage_slice, Input, Mat, Oriented, Real,
-    RowsMut, Shared,
+    by_dtype, rows_par, simd_dispatch, storage_slice, Input, Mat, Oriented, Real, RowsMut, Shared,
 };
 
 /// The decoder's weights the recurrence reads.
@@ -748,11 +747,7 @@ impl DecoderSequence {
             rs: 1,
             cs: w_ac,
         };
-        let weight_grad = |k: usize, nn: usize, rows: usize, lhs: Mat<T>, rhs: Mat<T>| {
-            let mut d = crate::kernels::zeroed(k * nn);
-            gemm_into(k, nn, rows, &mut d, nn, false, lhs, rhs);
-            d
-        };
+        let weight_grad = crate::kernels::product::<T>;
         // A stacked weight's parts as GEMMs over column blocks `[from, from + cols)` of the stacked
         // gradient rows `d` (no copies of the parts).
         fn block<T>(d: &[T], width: usize, from: usize) -> Mat<'_, T> {

@@ -1307,6 +1307,13 @@ pub(crate) fn column_sums(d: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `lhs rhs` (`[m, k] × [k, n]`) into a new row-major buffer filled on both cores.
+pub fn product<T: Real>(m: usize, n: usize, k: usize, lhs: Mat<T>, rhs: Mat<T>) -> Vec<T> {
+    let mut d = zeroed::<T>(m * n);
+    gemm_into(m, n, k, &mut d, n, false, lhs, rhs);
+    d
+}
+
 /// The gradients of `x W` (`x` `[N, K]`, `W` `[K, M]`) for the output gradient `g` `[N, M]`: `∂x = g Wᵀ`,
 /// `∂W = xᵀ g`, each a GEMM into a buffer filled on both cores (candle's matmul zero-fills on one).
 pub(crate) fn product_grads(x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -1326,10 +1333,8 @@ pub(crate) fn product_grads(x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tenso
             storage_slice::<T>(&ws, wl)?,
             storage_slice::<T>(&gs, gl)?,
         );
-        let mut dx = zeroed::<T>(n * k);
-        gemm_into(n, k, m, &mut dx, k, false, Mat::rows(gd, m), Mat::t(wd, m));
-        let mut dw = zeroed::<T>(k * m);
-        gemm_into(k, m, n, &mut dw, m, false, Mat::t(xd, k), Mat::rows(gd, m));
+        let dx = product(n, k, m, Mat::rows(gd, m), Mat::t(wd, m));
+        let dw = product(k, m, n, Mat::t(xd, k), Mat::rows(gd, m));
         Ok((
             Tensor::from_vec(dx, (n, k), x.device())?,
             Tensor::from_vec(dw, (k, m), x.device())?,

@@ -446,7 +446,7 @@ struct ReadoutSaved<T> {
 
 impl ReadoutRows {
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
-        use crate::kernels::{gemm_into, storage_slice, tiled, zeroed, Mat};
+        use crate::kernels::{gemm_into, product, storage_slice, tiled, zeroed, Mat};
         let (n, h3) = self.ts.tensor.dims2()?;
         let ed = self.e.tensor.dim(1)?;
         let (h, tl) = (h3 / 3, self.t_len);
@@ -507,24 +507,14 @@ impl ReadoutRows {
                     .map(|p| if p[0] >= p[1] { p[0] } else { p[1] })
             })
             .collect();
-        let mut hid = zeroed::<T>(n * ed);
-        gemm_into(
-            n,
-            ed,
-            h / 2,
-            &mut hid,
-            ed,
-            false,
-            Mat::rows(&m, h / 2),
-            Mat::rows(w_1, ed),
-        );
+        let hid = product(n, ed, h / 2, Mat::rows(&m, h / 2), Mat::rows(w_1, ed));
         *self.saved.lock().expect("saved activations") =
             Some(Box::new(ReadoutSaved { e_prev, r, m }));
         Ok((T::to_cpu_storage_owned(hid), Shape::from((n, ed))))
     }
 
     fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
-        use crate::kernels::{gemm_into, storage_slice, zeroed, Mat};
+        use crate::kernels::{gemm_into, product, storage_slice, zeroed, Mat};
         let (n, h3) = self.ts.tensor.dims2()?;
         let ed = self.e.tensor.dim(1)?;
         let (h, tl) = (h3 / 3, self.t_len);
@@ -551,28 +541,8 @@ impl ReadoutRows {
         let ts = storage_slice::<T>(&ts_g, ts_l)?;
         let hh = h / 2;
         // Through W_1 and the maxout (a tie splits the gradient evenly, as the reference's does).
-        let mut dm = zeroed::<T>(n * hh);
-        gemm_into(
-            n,
-            hh,
-            ed,
-            &mut dm,
-            hh,
-            false,
-            Mat::rows(g, ed),
-            Mat::t(w_1, ed),
-        );
-        let mut d_w1 = zeroed::<T>(hh * ed);
-        gemm_into(
-            hh,
-            ed,
-            n,
-            &mut d_w1,
-            ed,
-            false,
-            Mat::t(&m, hh),
-            Mat::rows(g, ed),
-        );
+        let dm = product(n, hh, ed, Mat::rows(g, ed), Mat::t(w_1, ed));
+        let d_w1 = product(hh, ed, n, Mat::t(&m, hh), Mat::rows(g, ed));
         let half = T::from_f64c(0.5);
         let mut dr = zeroed::<T>(n * h);
         dr.par_chunks_mut(2 * PAIRS_PER_TASK)
@@ -612,17 +582,7 @@ impl ReadoutRows {
             Mat::rows(&dr, h),
             Mat::t(w_o, h),
         );
-        let mut d_ep = zeroed::<T>(n * ed);
-        gemm_into(
-            n,
-            ed,
-            h,
-            &mut d_ep,
-            ed,
-            false,
-            Mat::rows(&dr, h),
-            Mat::t(v_o, h),
-        );
+        let d_ep = product(n, ed, h, Mat::rows(&dr, h), Mat::t(v_o, h));
         let mut d_e = zeroed::<T>(n * ed);
         if ed > 0 {
             d_e.par_chunks_mut(ed)
@@ -630,14 +590,10 @@ impl ReadoutRows {
                 .filter(|(row, _)| (row + 1) % tl != 0)
                 .for_each(|(row, o)| o.copy_from_slice(&d_ep[(row + 1) * ed..(row + 2) * ed]));
         }
-        let mut d_uo = zeroed::<T>(h * h);
-        gemm_into(
+        let d_uo = product(
             h,
             h,
             n,
-            &mut d_uo,
-            h,
-            false,
             Mat {
                 data: ts,
                 rs: 1,
@@ -652,17 +608,7 @@ impl ReadoutRows {
             cs: h3,
         };
         gemm_into(2 * h, h, n, &mut d_wo, h, false, s_t, Mat::rows(&dr, h));
-        let mut d_vo = zeroed::<T>(ed * h);
-        gemm_into(
-            ed,
-            h,
-            n,
-            &mut d_vo,
-            h,
-            false,
-            Mat::t(&e_prev, ed),
-            Mat::rows(&dr, h),
-        );
+        let d_vo = product(ed, h, n, Mat::t(&e_prev, ed), Mat::rows(&dr, h));
         let mut d_bo = vec![T::zero(); h];
         for row in dr.chunks_exact(h.max(1)) {
             for (a, &x) in d_bo.iter_mut().zip(row) {
