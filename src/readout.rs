@@ -87,32 +87,52 @@ pub fn maxout_fused(r: &Tensor) -> Result<Tensor> {
 
 struct Maxout;
 
+/// Maxout pairs per rayon task.
+const PAIRS_PER_TASK: usize = 1 << 12;
+
+/// The larger of each adjacent pair of `x`, on both cores.
+fn maxout_pairs<T: Real>(x: &[T]) -> Vec<T> {
+    x.par_chunks(2 * PAIRS_PER_TASK)
+        .flat_map_iter(|c| {
+            c.chunks_exact(2)
+                .map(|p| if p[0] >= p[1] { p[0] } else { p[1] })
+        })
+        .collect()
+}
+
+/// The maxout's input gradient from the inputs `x` and the output gradient `g`: each pair's gradient goes to its
+/// larger element, split evenly on a tie (as the reference's does).
+fn maxout_pairs_grad<T: Real>(x: &[T], g: &[T]) -> Vec<T> {
+    let half = T::from_f64c(0.5);
+    let mut d = crate::kernels::zeroed::<T>(x.len());
+    d.par_chunks_mut(2 * PAIRS_PER_TASK)
+        .zip(x.par_chunks(2 * PAIRS_PER_TASK))
+        .zip(g.par_chunks(PAIRS_PER_TASK))
+        .for_each(|((d, x), g)| {
+            for ((dp, p), &gk) in d.chunks_exact_mut(2).zip(x.chunks_exact(2)).zip(g) {
+                if p[0] > p[1] {
+                    dp[0] = gk;
+                } else if p[1] > p[0] {
+                    dp[1] = gk;
+                } else {
+                    dp[0] = gk * half;
+                    dp[1] = gk * half;
+                }
+            }
+        });
+    d
+}
+
 fn maxout_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
     let (n, h) = l.shape().dims2()?;
-    let x = slice::<T>(s, l)?;
-    let out: Vec<T> = x
-        .chunks_exact(2)
-        .map(|p| if p[0] >= p[1] { p[0] } else { p[1] })
-        .collect();
+    let out = maxout_pairs(slice::<T>(s, l)?);
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, h / 2))))
 }
 
 fn maxout_grad<T: Real>(r: &Tensor, g: &Tensor) -> Result<Tensor> {
     let x: Vec<T> = r.flatten_all()?.to_vec1()?;
     let g: Vec<T> = g.flatten_all()?.to_vec1()?;
-    let half = T::from_f64c(0.5);
-    let mut d = vec![T::zero(); x.len()];
-    for ((p, dp), &gk) in x.chunks_exact(2).zip(d.chunks_exact_mut(2)).zip(&g) {
-        if p[0] > p[1] {
-            dp[0] = gk;
-        } else if p[1] > p[0] {
-            dp[1] = gk;
-        } else {
-            dp[0] = gk * half;
-            dp[1] = gk * half;
-        }
-    }
-    Tensor::from_vec(d, r.shape(), r.device())
+    Tensor::from_vec(maxout_pairs_grad(&x, &g), r.shape(), r.device())
 }
 
 impl CustomOp1 for Maxout {
@@ -425,9 +445,6 @@ pub fn hidden_rows_fused(ro: &Readout, ts: &Tensor, e: &Tensor, t_len: usize) ->
     Tensor::cat(&tokens, 0)?.apply_op1(op)
 }
 
-/// Maxout pairs per rayon task.
-const PAIRS_PER_TASK: usize = 1 << 12;
-
 struct ReadoutRows {
     ts: crate::kernels::Shared,
     e: crate::kernels::Shared,
@@ -500,13 +517,7 @@ impl ReadoutRows {
             Mat::rows(&e_prev, ed),
             Mat::rows(v_o, h),
         );
-        let m: Vec<T> = r
-            .par_chunks(2 * PAIRS_PER_TASK)
-            .flat_map_iter(|c| {
-                c.chunks_exact(2)
-                    .map(|p| if p[0] >= p[1] { p[0] } else { p[1] })
-            })
-            .collect();
+        let m = maxout_pairs(&r);
         let hid = product(n, ed, h / 2, Mat::rows(&m, h / 2), Mat::rows(w_1, ed));
         *self.saved.lock().expect("saved activations") =
             Some(Box::new(ReadoutSaved { e_prev, r, m }));
@@ -543,23 +554,7 @@ impl ReadoutRows {
         // Through W_1 and the maxout (a tie splits the gradient evenly, as the reference's does).
         let dm = product(n, hh, ed, Mat::rows(g, ed), Mat::t(w_1, ed));
         let d_w1 = product(hh, ed, n, Mat::t(&m, hh), Mat::rows(g, ed));
-        let half = T::from_f64c(0.5);
-        let mut dr = zeroed::<T>(n * h);
-        dr.par_chunks_mut(2 * PAIRS_PER_TASK)
-            .zip(r.par_chunks(2 * PAIRS_PER_TASK))
-            .zip(dm.par_chunks(PAIRS_PER_TASK))
-            .for_each(|((d, x), gm)| {
-                for ((dp, p), &gk) in d.chunks_exact_mut(2).zip(x.chunks_exact(2)).zip(gm) {
-                    if p[0] > p[1] {
-                        dp[0] = gk;
-                    } else if p[1] > p[0] {
-                        dp[1] = gk;
-                    } else {
-                        dp[0] = gk * half;
-                        dp[1] = gk * half;
-                    }
-                }
-            });
+        let dr = maxout_pairs_grad(&r, &dm);
         // ∂[t | s] = ∂r [U_o; W_o]ᵀ, ∂e_prev = ∂r V_oᵀ (shifted back onto e's rows), and the weights'.
         let mut d_ts = zeroed::<T>(n * h3);
         gemm_into(
