@@ -526,6 +526,24 @@ fn softmax_context_grad_row<T: Real>(
 }
 simd_dispatch!(softmax_context_grad_row_d, softmax_context_grad_row_avx, softmax_context_grad_row, (res: &[T], h: &[T], g: &[T], d_e: &mut [T], d_h: &mut [T], add: bool));
 
+/// The fused decoder's gradient row for the context alone (no gradient on `α`): `∂e_j = α_j (g·h_j −
+/// Σ_k α_k g·h_k)` into `d_e` from the forward row's `α` and the context's gradient `g`; `∂h` is left to the
+/// caller (the decoder forms it for all steps at once as `αᵀ G` per sentence).
+#[inline(always)]
+fn context_score_grad_row<T: Real>(alpha: &[T], h: &[T], g: &[T], d_e: &mut [T]) {
+    let s = d_e.len();
+    let a2 = g.len();
+    let mut total = T::zero();
+    for j in 0..s {
+        d_e[j] = crate::kernels::dot(g, &h[j * a2..(j + 1) * a2]);
+        total = total + alpha[j] * d_e[j];
+    }
+    for j in 0..s {
+        d_e[j] = alpha[j] * (d_e[j] - total);
+    }
+}
+simd_dispatch!(context_score_grad_row_d, context_score_grad_row_avx, context_score_grad_row, (alpha: &[T], h: &[T], g: &[T], d_e: &mut [T]));
+
 struct SoftmaxContext {
     shared: Option<Shared>,
 }

@@ -55,6 +55,19 @@ pub fn sgemm_gflops(n: usize) -> Result<f64> {
     Ok(2.0 * (n as f64).powi(3) / median(&mut t) / 1e9)
 }
 
+/// GFLOP/s of one n×n×n f32 matmul, operands allocated for it and freed after it (taken between training
+/// steps, so that the step and the peak it is compared with see the same machine: on a shared machine the
+/// peak drifts by a factor of two within minutes).
+pub fn sgemm_gflops_once(n: usize) -> Result<f64> {
+    let a = Tensor::full(0.5f32, (n, n), &Device::Cpu)?;
+    let b = Tensor::full(0.25f32, (n, n), &Device::Cpu)?;
+    let s = Instant::now();
+    let c = a.matmul(&b)?;
+    let t = s.elapsed().as_secs_f64();
+    drop(c);
+    Ok(2.0 * (n as f64).powi(3) / t / 1e9)
+}
+
 /// GFLOP/s of an `[m, k] × [k, n]` f32 matmul (median of 20 runs after a warm-up): what the machine gives
 /// at the shapes of one recurrent step. With `col_major`, the right operand is the transposed view of a
 /// contiguous `[n, k]` matrix (one of the two orientations the fused kernels can read a recurrent weight in;
@@ -291,6 +304,10 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let mut toks = 0usize;
     // With --compare-packed-gemm, odd steps use the general GEMM (reported apart).
     let mut general_times = vec![];
+    // Model FLOPs of one step, and each timed step's GFLOP/s as a fraction of the SGEMM peak measured just
+    // after it.
+    let flops = 3.0 * forward_flops(cfg, v, bsz, src_len, tlen);
+    let (mut step_vs_peak, mut peaks_between) = (vec![], vec![]);
     let mut phase_sums = [0.0f64; 3];
     for (bi, b) in batches.iter().enumerate() {
         let general = opts.compare_packed_gemm && bi % 2 == 1;
@@ -302,6 +319,12 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
             continue;
         }
         times.push(s.elapsed().as_secs_f64());
+        // The SGEMM peak right after this step (not inside the profiled or timed work).
+        crate::profile::set_enabled(false);
+        let peak_now = sgemm_gflops_once(2048)?;
+        crate::profile::set_enabled(opts.profile_ops);
+        step_vs_peak.push(flops / times[times.len() - 1] / 1e9 / peak_now);
+        peaks_between.push(peak_now);
         for (a, x) in phase_sums.iter_mut().zip(p) {
             *a += x;
         }
@@ -370,8 +393,8 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         median(&mut phases[2]),
     ];
     let train_tps = toks as f64 / step_s;
-    let flops = 3.0 * forward_flops(cfg, v, bsz, src_len, tlen);
     let gflops = flops / step_s / 1e9;
+    let (peak_between, frac_between) = (median(&mut peaks_between), median(&mut step_vs_peak));
     // Decoding: sentences of source length ~6 so that greedy runs ≤ 21 steps, as the reference's 20.
     let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
     let dec_src: Vec<Vec<u32>> = dec_pairs.iter().map(|(s, _)| vocab.encode(s)).collect();
@@ -432,13 +455,17 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "threads": threads,
         "gflops_per_s": gflops,
         "sgemm_peak_gflops": peak,
+        "peak_fraction": gflops / peak,
+        "sgemm_peak_between_steps_gflops": peak_between,
+        "peak_fraction_between_steps": frac_between,
         "gemm_gflops_at_step_shapes": step_gemm,
         "op_profile": op_profile,
         "packed_gemm_comparison": comparison,
     });
     eprintln!(
-        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",
+        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",
         train_tps, step_s, fwd_s, bwd_s, opt_s, gflops, 100.0 * gflops / peak, peak,
+        100.0 * frac_between, peak_between,
         rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
         rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
         peak_rss_mib().unwrap_or(0.0)

@@ -9,12 +9,12 @@
 //! gate or a context gate (any strategy, any gate inputs); the other variants run step by step. Tested
 //! against the step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
 
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, Result, Shape, Tensor};
 
 use crate::encoder::{gru_step_forward, GruActs, GruStep};
 use crate::gate::ZKind;
 use crate::kernels::{
-    by_dtype, rows_par, simd_dispatch, storage_slice, Input, Mat, Oriented, Real, RowsMut, Shared,
+    rows_par, simd_dispatch, storage_slice, Input, Mat, Oriented, Real, RowsMut, Shared,
 };
 
 /// The decoder's weights the recurrence reads.
@@ -35,9 +35,9 @@ pub struct DecoderWeights<'a> {
 /// b`), the gate's word term `wz` `[B·T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
 /// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
 /// `[B, S]`; `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
-/// no gate. Returns `[B·T, 3H]`: row `(b, i)` is `[t_{i−1} | s_i]`, what the readout reads. (Rows rather than
-/// `[B, T, ·]` so that no reshape node sits between these ops and their neighbours: each would cost the
-/// backward pass a zero-filled gradient and an addition of its full size.)
+/// no gate. Returns `[B·T, 3H]` as a [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is
+/// `[t_{i−1} | s_i]`, what the fused readout reads in place, adding its gradient into the handle, so that the
+/// rows' gradient never enters candle's gradient store.
 #[allow(clippy::too_many_arguments)]
 pub fn decoder_sequence_fused<'a>(
     wp: impl Into<Input<'a>>,
@@ -48,7 +48,7 @@ pub fn decoder_sequence_fused<'a>(
     mask_bias: &Tensor,
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
-) -> Result<Tensor> {
+) -> Result<Shared> {
     let wp: Input = wp.into();
     let (rows, h3) = wp.tensor().dims2()?;
     let (b, h) = t0.dims2()?;
@@ -112,7 +112,27 @@ pub fn decoder_sequence_fused<'a>(
     }
     // One graph input for all: the backward pass reaches every token through the concatenation.
     let bundle = Tensor::cat(&tokens, 0)?;
-    bundle.apply_op1(op)
+    crate::kernels::shared_output(op, &bundle)
+}
+
+impl crate::kernels::FusedOutput for DecoderSequence {
+    fn profile_names(&self) -> (&'static str, &'static str) {
+        ("decoder sequence forward", "decoder sequence backward")
+    }
+    fn forward_output(&self) -> Result<(CpuStorage, Shape)> {
+        match self.wp.tensor.dtype() {
+            candle_core::DType::F32 => self.forward::<f32>(),
+            candle_core::DType::F64 => self.forward::<f64>(),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
+    fn backward_output(&self, grad: &Tensor) -> Result<()> {
+        match grad.dtype() {
+            candle_core::DType::F32 => self.backward::<f32>(grad),
+            candle_core::DType::F64 => self.backward::<f64>(grad),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
 }
 
 struct DecoderSequence {
@@ -508,10 +528,13 @@ impl DecoderSequence {
         }
         // The readout's input, batch-major: [t_{i−1} | s_i].
         let mut out = crate::kernels::zeroed(b * tl * h3);
-        for (row, o) in out.chunks_mut(h3).enumerate() {
-            let (r, i) = (row / tl, row % tl);
-            o[..h].copy_from_slice(&tall[(i * b + r) * h..(i * b + r + 1) * h]);
-            o[h..].copy_from_slice(&actx[(i * b + r) * w_ac + s..(i * b + r + 1) * w_ac]);
+        {
+            use rayon::prelude::*;
+            out.par_chunks_mut(h3).enumerate().for_each(|(row, o)| {
+                let (r, i) = (row / tl, row % tl);
+                o[..h].copy_from_slice(&tall[(i * b + r) * h..(i * b + r + 1) * h]);
+                o[h..].copy_from_slice(&actx[(i * b + r) * w_ac + s..(i * b + r + 1) * w_ac]);
+            });
         }
         drop((tw, cw));
         *self.saved.lock().expect("saved activations") = Some(Box::new(Saved {
@@ -587,10 +610,11 @@ impl DecoderSequence {
         let mut dt = vec![T::zero(); bh]; // ∂t_i carried from step i + 1
         let mut dts = vec![T::zero(); bh];
         let mut drts = vec![T::zero(); bh];
-        let mut dctx = vec![T::zero(); b * a2];
+        // ∂s_i of every step, time-major: the annotations' gradient is formed from them after the loop.
+        let mut dctx_all = crate::kernels::zeroed(tl * b * a2);
         let mut dt_prev = vec![T::zero(); bh];
-        let mut gfull = vec![T::zero(); b * w_ac];
         for i in (0..tl).rev() {
+            let dctx = &mut dctx_all[i * b * a2..(i + 1) * b * a2];
             let t_i = &tall[i * bh..(i + 1) * bh];
             // The readout's gradients for [t_{i−1} | s_i].
             for r in 0..b {
@@ -668,54 +692,44 @@ impl DecoderSequence {
                 }
                 let dcp_i = &*dcp_i;
                 crate::profile::timed("  decoder bwd: context GEMM", || {
-                    cw.mul_t_into(b, &mut dctx, a2, true, Mat::rows(dcp_i, wc))
+                    cw.mul_t_into(b, dctx, a2, true, Mat::rows(dcp_i, wc))
                 });
             }
-            // Attention backward: ∂s_i → ∂α → ∂e → ∂(A h), ∂(B t), ∂v; ∂h accumulated in place.
+            // Attention backward: ∂s_i → ∂e → ∂(A h), ∂(B t), ∂v (∂h from all steps after the loop).
             let actx_i = &actx[i * b * w_ac..(i + 1) * b * w_ac];
             let q_i = &q[i * b * wq..(i + 1) * b * wq];
             let dq_i = &mut dq[i * b * wq..(i + 1) * b * wq];
-            for r in 0..b {
-                let gr = &mut gfull[r * w_ac..(r + 1) * w_ac];
-                gr[..s].fill(T::zero());
-                gr[s..].copy_from_slice(&dctx[r * a2..(r + 1) * a2]);
-            }
             {
                 let dqw = RowsMut::new(dq_i, wq);
                 let dvw = RowsMut::new(&mut dv_rows, ad);
-                let gfull = &gfull;
+                let dctx = &*dctx;
                 let v = &v;
                 let _t = crate::profile::Scope::new("  decoder bwd: attention rows");
                 self.ah.with_slice::<T, _>(|ah| {
                     self.ann.with_slice::<T, _>(|ann| {
                         self.ah.accumulate::<T>(|d_ah| {
-                            self.ann.accumulate::<T>(|d_ann| {
-                                let (dahw, dannw) =
-                                    (RowsMut::new(d_ah, s * ad), RowsMut::new(d_ann, s * a2));
-                                rows_par(b, b * s * ad, |r| unsafe {
-                                    let mut de = vec![T::zero(); s];
-                                    crate::attention::softmax_context_grad_row_d(
-                                        &actx_i[r * w_ac..(r + 1) * w_ac],
-                                        &ann[r * s * a2..(r + 1) * s * a2],
-                                        &gfull[r * w_ac..(r + 1) * w_ac],
-                                        &mut de,
-                                        dannw.row(r),
-                                        true,
-                                    );
-                                    let dq_r = &mut dqw.row(r)[..ad];
-                                    dq_r.fill(T::zero());
-                                    crate::attention::score_grad_rows_d(
-                                        &ah[r * s * ad..(r + 1) * s * ad],
-                                        &q_i[r * wq..r * wq + ad],
-                                        v,
-                                        &de,
-                                        dahw.row(r),
-                                        dq_r,
-                                        dvw.row(r),
-                                        true,
-                                    );
-                                });
-                            })
+                            let dahw = RowsMut::new(d_ah, s * ad);
+                            rows_par(b, b * s * ad, |r| unsafe {
+                                let mut de = vec![T::zero(); s];
+                                crate::attention::context_score_grad_row_d(
+                                    &actx_i[r * w_ac..r * w_ac + s],
+                                    &ann[r * s * a2..(r + 1) * s * a2],
+                                    &dctx[r * a2..(r + 1) * a2],
+                                    &mut de,
+                                );
+                                let dq_r = &mut dqw.row(r)[..ad];
+                                dq_r.fill(T::zero());
+                                crate::attention::score_grad_rows_d(
+                                    &ah[r * s * ad..(r + 1) * s * ad],
+                                    &q_i[r * wq..r * wq + ad],
+                                    v,
+                                    &de,
+                                    dahw.row(r),
+                                    dq_r,
+                                    dvw.row(r),
+                                    true,
+                                );
+                            });
                         });
                         Ok(())
                     })
@@ -726,6 +740,36 @@ impl DecoderSequence {
                 tw.mul_t_into(b, &mut dt_prev, h, true, Mat::rows(dq_i, wq))
             });
             std::mem::swap(&mut dt, &mut dt_prev);
+        }
+        // The annotations' gradient from every step's context, per sentence: ∂h_r += α_rᵀ ∂S_r with α_r
+        // `[T, S]` and ∂S_r `[T, 2H]` read in place from the time-major rows.
+        {
+            let _t = crate::profile::Scope::new("  decoder bwd: annotation gradients");
+            self.ann.accumulate::<T>(|d_ann| {
+                use rayon::prelude::*;
+                d_ann.par_chunks_mut(s * a2).enumerate().for_each(|(r, d)| {
+                    crate::kernels::serial(|| {
+                        crate::kernels::gemm_into(
+                            s,
+                            a2,
+                            tl,
+                            d,
+                            a2,
+                            true,
+                            Mat {
+                                data: &actx[r * w_ac..],
+                                rs: 1,
+                                cs: b * w_ac,
+                            },
+                            Mat {
+                                data: &dctx_all[r * a2..],
+                                rs: b * a2,
+                                cs: 1,
+                            },
+                        )
+                    })
+                });
+            });
         }
         // `dt` is ∂t_0 now. Inputs' gradients, and each weight's as one GEMM over all steps.
         let _t = crate::profile::Scope::new("  decoder bwd: weight gradients");
@@ -800,29 +844,4 @@ impl DecoderSequence {
         ));
         Ok(())
     }
-}
-
-impl CustomOp1 for DecoderSequence {
-    fn name(&self) -> &'static str {
-        "fused-decoder-sequence"
-    }
-    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        crate::profile::timed("decoder sequence forward", || {
-            by_dtype!(s, forward_of, self)
-        })
-    }
-    fn bwd(&self, bundle: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        crate::profile::timed("decoder sequence backward", || {
-            match grad.dtype() {
-                candle_core::DType::F32 => self.backward::<f32>(grad)?,
-                candle_core::DType::F64 => self.backward::<f64>(grad)?,
-                _ => candle_core::bail!("fused kernels support f32 and f64"),
-            }
-            Ok(Some(bundle.zeros_like()?))
-        })
-    }
-}
-
-fn forward_of<T: Real>(op: &DecoderSequence) -> Result<(CpuStorage, Shape)> {
-    op.forward::<T>()
 }

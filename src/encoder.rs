@@ -75,6 +75,39 @@ pub struct Encoded {
 }
 
 impl Encoder {
+    /// Both directions' input projections as one product, both recurrences as one fused op (see
+    /// [`bigru_fused`]), for the embedded words `e` `[B·S, E]` (rows `(b, t)`).
+    fn bigru_op(&self, e: &Tensor, b: usize, mask: &Tensor) -> Result<BiGru> {
+        let h = self.hidden;
+        let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
+        let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
+        let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
+        // Rows `(b, t)`, read through a shared handle: no `[B·S, 6H]` gradient in candle's store.
+        let x = crate::kernels::linear_shared(e, &w, &bias)?;
+        let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
+        BiGru::new(
+            x,
+            b,
+            m,
+            (&self.fwd.u_ru, &self.fwd.u),
+            (&self.bwd.u_ru, &self.bwd.u),
+        )
+    }
+
+    /// Training with fused kernels on the CPU: the annotations `[B, S, 2H]` as a [`Shared`] output of the fused
+    /// encoder, formed outside the graph, whose consumers (the decoder's attention, the keys `A h`, the initial
+    /// state) add their gradients into the handle; the encoder's backward pass reads the sum from there, so
+    /// the annotations' gradient never enters candle's gradient store.
+    pub fn forward_shared(&self, src: &Tensor, mask: &Tensor) -> Result<Shared> {
+        let (b, _) = src.dims2()?;
+        let e = crate::kernels::embedding(self.fwd.kernels, &self.emb, &src.flatten_all()?)?
+            .broadcast_add(&self.emb_b)?;
+        if !self.fwd.kernels.fused_on(e.device()) {
+            candle_core::bail!("shared annotations need the fused kernels on the CPU");
+        }
+        self.bigru_op(&e, b, mask)?.apply_shared()
+    }
+
     pub fn new(vb: VarBuilder, vocab: usize, emb_dim: usize, hidden: usize) -> Result<Self> {
         Ok(Self {
             emb: vb.get_with_hints((vocab, emb_dim), "E", crate::init::ZERO)?,
@@ -91,22 +124,7 @@ impl Encoder {
         let e = crate::kernels::embedding(self.fwd.kernels, &self.emb, &src.flatten_all()?)?
             .broadcast_add(&self.emb_b)?;
         if self.fwd.kernels.fused_on(e.device()) {
-            // Both directions' input projections as one product, both recurrences as one fused op (see
-            // `bigru_fused`).
-            let h = self.hidden;
-            let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
-            let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
-            let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
-            // Rows `(b, t)`, read through a shared handle: no `[B·S, 6H]` gradient in candle's store.
-            let x = crate::kernels::linear_shared(&e, &w, &bias)?;
-            let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
-            let annotations = bigru_fused(
-                x,
-                b,
-                m,
-                (&self.fwd.u_ru, &self.fwd.u),
-                (&self.bwd.u_ru, &self.bwd.u),
-            )?;
+            let annotations = self.bigru_op(&e, b, mask)?.apply()?;
             let bwd_first = annotations
                 .i((.., 0))?
                 .narrow(1, self.hidden, self.hidden)?;
@@ -400,37 +418,7 @@ pub fn bigru_fused<'a>(
     fwd: (&Tensor, &Tensor),
     bwd: (&Tensor, &Tensor),
 ) -> Result<Tensor> {
-    let x: crate::kernels::Input = x.into();
-    let (rows, h6) = x.tensor().dims2()?;
-    let (b, h) = (batch, h6 / 6);
-    let s = if b > 0 { rows / b } else { 0 };
-    let ok = h6 == 6 * h
-        && rows == b * s
-        && mask.len() == s * b
-        && [fwd.0, bwd.0]
-            .iter()
-            .all(|w| w.dims2().ok() == Some((h, 2 * h)))
-        && [fwd.1, bwd.1]
-            .iter()
-            .all(|w| w.dims2().ok() == Some((h, h)));
-    if !ok {
-        candle_core::bail!("fused bidirectional GRU: shape mismatch");
-    }
-    let sh = Shared::new;
-    let op = BiGru {
-        b,
-        x: x.into_shared()?,
-        u_ru: [sh(fwd.0)?, sh(bwd.0)?],
-        u: [sh(fwd.1)?, sh(bwd.1)?],
-        mask,
-        saved: Default::default(),
-    };
-    let tokens: Vec<&Tensor> = std::iter::once(&op.x)
-        .chain(&op.u_ru)
-        .chain(&op.u)
-        .map(|x| &x.token)
-        .collect();
-    Tensor::cat(&tokens, 0)?.apply_op1(op)
+    BiGru::new(x, batch, mask, fwd, bwd)?.apply()
 }
 
 struct BiGru {
@@ -440,10 +428,69 @@ struct BiGru {
     u_ru: [Shared; 2],
     u: [Shared; 2],
     mask: Vec<f64>,
+    /// Whether a backward pass can follow (any input tracks gradients): keep the activations.
+    save: bool,
     saved: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 impl BiGru {
+    fn new<'a>(
+        x: impl Into<crate::kernels::Input<'a>>,
+        batch: usize,
+        mask: Vec<f64>,
+        fwd: (&Tensor, &Tensor),
+        bwd: (&Tensor, &Tensor),
+    ) -> Result<BiGru> {
+        let x: crate::kernels::Input = x.into();
+        let (rows, h6) = x.tensor().dims2()?;
+        let (b, h) = (batch, h6 / 6);
+        let s = if b > 0 { rows / b } else { 0 };
+        let ok = h6 == 6 * h
+            && rows == b * s
+            && mask.len() == s * b
+            && [fwd.0, bwd.0]
+                .iter()
+                .all(|w| w.dims2().ok() == Some((h, 2 * h)))
+            && [fwd.1, bwd.1]
+                .iter()
+                .all(|w| w.dims2().ok() == Some((h, h)));
+        if !ok {
+            candle_core::bail!("fused bidirectional GRU: shape mismatch");
+        }
+        let sh = Shared::new;
+        let mut op = BiGru {
+            b,
+            x: x.into_shared()?,
+            u_ru: [sh(fwd.0)?, sh(bwd.0)?],
+            u: [sh(fwd.1)?, sh(bwd.1)?],
+            mask,
+            save: false,
+            saved: Default::default(),
+        };
+        op.save = op.tokens().iter().any(|t| t.track_op());
+        Ok(op)
+    }
+
+    /// The graph handles of the inputs, in a fixed order.
+    fn tokens(&self) -> Vec<&Tensor> {
+        std::iter::once(&self.x)
+            .chain(&self.u_ru)
+            .chain(&self.u)
+            .map(|x| &x.token)
+            .collect()
+    }
+
+    /// The annotations as a graph node whose backward pass receives their gradient from candle.
+    fn apply(self) -> Result<Tensor> {
+        Tensor::cat(&self.tokens(), 0)?.apply_op1(self)
+    }
+
+    /// The annotations as a [`Shared`] handle (see [`crate::kernels::shared_output`]).
+    fn apply_shared(self) -> Result<Shared> {
+        let bundle = Tensor::cat(&self.tokens(), 0)?;
+        crate::kernels::shared_output(self, &bundle)
+    }
+
     fn dims(&self) -> Result<(usize, usize, usize)> {
         let (rows, h6) = self.x.tensor.dims2()?;
         Ok((rows / self.b.max(1), self.b, h6 / 6))
@@ -451,10 +498,7 @@ impl BiGru {
 
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
         let (s, b, h) = self.dims()?;
-        let save = std::iter::once(&self.x)
-            .chain(&self.u_ru)
-            .chain(&self.u)
-            .any(|x| x.tensor.track_op());
+        let save = self.save;
         let (g_x, l_x) = self.x.tensor.storage_and_layout();
         let xs = crate::kernels::storage_slice::<T>(&g_x, l_x)?;
         let run = |d: usize| -> Result<(Vec<T>, Option<GruSaved<T>>)> {
@@ -549,25 +593,37 @@ impl candle_core::CustomOp1 for BiGru {
     fn name(&self) -> &'static str {
         "fused-bidirectional-gru"
     }
-    fn cpu_fwd(&self, st: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
-        crate::profile::timed("encoder bigru forward", || {
-            by_dtype!(st, bigru_forward, self)
-        })
+    fn cpu_fwd(&self, _st: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        use crate::kernels::FusedOutput;
+        crate::profile::timed(self.profile_names().0, || self.forward_output())
     }
     fn bwd(&self, bundle: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        crate::profile::timed("encoder bigru backward", || {
-            match grad.dtype() {
-                DType::F32 => self.backward::<f32>(grad)?,
-                DType::F64 => self.backward::<f64>(grad)?,
-                _ => candle_core::bail!("fused kernels support f32 and f64"),
-            }
+        use crate::kernels::FusedOutput;
+        crate::profile::timed(self.profile_names().1, || {
+            self.backward_output(grad)?;
             Ok(Some(bundle.zeros_like()?))
         })
     }
 }
 
-fn bigru_forward<T: Real>(op: &BiGru) -> Result<(CpuStorage, Shape)> {
-    op.forward::<T>()
+impl crate::kernels::FusedOutput for BiGru {
+    fn profile_names(&self) -> (&'static str, &'static str) {
+        ("encoder bigru forward", "encoder bigru backward")
+    }
+    fn forward_output(&self) -> Result<(CpuStorage, Shape)> {
+        match self.x.tensor.dtype() {
+            DType::F32 => self.forward::<f32>(),
+            DType::F64 => self.forward::<f64>(),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
+    fn backward_output(&self, grad: &Tensor) -> Result<()> {
+        match grad.dtype() {
+            DType::F32 => self.backward::<f32>(grad),
+            DType::F64 => self.backward::<f64>(grad),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
 }
 
 /// Per-step activations of one direction's forward pass, time-major: the gates `[r | u]` (after the

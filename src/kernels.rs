@@ -613,7 +613,7 @@ impl CustomOp2 for RecMatmulT {
 }
 
 /// The one-element graph handle (value 0) that stands for a prepared weight or a shared input.
-fn token_storage(s: &CpuStorage) -> Result<(CpuStorage, Shape)> {
+pub(crate) fn token_storage(s: &CpuStorage) -> Result<(CpuStorage, Shape)> {
     let out = match s {
         CpuStorage::F32(_) => CpuStorage::F32(vec![0.0]),
         CpuStorage::F64(_) => CpuStorage::F64(vec![0.0]),
@@ -825,6 +825,248 @@ pub fn linear_shared(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Shared> {
     Ok(Shared { tensor, token, acc })
 }
 
+/// A fused op that can hand its output to its consumers as a [`Shared`] handle ([`shared_output`]).
+pub(crate) trait FusedOutput: Send + Sync + 'static {
+    /// The op's forward and backward names in `cgnmt bench --profile-ops`.
+    fn profile_names(&self) -> (&'static str, &'static str);
+    /// The output, computed from the op's inputs.
+    fn forward_output(&self) -> Result<(CpuStorage, Shape)>;
+    /// The backward pass for the output's gradient `grad`: every input's gradient goes to its handle.
+    fn backward_output(&self, grad: &Tensor) -> Result<()>;
+}
+
+/// `op`'s output as a [`Shared`] handle: formed now, outside the graph; the graph holds a one-element token
+/// on `bundle` (the concatenation of the op's inputs' tokens) whose backward pass runs the op's backward pass
+/// on the gradient the consumers accumulated in the handle — the output's gradient, multi-megabyte for the
+/// sequence ops, is never zero-filled and added in candle's gradient store.
+pub(crate) fn shared_output<O: FusedOutput>(op: O, bundle: &Tensor) -> Result<Shared> {
+    let (fwd_name, _) = op.profile_names();
+    let (storage, shape) = crate::profile::timed(fwd_name, || op.forward_output())?;
+    let dev = bundle.device();
+    let tensor = match storage {
+        CpuStorage::F32(v) => Tensor::from_vec(v, shape.clone(), dev)?,
+        CpuStorage::F64(v) => Tensor::from_vec(v, shape.clone(), dev)?,
+        _ => candle_core::bail!("fused kernels support f32 and f64"),
+    };
+    let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
+    let token = bundle.apply_op1(OutputTap {
+        op,
+        acc: acc.clone(),
+        shape,
+    })?;
+    Ok(Shared { tensor, token, acc })
+}
+
+struct OutputTap<O> {
+    op: O,
+    acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+    shape: Shape,
+}
+
+impl<O: FusedOutput> candle_core::CustomOp1 for OutputTap<O> {
+    fn name(&self) -> &'static str {
+        "fused-op-shared-output"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        token_storage(s)
+    }
+    fn bwd(&self, bundle: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
+        let (_, bwd_name) = self.op.profile_names();
+        crate::profile::timed(bwd_name, || {
+            let g = take_accumulated(
+                &self.acc,
+                self.shape.clone(),
+                bundle.dtype(),
+                bundle.device(),
+            )?;
+            if let Some(g) = g {
+                self.op.backward_output(&g)?;
+            }
+            Ok(Some(bundle.zeros_like()?))
+        })
+    }
+}
+
+/// `x W` over the last dimension of a [`Shared`] input `x` (`[…, K]` × `[K, M]` → `[…, M]`), itself as a
+/// [`Shared`] handle: formed now, outside the graph; the graph holds a one-element token (on `x`'s token and
+/// `W`) whose backward pass takes the gradient accumulated in the result's handle, adds `∂x = ∂y Wᵀ` into
+/// `x`'s handle and hands `∂W = xᵀ ∂y` over. Neither `[N, K]` nor `[N, M]` gradient enters candle's store.
+pub fn product_shared(x: &Shared, w: &Tensor) -> Result<Shared> {
+    let w = w.contiguous()?;
+    let (k, m) = w.dims2()?;
+    let dims = x.tensor.dims();
+    if dims.last() != Some(&k) {
+        candle_core::bail!("shared product: {:?} × [{k}, {m}]", dims);
+    }
+    let n = x.tensor.elem_count() / k.max(1);
+    let mut out_dims = dims.to_vec();
+    *out_dims.last_mut().expect("rank ≥ 1") = m;
+    fn run<T: Real>(x: &Shared, w: &Tensor, n: usize, k: usize, m: usize) -> Result<Vec<T>> {
+        let (ws, wl) = w.storage_and_layout();
+        let wd = storage_slice::<T>(&ws, wl)?;
+        x.with_slice::<T, _>(|xd| Ok(product(n, m, k, Mat::rows(xd, k), Mat::rows(wd, m))))
+    }
+    let tensor = crate::profile::timed("shared product forward", || match w.dtype() {
+        candle_core::DType::F32 => {
+            Tensor::from_vec(run::<f32>(x, &w, n, k, m)?, out_dims, w.device())
+        }
+        candle_core::DType::F64 => {
+            Tensor::from_vec(run::<f64>(x, &w, n, k, m)?, out_dims, w.device())
+        }
+        _ => candle_core::bail!("fused kernels support f32 and f64"),
+    })?;
+    let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
+    let token = x.token.apply_op2(
+        &w,
+        ProductTap {
+            x: x.clone(),
+            acc: acc.clone(),
+            n,
+        },
+    )?;
+    Ok(Shared { tensor, token, acc })
+}
+
+struct ProductTap {
+    x: Shared,
+    acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+    /// Rows of `x` viewed as `[N, K]`.
+    n: usize,
+}
+
+impl ProductTap {
+    fn backward<T: Real>(&self, w: &Tensor, g: &Tensor) -> Result<Tensor> {
+        let (k, m) = w.dims2()?;
+        let n = self.n;
+        let (ws, wl) = w.storage_and_layout();
+        let wd = storage_slice::<T>(&ws, wl)?;
+        let (gs, gl) = g.storage_and_layout();
+        let gd = storage_slice::<T>(&gs, gl)?;
+        // ∂x += ∂y Wᵀ, in place in x's handle.
+        self.x
+            .accumulate::<T>(|dx| gemm_into(n, k, m, dx, k, true, Mat::rows(gd, m), Mat::t(wd, m)));
+        let dw = self
+            .x
+            .with_slice::<T, _>(|xd| Ok(product(k, m, n, Mat::t(xd, k), Mat::rows(gd, m))))?;
+        Tensor::from_vec(dw, (k, m), w.device())
+    }
+}
+
+impl candle_core::CustomOp2 for ProductTap {
+    fn name(&self) -> &'static str {
+        "product-shared"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        _l1: &Layout,
+        _s2: &CpuStorage,
+        _l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        token_storage(s1)
+    }
+    fn bwd(
+        &self,
+        token: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        _grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        crate::profile::timed("shared product backward", || {
+            let m = w.dim(1)?;
+            let Some(g) = take_accumulated(&self.acc, (self.n, m), w.dtype(), w.device())? else {
+                return Ok((None, None));
+            };
+            let dw = match w.dtype() {
+                candle_core::DType::F32 => self.backward::<f32>(w, &g)?,
+                candle_core::DType::F64 => self.backward::<f64>(w, &g)?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            };
+            Ok((Some(token.zeros_like()?), hand_over(w, dw)))
+        })
+    }
+}
+
+/// Rows `rows` and columns `cols` of a [`Shared`] tensor viewed as `[N, C]` (`C` its last dimension), as a
+/// graph node `[rows.len(), cols.len()]` whose gradient is added into the handle (e.g. the backward
+/// direction's state at each sentence's first word, read from the annotations).
+pub fn shared_rows(x: &Shared, rows: Vec<usize>, cols: std::ops::Range<usize>) -> Result<Tensor> {
+    let c = *x.tensor.dims().last().unwrap_or(&0);
+    let n = x.tensor.elem_count() / c.max(1);
+    if cols.start > cols.end || cols.end > c || rows.iter().any(|&r| r >= n) {
+        candle_core::bail!("shared rows: out of bounds of [{n}, {c}]");
+    }
+    x.token.apply_op1(SharedRows {
+        x: x.clone(),
+        rows,
+        cols,
+        c,
+    })
+}
+
+struct SharedRows {
+    x: Shared,
+    rows: Vec<usize>,
+    cols: std::ops::Range<usize>,
+    c: usize,
+}
+
+impl SharedRows {
+    fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
+        let w = self.cols.len();
+        let v = self.x.with_slice::<T, _>(|xd| {
+            Ok(self
+                .rows
+                .iter()
+                .flat_map(|&r| {
+                    xd[r * self.c + self.cols.start..r * self.c + self.cols.end]
+                        .iter()
+                        .copied()
+                })
+                .collect::<Vec<T>>())
+        })?;
+        Ok((
+            T::to_cpu_storage_owned(v),
+            Shape::from((self.rows.len(), w)),
+        ))
+    }
+
+    fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
+        let g: Vec<T> = grad.flatten_all()?.to_vec1()?;
+        let w = self.cols.len();
+        self.x.accumulate::<T>(|acc| {
+            for (i, &r) in self.rows.iter().enumerate() {
+                let at = r * self.c + self.cols.start;
+                for (a, &x) in acc[at..at + w].iter_mut().zip(&g[i * w..(i + 1) * w]) {
+                    *a = *a + x;
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+impl candle_core::CustomOp1 for SharedRows {
+    fn name(&self) -> &'static str {
+        "shared-rows"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, _l: &Layout) -> Result<(CpuStorage, Shape)> {
+        match s {
+            CpuStorage::F32(_) => self.forward::<f32>(),
+            CpuStorage::F64(_) => self.forward::<f64>(),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
+    fn bwd(&self, token: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        match grad.dtype() {
+            candle_core::DType::F32 => self.backward::<f32>(grad)?,
+            candle_core::DType::F64 => self.backward::<f64>(grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+        Ok(Some(token.zeros_like()?))
+    }
+}
+
 struct LinearTap {
     acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
 }
@@ -868,7 +1110,7 @@ struct ShareTap {
 
 /// The gradient accumulated in a shared handle as a tensor of `shape` (`None` when nothing was added),
 /// leaving the accumulator empty.
-fn take_accumulated<S: Into<Shape>>(
+pub(crate) fn take_accumulated<S: Into<Shape>>(
     acc: &std::sync::Mutex<AccBuf>,
     shape: S,
     dtype: candle_core::DType,

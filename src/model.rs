@@ -236,6 +236,35 @@ impl Model {
         Ok(Source { keys, cov_keys, t0 })
     }
 
+    /// [`Model::encode`] for training with the fused decoder sequence op: the annotations come from the fused
+    /// encoder as a [`crate::kernels::Shared`] handle, and the keys `A h` and the initial state's `←h_1` are
+    /// read from it by ops that add their gradients into the handle — the annotations' and the keys'
+    /// gradients never enter candle's gradient store (the decoder op takes both handles as they are).
+    fn encode_shared(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
+        use crate::kernels::{product_shared, shared_rows};
+        crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
+        let ann = self.encoder.forward_shared(src, src_mask)?;
+        let (b, s, a2) = ann.tensor.dims3()?;
+        let ah = product_shared(&ann, &self.attention.a)?;
+        let h = a2 / 2;
+        let bwd_first = shared_rows(&ann, (0..b).map(|i| i * s).collect(), h..a2)?;
+        let t0 = bwd_first
+            .matmul(&self.w_init)?
+            .broadcast_add(&self.b_init)?
+            .tanh()?;
+        let keys = crate::attention::Keys {
+            ah: ah.tensor.clone(),
+            annotations: ann.tensor.clone(),
+            mask_bias: ((src_mask - 1.0)? * 1e9)?,
+            shared: Some((ah, ann)),
+        };
+        Ok(Source {
+            keys,
+            cov_keys: None,
+            t0,
+        })
+    }
+
     /// Attention from `t_prev` (with the coverage term), then the coverage update.
     pub fn attend(&self, src: &Source, t_prev: &Tensor, cov: Option<&Tensor>) -> Result<StepOut> {
         let term = match (&self.coverage, cov) {
@@ -386,8 +415,12 @@ impl Model {
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        let mut src = self.encode(&batch.src, &batch.src_mask)?;
-        if self.kernels.fused_on(src.keys.ah.device()) {
+        let mut src = if self.sequence_gate().is_some() {
+            self.encode_shared(&batch.src, &batch.src_mask)?
+        } else {
+            self.encode(&batch.src, &batch.src_mask)?
+        };
+        if self.kernels.fused_on(src.keys.ah.device()) && src.keys.shared.is_none() {
             // Every step reads the same keys and annotations: accumulate their gradients in place.
             src.keys.shared = Some((
                 crate::kernels::Shared::new(&src.keys.ah)?,
@@ -503,11 +536,11 @@ impl Model {
             )?
             .reshape((b * t_len, e_dim))
         };
-        let hid = match &readin {
+        let hid = match readin {
             Readin::Stacked(ts) => {
                 crate::readout::hidden_rows_fused(&self.readout, ts, &e_all, t_len)?
             }
-            Readin::Split { states, ctxs } => self.readout.hidden(ctxs, states, &e_prev()?)?,
+            Readin::Split { states, ctxs } => self.readout.hidden(&ctxs, &states, &e_prev()?)?,
         };
         let targets = batch.tgt.flatten_all()?;
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
@@ -525,6 +558,6 @@ impl Model {
 /// What the readout reads for every target step: the fused decoder's rows `[t_{i−1} | s_i]`, or the
 /// states and contexts of the step-by-step path.
 enum Readin {
-    Stacked(Tensor),
+    Stacked(crate::kernels::Shared),
     Split { states: Tensor, ctxs: Tensor },
 }

@@ -246,17 +246,29 @@ fn bias_nll_rows<T: Real>(logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T],
 }
 simd_dispatch!(bias_nll_rows_d, bias_nll_rows_avx, bias_nll_rows, (logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T], lses: &mut [T]));
 
+/// `g (softmax − onehot)` in place of each row of logits, each finished row also added into `db` (the bias
+/// gradient's share of these rows, formed while the row is in cache).
 #[inline(always)]
-fn nll_grad_rows_inplace<T: Real>(logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], v: usize) {
+fn nll_grad_rows_inplace<T: Real>(
+    logits: &mut [T],
+    tgt: &[u32],
+    g: &[T],
+    lses: &[T],
+    db: &mut [T],
+) {
+    let v = db.len();
     for (i, (&gi, &lse)) in g.iter().zip(lses).enumerate() {
         let row = &mut logits[i * v..(i + 1) * v];
         for x in row.iter_mut() {
             *x = gi * (*x - lse).exp_v();
         }
         row[tgt[i] as usize] = row[tgt[i] as usize] - gi;
+        for (d, &x) in db.iter_mut().zip(row.iter()) {
+            *d = *d + x;
+        }
     }
 }
-simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], v: usize));
+simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], db: &mut [T]));
 
 #[allow(clippy::too_many_arguments)]
 fn output_nll_fwd<T: Real>(
@@ -276,6 +288,7 @@ fn output_nll_fwd<T: Real>(
     }
     check_targets(&op.targets, v)?;
     // The logits `[N, V]` into a buffer filled on both cores (candle's matmul zero-fills on one).
+    let _t = crate::profile::Scope::new("  output nll fwd: logits GEMM");
     let mut buf = crate::kernels::zeroed::<T>(n * v);
     crate::kernels::gemm_into(
         n,
@@ -287,6 +300,8 @@ fn output_nll_fwd<T: Real>(
         crate::kernels::Mat::rows(slice::<T>(s1, l1)?, e),
         crate::kernels::Mat::rows(slice::<T>(s2, l2)?, v),
     );
+    drop(_t);
+    let _t = crate::profile::Scope::new("  output nll fwd: bias and normalisers");
     let mut out = vec![T::zero(); n];
     let mut lses = vec![T::zero(); n];
     {
@@ -308,28 +323,45 @@ fn output_nll_fwd<T: Real>(
 }
 
 /// `g (softmax − onehot)` in place of the logits, from each row's log-normaliser (computed here when
-/// `lses` is `None`).
+/// `lses` is `None`), and its column sums (the bias gradient) from the same pass: each task sums its rows
+/// into its own accumulator, and the accumulators are added at the end.
 fn output_nll_grad<T: Real>(
     targets: &[u32],
     mut logits: Vec<T>,
     lses: Option<Vec<f64>>,
     g: &Tensor,
     v: usize,
-) -> Result<Vec<T>> {
+) -> Result<(Vec<T>, Vec<T>)> {
     let g: Vec<T> = g.to_dtype(T::DTYPE)?.flatten_all()?.to_vec1()?;
     let lses: Vec<T> = match lses {
         Some(l) => l.into_iter().map(T::from_f64c).collect(),
         None => logits.par_chunks(v).map(|row| row_lse(row).1).collect(),
     };
-    logits
-        .par_chunks_mut(ROWS_PER_TASK * v)
+    let n = targets.len();
+    // A few tasks per thread (load balance), each with a `V`-long accumulator.
+    let per = n
+        .div_ceil(4 * rayon::current_num_threads())
+        .max(ROWS_PER_TASK);
+    let partial: Vec<Vec<T>> = logits
+        .par_chunks_mut(per * v.max(1))
         .enumerate()
-        .for_each(|(c, x)| {
-            let r0 = c * ROWS_PER_TASK;
-            let r1 = r0 + x.len() / v;
-            nll_grad_rows_inplace_d(x, &targets[r0..r1], &g[r0..r1], &lses[r0..r1], v)
-        });
-    Ok(logits)
+        .map(|(c, x)| {
+            let mut db = vec![T::zero(); v];
+            for (k, rows) in x.chunks_mut(ROWS_PER_TASK * v.max(1)).enumerate() {
+                let r0 = c * per + k * ROWS_PER_TASK;
+                let r1 = r0 + rows.len() / v.max(1);
+                nll_grad_rows_inplace_d(rows, &targets[r0..r1], &g[r0..r1], &lses[r0..r1], &mut db);
+            }
+            db
+        })
+        .collect();
+    let mut db = vec![T::zero(); v];
+    for p in &partial {
+        for (a, &x) in db.iter_mut().zip(p) {
+            *a = *a + x;
+        }
+    }
+    Ok((logits, db))
 }
 
 impl CustomOp3 for OutputNll {
@@ -376,21 +408,35 @@ impl CustomOp3 for OutputNll {
                     }
                 }
             };
-            let d = match logits {
-                CpuStorage::F32(buf) => Tensor::from_vec(
+            let _t = crate::profile::Scope::new("  output nll bwd: softmax rows, bias sums");
+            fn tensors<T: Real>(
+                (d, db): (Vec<T>, Vec<T>),
+                n: usize,
+                dev: &candle_core::Device,
+            ) -> Result<(Tensor, Tensor)> {
+                let v = db.len();
+                Ok((
+                    Tensor::from_vec(d, (n, v), dev)?,
+                    Tensor::from_vec(db, v, dev)?,
+                ))
+            }
+            let (d, db) = match logits {
+                CpuStorage::F32(buf) => tensors(
                     output_nll_grad(&self.targets, buf, lses, grad, v)?,
-                    (n, v),
+                    n,
                     x.device(),
                 )?,
-                CpuStorage::F64(buf) => Tensor::from_vec(
+                CpuStorage::F64(buf) => tensors(
                     output_nll_grad(&self.targets, buf, lses, grad, v)?,
-                    (n, v),
+                    n,
                     x.device(),
                 )?,
                 _ => candle_core::bail!("fused kernels support f32 and f64"),
             };
-            let (dx, dw) = crate::kernels::product_grads(x, w_2, &d)?;
-            let db = crate::kernels::column_sums(&d)?;
+            drop(_t);
+            let (dx, dw) = crate::profile::timed("  output nll bwd: GEMMs", || {
+                crate::kernels::product_grads(x, w_2, &d)
+            })?;
             Ok((
                 Some(dx),
                 crate::kernels::hand_over(w_2, dw),
@@ -405,9 +451,15 @@ impl CustomOp3 for OutputNll {
 /// `(b, i)` is `e(y_i)`; the readout of step `i` reads `e(y_{i−1})`, zero at `i = 0`), as one fused op: the same
 /// computation as [`Readout::hidden_stacked`] on the shifted embeddings, without the graph's concatenated weight,
 /// shifted copy, sums and maxout nodes, whose gradients candle would zero-fill and add at full size each.
-pub fn hidden_rows_fused(ro: &Readout, ts: &Tensor, e: &Tensor, t_len: usize) -> Result<Tensor> {
+pub fn hidden_rows_fused<'a>(
+    ro: &Readout,
+    ts: impl Into<crate::kernels::Input<'a>>,
+    e: &Tensor,
+    t_len: usize,
+) -> Result<Tensor> {
     use crate::kernels::Shared;
-    let (n, h3) = ts.dims2()?;
+    let ts: crate::kernels::Input = ts.into();
+    let (n, h3) = ts.tensor().dims2()?;
     let (n2, ed) = e.dims2()?;
     let h = ro.hidden;
     let ok = h3 == 3 * h
@@ -425,7 +477,7 @@ pub fn hidden_rows_fused(ro: &Readout, ts: &Tensor, e: &Tensor, t_len: usize) ->
     }
     let sh = Shared::new;
     let op = ReadoutRows {
-        ts: sh(ts)?,
+        ts: ts.into_shared()?,
         e: sh(e)?,
         w: [
             sh(&ro.u_o)?,

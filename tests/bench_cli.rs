@@ -47,10 +47,19 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
             "peak_rss_mib",
             "gflops_per_s",
             "sgemm_peak_gflops",
+            "sgemm_peak_between_steps_gflops",
+            "peak_fraction",
+            "peak_fraction_between_steps",
         ] {
             let v = r[key].as_f64().unwrap_or(f64::NAN);
             assert!(v.is_finite() && v > 0.0, "{k}: {key} = {}", r[key]);
         }
+        // The fraction is the model's rate over the peak measured just before.
+        let (g, peak) = (
+            r["gflops_per_s"].as_f64().unwrap(),
+            r["sgemm_peak_gflops"].as_f64().unwrap(),
+        );
+        assert!((r["peak_fraction"].as_f64().unwrap() - g / peak).abs() < 1e-9 * (g / peak));
         assert!(r["threads"].as_u64().unwrap() >= 1);
         assert!(r["decode_beam10_hyp_steps"].as_u64().unwrap() >= 4);
         let p = &r["train_phase_s_median"];
@@ -73,7 +82,7 @@ fn bench_compares_packed_and_general_gemm_steps() {
 }
 
 /// `--profile-ops` times every fused op's passes: each top-level entry is a positive per-step mean, the
-/// decoder and encoder sequence ops' parts add up to at most their op, and what the phases spent outside the
+/// decoder's, encoder's and output layer's parts add up to at most their op, and what the phases spent outside the
 /// fused ops is reported.
 #[test]
 fn bench_profiles_the_fused_ops() {
@@ -97,6 +106,8 @@ fn bench_profiles_the_fused_ops() {
         ("decoder sequence backward", "  decoder bwd: "),
         ("encoder bigru forward", "  encoder fwd: "),
         ("encoder bigru backward", "  encoder bwd: "),
+        ("output nll forward", "  output nll fwd: "),
+        ("output nll backward", "  output nll bwd: "),
     ] {
         let parts: Vec<f64> = p
             .iter()
