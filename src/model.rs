@@ -224,16 +224,20 @@ impl Model {
         crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
         let enc = self.encoder.forward(src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
-        let t0 = enc
-            .bwd_first
-            .matmul(&self.w_init)?
-            .broadcast_add(&self.b_init)?
-            .tanh()?;
+        let t0 = self.initial_state(&enc.bwd_first)?;
         let cov_keys = match &self.coverage {
             Some(c) => Some(c.keys(&enc.annotations)?),
             None => None,
         };
         Ok(Source { keys, cov_keys, t0 })
+    }
+
+    /// The decoder's initial state `tanh(W_init ←h_1 + b_init)` from the backward state at the first word.
+    fn initial_state(&self, bwd_first: &Tensor) -> Result<Tensor> {
+        bwd_first
+            .matmul(&self.w_init)?
+            .broadcast_add(&self.b_init)?
+            .tanh()
     }
 
     /// [`Model::encode`] for training with the fused decoder sequence op: the annotations come from the fused
@@ -248,10 +252,7 @@ impl Model {
         let ah = product_shared(&ann, &self.attention.a)?;
         let h = a2 / 2;
         let bwd_first = shared_rows(&ann, (0..b).map(|i| i * s).collect(), h..a2)?;
-        let t0 = bwd_first
-            .matmul(&self.w_init)?
-            .broadcast_add(&self.b_init)?
-            .tanh()?;
+        let t0 = self.initial_state(&bwd_first)?;
         let keys = crate::attention::Keys {
             ah: ah.tensor.clone(),
             annotations: ann.tensor.clone(),
