@@ -150,7 +150,7 @@ struct DecoderSequence {
     u_z: Option<Shared>,
     c_z: Option<Shared>,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
-    saved: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    saved: crate::kernels::SavedSlot,
 }
 
 /// The forward pass's activations, time-major (`n` = steps with a transition, `T − 1`).
@@ -560,14 +560,6 @@ impl DecoderSequence {
         let (a2, h3, w_ac) = (2 * h, 3 * h, s + 2 * h);
         let n = tl - 1;
         let gated = self.gate.is_some();
-        let saved = self
-            .saved
-            .lock()
-            .expect("saved activations")
-            .take()
-            .ok_or_else(|| {
-                candle_core::Error::Msg("fused decoder: no saved forward pass".into())
-            })?;
         let Saved {
             tall,
             q,
@@ -582,9 +574,7 @@ impl DecoderSequence {
             wq,
             cw: cw_v,
             wc,
-        } = *saved
-            .downcast::<Saved<T>>()
-            .map_err(|_| candle_core::Error::Msg("fused decoder: dtype".into()))?;
+        } = crate::kernels::take_saved::<Saved<T>>(&self.saved, "fused decoder")?;
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
         let g = storage_slice::<T>(&g_st, g_l)?; // [B·T, 3H]

@@ -430,7 +430,7 @@ struct BiGru {
     mask: Vec<f64>,
     /// Whether a backward pass can follow (any input tracks gradients): keep the activations.
     save: bool,
-    saved: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    saved: crate::kernels::SavedSlot,
 }
 
 impl BiGru {
@@ -535,17 +535,8 @@ impl BiGru {
 
     fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
         let (s, b, h) = self.dims()?;
-        let saved = self
-            .saved
-            .lock()
-            .expect("saved activations")
-            .take()
-            .ok_or_else(|| {
-                candle_core::Error::Msg("fused encoder: no saved forward pass".into())
-            })?;
-        let [fs, rs] = *saved
-            .downcast::<[GruSaved<T>; 2]>()
-            .map_err(|_| candle_core::Error::Msg("fused encoder: dtype".into()))?;
+        let [fs, rs] =
+            crate::kernels::take_saved::<[GruSaved<T>; 2]>(&self.saved, "fused encoder")?;
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
         let g = crate::kernels::storage_slice::<T>(&g_st, g_l)?; // [B, S, 2H]

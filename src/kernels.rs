@@ -825,6 +825,23 @@ pub fn linear_shared(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Shared> {
     Ok(Shared { tensor, token, acc })
 }
 
+/// Where a fused op's forward pass leaves its activations for the backward pass.
+pub(crate) type SavedSlot = std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>;
+
+/// The activations the forward pass left in `slot`, taken out (one backward pass per forward pass); `op` names
+/// the op in the error when there are none or they are of another dtype.
+pub(crate) fn take_saved<S: 'static>(slot: &SavedSlot, op: &str) -> Result<S> {
+    let saved = slot
+        .lock()
+        .expect("saved activations")
+        .take()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: no saved forward pass")))?;
+    saved
+        .downcast::<S>()
+        .map(|b| *b)
+        .map_err(|_| candle_core::Error::Msg(format!("{op}: dtype")))
+}
+
 /// A fused op that can hand its output to its consumers as a [`Shared`] handle ([`shared_output`]).
 pub(crate) trait FusedOutput: Send + Sync + 'static {
     /// The op's forward and backward names in `cgnmt bench --profile-ops`.

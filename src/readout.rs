@@ -503,7 +503,7 @@ struct ReadoutRows {
     /// `U_o`, `W_o`, `V_o`, `b_o`, `W_1`.
     w: [crate::kernels::Shared; 5],
     t_len: usize,
-    saved: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    saved: crate::kernels::SavedSlot,
 }
 
 /// The forward pass's `e_prev`, `r~` and `maxout(r~)`.
@@ -581,17 +581,8 @@ impl ReadoutRows {
         let (n, h3) = self.ts.tensor.dims2()?;
         let ed = self.e.tensor.dim(1)?;
         let (h, tl) = (h3 / 3, self.t_len);
-        let saved = self
-            .saved
-            .lock()
-            .expect("saved activations")
-            .take()
-            .ok_or_else(|| {
-                candle_core::Error::Msg("fused readout: no saved forward pass".into())
-            })?;
-        let ReadoutSaved { e_prev, r, m } = *saved
-            .downcast::<ReadoutSaved<T>>()
-            .map_err(|_| candle_core::Error::Msg("fused readout: dtype".into()))?;
+        let ReadoutSaved { e_prev, r, m } =
+            crate::kernels::take_saved::<ReadoutSaved<T>>(&self.saved, "fused readout")?;
         let vals: Vec<Vec<T>> = [&self.w[0], &self.w[1], &self.w[2], &self.w[4]]
             .iter()
             .map(|w| crate::kernels::to_vec::<T>(&w.tensor))
