@@ -5,9 +5,11 @@
 //! of some twenty per step: the forward pass runs the steps with one GEMM per recurrent product into
 //! preallocated buffers, the backward pass runs back-propagation through time inside the op, and each
 //! recurrent weight's gradient is one GEMM over all steps. Inputs and their gradients travel through
-//! [`Shared`] handles (one graph input bundles them all). Covers the GRU decoder without coverage, with no
-//! gate or a context gate (any strategy, any gate inputs); the other variants run step by step. Tested
-//! against the step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
+//! [`Shared`] handles (one graph input bundles them all). Covers the GRU decoder in the reference form with
+//! no gate or a context gate (any strategy, any gate inputs) and any coverage model (§5: linguistic with or
+//! without fertility, neural gated or not; `coverage::CovRows` per sentence row, the state's term
+//! `t W_h` stacked into the query product); the other variants run step by step. Tested against the
+//! step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
 
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 
@@ -31,11 +33,27 @@ pub struct DecoderWeights<'a> {
     pub c_z: Option<&'a Tensor>,
 }
 
+/// Coverage (model-spec §5) inside the recurrence: `V_cov` `[d, Ad]`, the per-position precomputed input
+/// `pre` (`1/Φ_j` `[B, S, 1]` for linguistic coverage, `h_j W_c` `[B, S, k·d]` for neural), and the neural
+/// update's `W_h` `[H, k·d]`, `p` `[k·d]`, `U` `[d, d]` and (gated) `U_ru` `[d, 2d]`, as in
+/// [`crate::coverage::Coverage`].
+pub struct CoverageInputs<'a> {
+    pub neural: bool,
+    pub gated: bool,
+    pub v_cov: &'a Tensor,
+    pub pre: &'a Tensor,
+    pub w_h: Option<&'a Tensor>,
+    pub p: Option<&'a Tensor>,
+    pub u: Option<&'a Tensor>,
+    pub u_ru: Option<&'a Tensor>,
+}
+
 /// Run the decoder over `T` target steps: word projections `wp` `[B·T, 3H]` (batch-major rows `(b, i)`, `W e +
 /// b`), the gate's word term `wz` `[B·T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
 /// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
 /// `[B, S]`; `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
-/// no gate. Returns `[B·T, 3H]` as a [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is
+/// no gate; `coverage` the coverage model's inputs when it is on (`C_0 = 0`; attention at step `i` reads
+/// `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is
 /// `[t_{i−1} | s_i]`, what the fused readout reads in place, adding its gradient into the handle, so that the
 /// rows' gradient never enters candle's gradient store.
 #[allow(clippy::too_many_arguments)]
@@ -48,6 +66,7 @@ pub fn decoder_sequence_fused<'a>(
     mask_bias: &Tensor,
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
+    coverage: Option<&CoverageInputs>,
 ) -> Result<Shared> {
     let wp: Input = wp.into();
     let (rows, h3) = wp.tensor().dims2()?;
@@ -79,6 +98,46 @@ pub fn decoder_sequence_fused<'a>(
         candle_core::bail!("fused decoder sequence: shape mismatch");
     }
     let sh = |x: &Tensor| Shared::new(x);
+    let cov = match coverage {
+        None => None,
+        Some(c) => {
+            let d = c.v_cov.dim(0)?;
+            let k = match (c.neural, c.gated) {
+                (false, _) => 0,
+                (true, true) => 3,
+                (true, false) => 1,
+            };
+            let pw = if c.neural { k * d } else { 1 };
+            let ok = d > 0
+                && c.v_cov.dims2()? == (d, ad)
+                && c.pre.dims3()? == (b, s, pw)
+                && (c.neural || d == 1)
+                && c.w_h
+                    .map_or(Ok(!c.neural), |x| x.dims2().map(|x| x == (h, k * d)))?
+                && c.p.map_or(Ok(!c.neural), |x| {
+                    Ok::<_, candle_core::Error>(x.elem_count() == k * d)
+                })?
+                && c.u
+                    .map_or(Ok(!c.neural), |x| x.dims2().map(|x| x == (d, d)))?
+                && c.u_ru.map_or(Ok(!(c.neural && c.gated)), |x| {
+                    x.dims2().map(|x| x == (d, 2 * d))
+                })?;
+            if !ok {
+                candle_core::bail!("fused decoder sequence: coverage shape mismatch");
+            }
+            Some(CovOp {
+                neural: c.neural,
+                gated: c.gated,
+                d,
+                v_cov: sh(c.v_cov)?,
+                pre: sh(c.pre)?,
+                w_h: c.w_h.map(sh).transpose()?,
+                p: c.p.map(sh).transpose()?,
+                u: c.u.map(sh).transpose()?,
+                u_ru: c.u_ru.map(sh).transpose()?,
+            })
+        }
+    };
     let op = DecoderSequence {
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
@@ -94,6 +153,7 @@ pub fn decoder_sequence_fused<'a>(
         u_z: w.u_z.map(sh).transpose()?,
         c_z: w.c_z.map(sh).transpose()?,
         gate,
+        cov,
         saved: Default::default(),
     };
     let mut tokens = vec![
@@ -109,6 +169,12 @@ pub fn decoder_sequence_fused<'a>(
     ];
     for x in [&op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
         tokens.push(&x.token);
+    }
+    if let Some(c) = &op.cov {
+        tokens.extend([&c.v_cov.token, &c.pre.token]);
+        for x in [&c.w_h, &c.p, &c.u, &c.u_ru].into_iter().flatten() {
+            tokens.push(&x.token);
+        }
     }
     // One graph input for all: the backward pass reaches every token through the concatenation.
     let bundle = Tensor::cat(&tokens, 0)?;
@@ -150,7 +216,21 @@ struct DecoderSequence {
     u_z: Option<Shared>,
     c_z: Option<Shared>,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
+    cov: Option<CovOp>,
     saved: crate::kernels::SavedSlot,
+}
+
+/// The coverage model's inputs (see [`CoverageInputs`]).
+struct CovOp {
+    neural: bool,
+    gated: bool,
+    d: usize,
+    v_cov: Shared,
+    pre: Shared,
+    w_h: Option<Shared>,
+    p: Option<Shared>,
+    u: Option<Shared>,
+    u_ru: Option<Shared>,
 }
 
 /// The forward pass's activations, time-major (`n` = steps with a transition, `T − 1`).
@@ -171,6 +251,9 @@ struct Saved<T> {
     wq: usize,
     cw: Vec<T>,
     wc: usize,
+    /// Coverage: `C_{i−1}` of every step `[T, B, S, d]`, the gated update's activations `[n, B, S, 3d]`.
+    covs: Vec<T>,
+    cacts: Vec<T>,
 }
 
 /// `c·kind(z)` as `α + β z`: `(α, β)` (`β` is also the derivative in `z`).
@@ -310,6 +393,31 @@ fn bwd_mix_row<T: Real>(
 }
 simd_dispatch!(bwd_mix_row_d, bwd_mix_row_avx, bwd_mix_row, (dpre: &[T], dts: &[T], t: &[T], wp: &[T], cp: &[T], z: &[T], kinds: (ZKind, T, ZKind, T), gated: bool, dwp: &mut [T], dcp: &mut [T], dt: &mut [T], dzp: &mut [T]));
 
+/// The coverage inputs' values for one pass (all small: `[d, Ad]`, `[B, S, ·]`, `[d, 2d]`).
+struct CovData<T> {
+    neural: bool,
+    gated: bool,
+    d: usize,
+    v_cov: Vec<T>,
+    pre: Vec<T>,
+    p: Vec<T>,
+    u: Vec<T>,
+    u_ru: Vec<T>,
+}
+
+impl<T: Real> CovData<T> {
+    fn rows(&self) -> crate::coverage::CovRows<'_, T> {
+        crate::coverage::CovRows {
+            neural: self.neural,
+            gated: self.gated,
+            d: self.d,
+            p: &self.p,
+            u: &self.u,
+            u_ru: &self.u_ru,
+        }
+    }
+}
+
 /// Sizes of one run.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -335,6 +443,26 @@ impl DecoderSequence {
         })
     }
 
+    fn cov_data<T: Real>(&self) -> Result<Option<CovData<T>>> {
+        let Some(c) = &self.cov else {
+            return Ok(None);
+        };
+        let vec_of = |x: &Option<Shared>| -> Result<Vec<T>> {
+            x.as_ref()
+                .map_or(Ok(vec![]), |x| crate::kernels::to_vec::<T>(&x.tensor))
+        };
+        Ok(Some(CovData {
+            neural: c.neural,
+            gated: c.gated,
+            d: c.d,
+            v_cov: crate::kernels::to_vec::<T>(&c.v_cov.tensor)?,
+            pre: crate::kernels::to_vec::<T>(&c.pre.tensor)?,
+            p: vec_of(&c.p)?,
+            u: vec_of(&c.u)?,
+            u_ru: vec_of(&c.u_ru)?,
+        }))
+    }
+
     fn kinds<T: Real>(&self) -> (ZKind, T, ZKind, T) {
         match self.gate {
             Some(((ks, cs), (kt, ct))) => (ks, T::from_f64c(cs), kt, T::from_f64c(ct)),
@@ -342,8 +470,8 @@ impl DecoderSequence {
         }
     }
 
-    /// `[B | U_z]` `[H, Ad (+ H)]` and `[C | C_z]` `[2H, 3H (+ H)]` with their widths: the products that
-    /// share a left operand (`t_{i−1}`, `s_i`) as one GEMM each.
+    /// `[B | U_z | W_h]` `[H, Ad (+ H) (+ k·d)]` and `[C | C_z]` `[2H, 3H (+ H)]` with their widths: the
+    /// products that share a left operand (`t_{i−1}`, `s_i`) as one GEMM each.
     #[allow(clippy::type_complexity)]
     fn stacked<T: Real>(&self) -> Result<(Vec<T>, usize, Vec<T>, usize)> {
         fn cat<T: Real>(parts: &[&Shared]) -> Result<(Vec<T>, usize)> {
@@ -373,6 +501,7 @@ impl DecoderSequence {
         }
         let mut t_parts = vec![&self.b_att];
         t_parts.extend(self.u_z.as_ref());
+        t_parts.extend(self.cov.as_ref().and_then(|c| c.w_h.as_ref()));
         let mut c_parts = vec![&self.c];
         c_parts.extend(self.c_z.as_ref());
         let (tw, wq) = cat::<T>(&t_parts)?;
@@ -416,6 +545,15 @@ impl DecoderSequence {
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
         let kinds = self.kinds::<T>();
+        let cd = self.cov_data::<T>()?;
+        let cr = cd.as_ref().map(|c| c.rows());
+        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
+            (c.d, c.pre_width(), c.kd(), c.acts_width())
+        });
+        let wh_off = ad + if has_uz { h } else { 0 };
+        let bsd = b * s * cdim;
+        let mut covs = crate::kernels::zeroed(tl * bsd);
+        let mut cacts = crate::kernels::zeroed(n * b * s * aw);
 
         let mut tall = crate::kernels::zeroed(tl * b * h);
         tall[..b * h].copy_from_slice(storage_slice::<T>(&g_t0, &l_t0)?);
@@ -444,24 +582,54 @@ impl DecoderSequence {
                 let out = RowsMut::new(actx_i, w_ac);
                 let q_i = &*q_i;
                 let mask = &mask;
+                // Coverage: C_{i−1} read, C_i (and the gated update's activations) written by each row.
+                let (c_done, c_rest) = covs.split_at_mut((i + 1) * bsd);
+                let c_i = &c_done[i * bsd..];
+                let c_next =
+                    RowsMut::new(if i < n { &mut c_rest[..bsd] } else { &mut [] }, s * cdim);
+                let acts_i = RowsMut::new(
+                    if i < n {
+                        &mut cacts[i * b * s * aw..(i + 1) * b * s * aw]
+                    } else {
+                        &mut []
+                    },
+                    s * aw,
+                );
+                let (cr, cd) = (&cr, &cd);
                 let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
                 rows_par(b, b * s * ad, |r| {
                     let mut e = vec![T::zero(); s];
-                    crate::attention::score_rows_d(
-                        &ah[r * s * ad..(r + 1) * s * ad],
-                        &q_i[r * wq..r * wq + ad],
-                        v,
-                        &mut e,
-                    );
+                    let ah_r = &ah[r * s * ad..(r + 1) * s * ad];
+                    let q_r = &q_i[r * wq..(r + 1) * wq];
+                    match cd {
+                        Some(cd) => {
+                            let mut kx = vec![T::zero(); s * ad];
+                            let c_r = &c_i[r * s * cdim..(r + 1) * s * cdim];
+                            crate::coverage::keys_row(ah_r, c_r, &cd.v_cov, cdim, &mut kx);
+                            crate::attention::score_rows_d(&kx, &q_r[..ad], v, &mut e);
+                        }
+                        None => crate::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
+                    }
                     for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
                         *x = *x + *m;
                     }
-                    // SAFETY: row r is written by this task only.
+                    // SAFETY: row r of each buffer is written by this task only.
+                    let o = unsafe { out.row(r) };
                     crate::attention::softmax_context_row_d(
                         &e,
                         &ann[r * s * a2..(r + 1) * s * a2],
-                        unsafe { out.row(r) },
-                    )
+                        o,
+                    );
+                    if let (Some(cr), Some(cd), true) = (cr, cd, i < n) {
+                        cr.update(
+                            &c_i[r * s * cdim..(r + 1) * s * cdim],
+                            &o[..s],
+                            &cd.pre[r * s * pw..(r + 1) * s * pw],
+                            &q_r[wh_off..wh_off + kd],
+                            unsafe { c_next.row(r) },
+                            unsafe { acts_i.row(r) },
+                        );
+                    }
                 });
             }
             if i == n {
@@ -495,7 +663,7 @@ impl DecoderSequence {
                 rows_par(b, bh3, |r| {
                     let terms = [
                         wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h]),
-                        has_uz.then(|| &q_i[r * wq + ad..(r + 1) * wq]),
+                        has_uz.then(|| &q_i[r * wq + ad..r * wq + ad + h]),
                         has_cz.then(|| &cp_i[r * wc + h3..(r + 1) * wc]),
                     ];
                     // SAFETY: row r of each buffer is written by this task only.
@@ -551,6 +719,8 @@ impl DecoderSequence {
             wq,
             cw: cw_v,
             wc,
+            covs,
+            cacts,
         }));
         Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, h3))))
     }
@@ -574,6 +744,8 @@ impl DecoderSequence {
             wq,
             cw: cw_v,
             wc,
+            covs,
+            cacts,
         } = crate::kernels::take_saved::<Saved<T>>(&self.saved, "fused decoder")?;
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
@@ -590,6 +762,34 @@ impl DecoderSequence {
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let kinds = self.kinds::<T>();
         let (bh, bh3) = (b * h, b * h3);
+        let cd = self.cov_data::<T>()?;
+        let cr = cd.as_ref().map(|c| c.rows());
+        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
+            (c.d, c.pre_width(), c.kd(), c.acts_width())
+        });
+        let wh_off = ad + if has_uz { h } else { 0 };
+        let bsd = b * s * cdim;
+        // Coverage: ∂C_i carried from step i + 1 and ∂C_{i−1} formed at step i; per-sentence sums of the
+        // coverage weights' gradients.
+        let mut dcov = vec![T::zero(); bsd];
+        let mut dcov_prev = vec![T::zero(); bsd];
+        let mut dpre_cov = vec![T::zero(); b * s * pw];
+        let mut dvcov_rows = vec![T::zero(); b * cdim * ad];
+        let mut dp_rows = vec![T::zero(); b * kd];
+        let (uw, uruw) = if cd.as_ref().is_some_and(|c| c.neural) {
+            (
+                cdim * cdim,
+                if cr.as_ref().is_some_and(|c| c.gated) {
+                    2 * cdim * cdim
+                } else {
+                    0
+                },
+            )
+        } else {
+            (0, 0)
+        };
+        let mut du_rows = vec![T::zero(); b * uw];
+        let mut duru_rows = vec![T::zero(); b * uruw];
 
         let mut dwp = crate::kernels::zeroed(tl * bh3);
         let mut dzp = crate::kernels::zeroed(if gated { tl * bh } else { 0 });
@@ -676,7 +876,7 @@ impl DecoderSequence {
                             dcp_i[r * wc + h3..(r + 1) * wc].copy_from_slice(d);
                         }
                         if has_uz {
-                            dq[(i * b + r) * wq + ad..(i * b + r + 1) * wq].copy_from_slice(d);
+                            dq[(i * b + r) * wq + ad..(i * b + r) * wq + ad + h].copy_from_slice(d);
                         }
                     }
                 }
@@ -694,6 +894,26 @@ impl DecoderSequence {
                 let dvw = RowsMut::new(&mut dv_rows, ad);
                 let dctx = &*dctx;
                 let v = &v;
+                // Coverage: each row's ∂C_{i−1}, ∂(1/Φ or h W_c) and per-sentence weight gradients.
+                let c_i = &covs[i * bsd..(i + 1) * bsd];
+                let c_next = if i < n {
+                    &covs[(i + 1) * bsd..(i + 2) * bsd]
+                } else {
+                    &[]
+                };
+                let acts_i = if i < n {
+                    &cacts[i * b * s * aw..(i + 1) * b * s * aw]
+                } else {
+                    &[]
+                };
+                let dcov = &dcov;
+                let dcw = RowsMut::new(&mut dcov_prev, s * cdim);
+                let dprew = RowsMut::new(&mut dpre_cov, s * pw);
+                let dvcw = RowsMut::new(&mut dvcov_rows, cdim * ad);
+                let dpw = RowsMut::new(&mut dp_rows, kd);
+                let duw = RowsMut::new(&mut du_rows, uw);
+                let duruw = RowsMut::new(&mut duru_rows, uruw);
+                let (cr, cd) = (&cr, &cd);
                 let _t = crate::profile::Scope::new("  decoder bwd: attention rows");
                 self.ah.with_slice::<T, _>(|ah| {
                     self.ann.with_slice::<T, _>(|ann| {
@@ -701,23 +921,88 @@ impl DecoderSequence {
                             let dahw = RowsMut::new(d_ah, s * ad);
                             rows_par(b, b * s * ad, |r| unsafe {
                                 let mut de = vec![T::zero(); s];
+                                let alpha = &actx_i[r * w_ac..r * w_ac + s];
                                 crate::attention::context_score_grad_row_d(
-                                    &actx_i[r * w_ac..r * w_ac + s],
+                                    alpha,
                                     &ann[r * s * a2..(r + 1) * s * a2],
                                     &dctx[r * a2..(r + 1) * a2],
                                     &mut de,
                                 );
-                                let dq_r = &mut dqw.row(r)[..ad];
+                                let dq_row = dqw.row(r);
+                                let ah_r = &ah[r * s * ad..(r + 1) * s * ad];
+                                let q_r = &q_i[r * wq..r * wq + ad];
+                                let (Some(cr), Some(cd)) = (cr, cd) else {
+                                    let dq_r = &mut dq_row[..ad];
+                                    dq_r.fill(T::zero());
+                                    crate::attention::score_grad_rows_d(
+                                        ah_r,
+                                        q_r,
+                                        v,
+                                        &de,
+                                        dahw.row(r),
+                                        dq_r,
+                                        dvw.row(r),
+                                        true,
+                                    );
+                                    return;
+                                };
+                                let sc = s * cdim;
+                                let c_r = &c_i[r * sc..(r + 1) * sc];
+                                let dc_r = dcw.row(r);
+                                if i < n {
+                                    // Back through C_i's update: ∂C_{i−1}, and ∂α_i joins the softmax's.
+                                    let mut dalpha = vec![T::zero(); s];
+                                    cr.update_grad(
+                                        (
+                                            c_r,
+                                            alpha,
+                                            &cd.pre[r * s * pw..(r + 1) * s * pw],
+                                            &c_next[r * sc..(r + 1) * sc],
+                                            &acts_i[r * s * aw..(r + 1) * s * aw],
+                                        ),
+                                        &dcov[r * sc..(r + 1) * sc],
+                                        dc_r,
+                                        &mut dalpha,
+                                        dprew.row(r),
+                                        &mut dq_row[wh_off..wh_off + kd],
+                                        (dpw.row(r), duw.row(r), duruw.row(r)),
+                                    );
+                                    let total = alpha
+                                        .iter()
+                                        .zip(&dalpha)
+                                        .fold(T::zero(), |t, (&a, &x)| t + a * x);
+                                    for ((g, &a), &x) in de.iter_mut().zip(alpha).zip(&dalpha) {
+                                        *g = *g + a * (x - total);
+                                    }
+                                } else {
+                                    dc_r.fill(T::zero());
+                                }
+                                // The keys with the coverage term, and their gradient at this step.
+                                let mut kx = vec![T::zero(); s * ad];
+                                crate::coverage::keys_row(ah_r, c_r, &cd.v_cov, cdim, &mut kx);
+                                let mut dk = vec![T::zero(); s * ad];
+                                let dq_r = &mut dq_row[..ad];
                                 dq_r.fill(T::zero());
                                 crate::attention::score_grad_rows_d(
-                                    &ah[r * s * ad..(r + 1) * s * ad],
-                                    &q_i[r * wq..r * wq + ad],
+                                    &kx,
+                                    q_r,
                                     v,
                                     &de,
-                                    dahw.row(r),
+                                    &mut dk,
                                     dq_r,
                                     dvw.row(r),
-                                    true,
+                                    false,
+                                );
+                                for (a, &x) in dahw.row(r).iter_mut().zip(&dk) {
+                                    *a = *a + x;
+                                }
+                                crate::coverage::keys_grad_row(
+                                    &dk,
+                                    c_r,
+                                    &cd.v_cov,
+                                    cdim,
+                                    dc_r,
+                                    dvcw.row(r),
                                 );
                             });
                         });
@@ -725,6 +1010,7 @@ impl DecoderSequence {
                     })
                 })?;
             }
+            std::mem::swap(&mut dcov, &mut dcov_prev);
             let dq_i = &*dq_i;
             crate::profile::timed("  decoder bwd: query GEMM", || {
                 tw.mul_t_into(b, &mut dt_prev, h, true, Mat::rows(dq_i, wq))
@@ -775,6 +1061,41 @@ impl DecoderSequence {
             }
         }
         self.v.add_grad(dv);
+        if let Some(c) = &self.cov {
+            let sum_rows = |rows: &[T], w: usize| -> Vec<T> {
+                let mut out = vec![T::zero(); w];
+                for row in rows.chunks(w.max(1)) {
+                    for (a, &x) in out.iter_mut().zip(row) {
+                        *a = *a + x;
+                    }
+                }
+                out
+            };
+            c.v_cov.add_grad(sum_rows(&dvcov_rows, cdim * ad));
+            c.pre.add_grad(dpre_cov);
+            if let Some(p) = &c.p {
+                p.add_grad(sum_rows(&dp_rows, kd));
+            }
+            if let Some(u) = &c.u {
+                u.add_grad(sum_rows(&du_rows, uw));
+            }
+            if let Some(u_ru) = &c.u_ru {
+                u_ru.add_grad(sum_rows(&duru_rows, uruw));
+            }
+            if let Some(w_h) = &c.w_h {
+                w_h.add_grad(crate::kernels::product::<T>(
+                    h,
+                    kd,
+                    tl * b,
+                    Mat::t(&tall, h),
+                    Mat {
+                        data: dq.get(wh_off..).unwrap_or(&[]),
+                        rs: wq,
+                        cs: 1,
+                    },
+                ));
+            }
+        }
         let nb = n * b;
         let ctx_t = Mat {
             data: &actx[s..],

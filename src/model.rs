@@ -303,13 +303,12 @@ impl Model {
     }
 
     /// Whether training runs the decoder as one fused op per batch ([`crate::decoder_sequence`]): fused
-    /// kernels on the CPU, the GRU decoder in the reference form, no coverage, no gate or a context gate;
+    /// kernels on the CPU, the GRU decoder in the reference form, no gate or a context gate, any coverage;
     /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
     #[allow(clippy::type_complexity)]
     pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
         use crate::config::{DecoderKind, GateForm};
         if !self.kernels.fused_on(self.cell.u.device())
-            || self.coverage.is_some()
             || self.cell.kind != DecoderKind::Gru
             || self.cell.form != GateForm::Reference
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
@@ -416,7 +415,8 @@ impl Model {
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        let mut src = if self.sequence_gate().is_some() {
+        // (Coverage's keys are composed ops on the annotations: those take the graph's annotations.)
+        let mut src = if self.sequence_gate().is_some() && self.coverage.is_none() {
             self.encode_shared(&batch.src, &batch.src_mask)?
         } else {
             self.encode(&batch.src, &batch.src_mask)?
@@ -455,6 +455,19 @@ impl Model {
             // The word projections, batch-major rows `(b, i)`, as shared inputs.
             let wp = self.cell.project_words_shared(&e_all)?;
             let wz = self.gate.word_term_shared(&e_all)?;
+            let cov = match (&self.coverage, &src.cov_keys) {
+                (Some(c), Some(k)) => Some(crate::decoder_sequence::CoverageInputs {
+                    neural: c.kind == crate::config::CoverageKind::Neural,
+                    gated: c.gated,
+                    v_cov: &c.v_cov,
+                    pre: &k.pre,
+                    w_h: c.w_h.as_ref(),
+                    p: c.p.as_ref(),
+                    u: c.u.as_ref(),
+                    u_ru: c.u_ru.as_ref(),
+                }),
+                _ => None,
+            };
             let y = crate::decoder_sequence::decoder_sequence_fused(
                 wp,
                 wz.map(Into::into),
@@ -464,6 +477,7 @@ impl Model {
                 &src.keys.mask_bias,
                 &w,
                 gate,
+                cov.as_ref(),
             )?;
             Readin::Stacked(y)
         } else {

@@ -411,6 +411,24 @@ fn variants() -> Vec<Vec<String>> {
         x.push("model.context_gate=both".into());
         v.push(x);
     }
+    // Coverage's state term `t W_h` stacked after the gate's `U_z` (present or not) in the fused decoder's
+    // query product.
+    for gate in [
+        vec!["model.context_gate=none"],
+        vec![
+            "model.context_gate=source",
+            "model.gate_inputs=[\"word\",\"context\"]",
+        ],
+        vec!["model.context_gate=target", "model.gate_inputs=[\"state\"]"],
+    ] {
+        let mut x: Vec<String> = ["model.coverage=neural", "model.coverage_dim=2"]
+            .iter()
+            .chain(&gate)
+            .map(|s| s.to_string())
+            .collect();
+        x.push("model.coverage_gated=true".into());
+        v.push(x);
+    }
     v
 }
 
@@ -493,39 +511,49 @@ fn whole_model_fused_equals_reference_for_every_variant() {
 /// so no transition), all equal to the reference kernels.
 #[test]
 fn fused_sequence_ops_at_the_edges_equal_reference() {
-    let cfg = cgnmt::config::Config::load(
-        None,
+    // One-word sources and targets (one decoder step, no transition), empty targets, mixed lengths; with
+    // and without coverage.
+    let coverage: [&[&str]; 3] = [
+        &[],
         &[
+            "model.coverage=linguistic",
+            "model.coverage_dim=1",
+            "model.coverage_fertility=true",
+        ],
+        &["model.coverage=neural", "model.coverage_dim=2"],
+    ];
+    for cov in coverage {
+        let mut sets = vec![
             "model.embedding_dim=6".to_string(),
             "model.hidden_dim=10".into(),
             "model.attention_dim=7".into(),
             "model.context_gate=both".into(),
-        ],
-    )
-    .unwrap()
-    .model;
-    let batches: Vec<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = vec![
-        (vec![vec![3]], vec![vec![]]),
-        (vec![vec![3]], vec![vec![4, 5, 6]]),
-        (vec![vec![3, 4, 5, 6], vec![7]], vec![vec![], vec![]]),
-        (
-            vec![vec![3, 4], vec![5], vec![6, 7, 8]],
-            vec![vec![2], vec![], vec![3, 4]],
-        ),
-    ];
-    for (src, tgt) in &batches {
-        let (lf, gf) = loss_and_grads_on(&cfg, Kernels::Fused, DType::F64, src, tgt, true);
-        let (lr, gr) = loss_and_grads_on(&cfg, Kernels::Reference, DType::F64, src, tgt, true);
-        assert!(
-            ((lf - lr) / lr).abs() < 1e-12,
-            "{src:?} → {tgt:?}: loss {lf} vs {lr}"
-        );
-        for ((n, a), (_, b)) in gf.iter().zip(&gr) {
-            let d = max_rel_diff(a, b).unwrap();
+        ];
+        sets.extend(cov.iter().map(|s| s.to_string()));
+        let cfg = cgnmt::config::Config::load(None, &sets).unwrap().model;
+        let batches: Vec<(Vec<Vec<u32>>, Vec<Vec<u32>>)> = vec![
+            (vec![vec![3]], vec![vec![]]),
+            (vec![vec![3]], vec![vec![4, 5, 6]]),
+            (vec![vec![3, 4, 5, 6], vec![7]], vec![vec![], vec![]]),
+            (
+                vec![vec![3, 4], vec![5], vec![6, 7, 8]],
+                vec![vec![2], vec![], vec![3, 4]],
+            ),
+        ];
+        for (src, tgt) in &batches {
+            let (lf, gf) = loss_and_grads_on(&cfg, Kernels::Fused, DType::F64, src, tgt, true);
+            let (lr, gr) = loss_and_grads_on(&cfg, Kernels::Reference, DType::F64, src, tgt, true);
             assert!(
-                d < 1e-9,
-                "{src:?} → {tgt:?}: gradient of {n} differs by {d:e}"
+                ((lf - lr) / lr).abs() < 1e-12,
+                "{cov:?} {src:?} → {tgt:?}: loss {lf} vs {lr}"
             );
+            for ((n, a), (_, b)) in gf.iter().zip(&gr) {
+                let d = max_rel_diff(a, b).unwrap();
+                assert!(
+                    d < 1e-9,
+                    "{cov:?} {src:?} → {tgt:?}: gradient of {n} differs by {d:e}"
+                );
+            }
         }
     }
 }
