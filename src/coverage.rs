@@ -340,44 +340,113 @@ impl<T: crate::kernels::Real> CovRows<'_, T> {
     }
 }
 
-/// One sentence's attention keys with the coverage term: `kx_j = A h_j + C_{i−1,j} V_cov` (`ah`, `kx`
-/// `[S, Ad]`, `c` `[S, d]`, `v_cov` `[d, Ad]`); [`keys_row`] runs it with AVX2+FMA where the CPU has them.
+/// One sentence's attention scores with the coverage term (model-spec §5): `e_j = vᵀ tanh(A h_j + C_{i−1,j}
+/// V_cov + B t)` for `ah` `[S, Ad]`, `c` `[S, d]`, `v_cov` `[d, Ad]`, `q` = `B t` and `v` `[Ad]`, into `e` `[S]`;
+/// one position's pre-activation at a time (no `[S, Ad]` buffer). [`scores_row`] runs it with AVX2+FMA where the
+/// CPU has them.
 #[inline(always)]
-fn keys_row_g<T: crate::kernels::Real>(ah: &[T], c: &[T], v_cov: &[T], d: usize, kx: &mut [T]) {
-    let ad = if d > 0 { v_cov.len() / d } else { 0 };
-    kx.copy_from_slice(ah);
-    for (j, row) in kx.chunks_mut(ad.max(1)).enumerate() {
-        for k in 0..d {
-            let ck = c[j * d + k];
-            for (x, &v) in row.iter_mut().zip(&v_cov[k * ad..(k + 1) * ad]) {
-                *x = *x + ck * v;
-            }
-        }
+fn scores_row_g<T: crate::kernels::Real>(
+    ah: &[T],
+    c: &[T],
+    v_cov: &[T],
+    q: &[T],
+    v: &[T],
+    e: &mut [T],
+) {
+    let ad = q.len();
+    let d = c.len() / e.len().max(1);
+    let mut x = vec![T::zero(); ad];
+    for (j, ej) in e.iter_mut().enumerate() {
+        pre_activation(
+            &ah[j * ad..(j + 1) * ad],
+            &c[j * d..(j + 1) * d],
+            v_cov,
+            q,
+            &mut x,
+        );
+        *ej = crate::kernels::dot(v, &x);
     }
 }
 
-/// Backward through [`keys_row`] from the keys' gradient `dk` `[S, Ad]`: adds `dk_j V_covᵀ` into `dc` `[S, d]`
-/// and `C_{i−1}ᵀ dk` into `dv_cov` `[d, Ad]` ([`keys_grad_row`] dispatches as [`keys_row`]).
+/// `x = tanh(A h_j + C_j V_cov + q)` for one position.
 #[inline(always)]
-fn keys_grad_row_g<T: crate::kernels::Real>(
-    dk: &[T],
-    c: &[T],
+fn pre_activation<T: crate::kernels::Real>(
+    ah_j: &[T],
+    c_j: &[T],
     v_cov: &[T],
-    d: usize,
+    q: &[T],
+    x: &mut [T],
+) {
+    let ad = q.len();
+    x.copy_from_slice(ah_j);
+    for (k, &ck) in c_j.iter().enumerate() {
+        for (xa, &va) in x.iter_mut().zip(&v_cov[k * ad..(k + 1) * ad]) {
+            *xa = *xa + ck * va;
+        }
+    }
+    for (xa, &qa) in x.iter_mut().zip(q) {
+        *xa = (*xa + qa).tanh_v();
+    }
+}
+
+/// Backward through [`scores_row`] from `de` = `∂e` `[S]`: adds into `dah` `[S, Ad]` (the keys `A h`), `dq`
+/// `[Ad]`, `dv` `[Ad]`, `dc` `[S, d]` (`∂C_{i−1}`) and `dv_cov` `[d, Ad]`; dispatched as [`scores_row`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_grad_row_g<T: crate::kernels::Real>(
+    (ah, c, v_cov, q, v): (&[T], &[T], &[T], &[T], &[T]),
+    de: &[T],
+    dah: &mut [T],
+    dq: &mut [T],
+    dv: &mut [T],
     dc: &mut [T],
     dv_cov: &mut [T],
 ) {
-    let ad = if d > 0 { v_cov.len() / d } else { 0 };
-    for (j, row) in dk.chunks(ad.max(1)).enumerate() {
-        for k in 0..d {
+    let ad = q.len();
+    let d = c.len() / de.len().max(1);
+    let mut x = vec![T::zero(); ad];
+    for (j, &g) in de.iter().enumerate() {
+        let c_j = &c[j * d..(j + 1) * d];
+        pre_activation(&ah[j * ad..(j + 1) * ad], c_j, v_cov, q, &mut x);
+        // x becomes ∂ of the pre-activation.
+        for (((xa, &va), dva), (dqa, daa)) in x
+            .iter_mut()
+            .zip(v)
+            .zip(dv.iter_mut())
+            .zip(dq.iter_mut().zip(&mut dah[j * ad..(j + 1) * ad]))
+        {
+            let t = *xa;
+            *dva = *dva + g * t;
+            let dp = g * va * (T::one() - t * t);
+            *xa = dp;
+            *dqa = *dqa + dp;
+            *daa = *daa + dp;
+        }
+        for (k, &ck) in c_j.iter().enumerate() {
             let vk = &v_cov[k * ad..(k + 1) * ad];
-            dc[j * d + k] = dc[j * d + k] + crate::kernels::dot(row, vk);
-            let ck = c[j * d + k];
-            for (g, &x) in dv_cov[k * ad..(k + 1) * ad].iter_mut().zip(row) {
-                *g = *g + ck * x;
+            dc[j * d + k] = dc[j * d + k] + crate::kernels::dot(&x, vk);
+            for (g2, &xa) in dv_cov[k * ad..(k + 1) * ad].iter_mut().zip(&x) {
+                *g2 = *g2 + ck * xa;
             }
         }
     }
 }
-crate::kernels::simd_dispatch!(keys_row, keys_row_avx, keys_row_g, (ah: &[T], c: &[T], v_cov: &[T], d: usize, kx: &mut [T]));
-crate::kernels::simd_dispatch!(keys_grad_row, keys_grad_row_avx, keys_grad_row_g, (dk: &[T], c: &[T], v_cov: &[T], d: usize, dc: &mut [T], dv_cov: &mut [T]));
+crate::kernels::simd_dispatch!(scores_row, scores_row_avx, scores_row_g, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], e: &mut [T]));
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_grad_row_gt<T: crate::kernels::Real>(
+    ah: &[T],
+    c: &[T],
+    v_cov: &[T],
+    q: &[T],
+    v: &[T],
+    de: &[T],
+    dah: &mut [T],
+    dq: &mut [T],
+    dv: &mut [T],
+    dc: &mut [T],
+    dv_cov: &mut [T],
+) {
+    scores_grad_row_g((ah, c, v_cov, q, v), de, dah, dq, dv, dc, dv_cov)
+}
+crate::kernels::simd_dispatch!(scores_grad_row, scores_grad_row_avx, scores_grad_row_gt, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], de: &[T], dah: &mut [T], dq: &mut [T], dv: &mut [T], dc: &mut [T], dv_cov: &mut [T]));

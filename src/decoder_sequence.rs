@@ -34,14 +34,16 @@ pub struct DecoderWeights<'a> {
 }
 
 /// Coverage (model-spec §5) inside the recurrence: `V_cov` `[d, Ad]`, the per-position precomputed input
-/// `pre` (`1/Φ_j` `[B, S, 1]` for linguistic coverage, `h_j W_c` `[B, S, k·d]` for neural), and the neural
-/// update's `W_h` `[H, k·d]`, `p` `[k·d]`, `U` `[d, d]` and (gated) `U_ru` `[d, 2d]`, as in
+/// `pre` (`1/Φ_j` `[B, S, 1]` for linguistic coverage — or `h_j U_f` when `fertility` is `Some(N)`, and the op
+/// forms `1/Φ_j = 1/(N σ(h_j U_f))` itself — and `h_j W_c` `[B, S, k·d]` for neural), and the neural update's
+/// `W_h` `[H, k·d]`, `p` `[k·d]`, `U` `[d, d]` and (gated) `U_ru` `[d, 2d]`, as in
 /// [`crate::coverage::Coverage`].
 pub struct CoverageInputs<'a> {
     pub neural: bool,
     pub gated: bool,
     pub v_cov: &'a Tensor,
-    pub pre: &'a Tensor,
+    pub pre: Input<'a>,
+    pub fertility: Option<f64>,
     pub w_h: Option<&'a Tensor>,
     pub p: Option<&'a Tensor>,
     pub u: Option<&'a Tensor>,
@@ -66,7 +68,7 @@ pub fn decoder_sequence_fused<'a>(
     mask_bias: &Tensor,
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
-    coverage: Option<&CoverageInputs>,
+    coverage: Option<CoverageInputs>,
 ) -> Result<Shared> {
     let wp: Input = wp.into();
     let (rows, h3) = wp.tensor().dims2()?;
@@ -110,8 +112,9 @@ pub fn decoder_sequence_fused<'a>(
             let pw = if c.neural { k * d } else { 1 };
             let ok = d > 0
                 && c.v_cov.dims2()? == (d, ad)
-                && c.pre.dims3()? == (b, s, pw)
+                && c.pre.tensor().dims3()? == (b, s, pw)
                 && (c.neural || d == 1)
+                && (c.fertility.is_none() || !c.neural)
                 && c.w_h
                     .map_or(Ok(!c.neural), |x| x.dims2().map(|x| x == (h, k * d)))?
                 && c.p.map_or(Ok(!c.neural), |x| {
@@ -130,7 +133,8 @@ pub fn decoder_sequence_fused<'a>(
                 gated: c.gated,
                 d,
                 v_cov: sh(c.v_cov)?,
-                pre: sh(c.pre)?,
+                pre: c.pre.into_shared()?,
+                fertility: c.fertility,
                 w_h: c.w_h.map(sh).transpose()?,
                 p: c.p.map(sh).transpose()?,
                 u: c.u.map(sh).transpose()?,
@@ -227,6 +231,7 @@ struct CovOp {
     d: usize,
     v_cov: Shared,
     pre: Shared,
+    fertility: Option<f64>,
     w_h: Option<Shared>,
     p: Option<Shared>,
     u: Option<Shared>,
@@ -399,7 +404,9 @@ struct CovData<T> {
     gated: bool,
     d: usize,
     v_cov: Vec<T>,
+    /// `1/Φ_j` or `h_j W_c`, and (fertility) `h_j U_f` it was formed from.
     pre: Vec<T>,
+    pre_in: Vec<T>,
     p: Vec<T>,
     u: Vec<T>,
     u_ru: Vec<T>,
@@ -451,12 +458,28 @@ impl DecoderSequence {
             x.as_ref()
                 .map_or(Ok(vec![]), |x| crate::kernels::to_vec::<T>(&x.tensor))
         };
+        let pre_in = crate::kernels::to_vec::<T>(&c.pre.tensor)?;
+        let (pre, pre_in) = match c.fertility {
+            // 1/Φ_j = 1/(N σ(h_j U_f)).
+            Some(nf) => {
+                let nf = T::from_f64c(nf);
+                (
+                    pre_in
+                        .iter()
+                        .map(|&x| T::one() / (nf * x.sigmoid_v()))
+                        .collect(),
+                    pre_in,
+                )
+            }
+            None => (pre_in, vec![]),
+        };
         Ok(Some(CovData {
             neural: c.neural,
             gated: c.gated,
             d: c.d,
             v_cov: crate::kernels::to_vec::<T>(&c.v_cov.tensor)?,
-            pre: crate::kernels::to_vec::<T>(&c.pre.tensor)?,
+            pre,
+            pre_in,
             p: vec_of(&c.p)?,
             u: vec_of(&c.u)?,
             u_ru: vec_of(&c.u_ru)?,
@@ -602,12 +625,14 @@ impl DecoderSequence {
                     let ah_r = &ah[r * s * ad..(r + 1) * s * ad];
                     let q_r = &q_i[r * wq..(r + 1) * wq];
                     match cd {
-                        Some(cd) => {
-                            let mut kx = vec![T::zero(); s * ad];
-                            let c_r = &c_i[r * s * cdim..(r + 1) * s * cdim];
-                            crate::coverage::keys_row(ah_r, c_r, &cd.v_cov, cdim, &mut kx);
-                            crate::attention::score_rows_d(&kx, &q_r[..ad], v, &mut e);
-                        }
+                        Some(cd) => crate::coverage::scores_row(
+                            ah_r,
+                            &c_i[r * s * cdim..(r + 1) * s * cdim],
+                            &cd.v_cov,
+                            &q_r[..ad],
+                            v,
+                            &mut e,
+                        ),
                         None => crate::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
                     }
                     for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
@@ -977,30 +1002,19 @@ impl DecoderSequence {
                                 } else {
                                     dc_r.fill(T::zero());
                                 }
-                                // The keys with the coverage term, and their gradient at this step.
-                                let mut kx = vec![T::zero(); s * ad];
-                                crate::coverage::keys_row(ah_r, c_r, &cd.v_cov, cdim, &mut kx);
-                                let mut dk = vec![T::zero(); s * ad];
+                                // The scores with the coverage term: ∂(A h), ∂(B t), ∂v, ∂C_{i−1}, ∂V_cov.
                                 let dq_r = &mut dq_row[..ad];
                                 dq_r.fill(T::zero());
-                                crate::attention::score_grad_rows_d(
-                                    &kx,
+                                crate::coverage::scores_grad_row(
+                                    ah_r,
+                                    c_r,
+                                    &cd.v_cov,
                                     q_r,
                                     v,
                                     &de,
-                                    &mut dk,
+                                    dahw.row(r),
                                     dq_r,
                                     dvw.row(r),
-                                    false,
-                                );
-                                for (a, &x) in dahw.row(r).iter_mut().zip(&dk) {
-                                    *a = *a + x;
-                                }
-                                crate::coverage::keys_grad_row(
-                                    &dk,
-                                    c_r,
-                                    &cd.v_cov,
-                                    cdim,
                                     dc_r,
                                     dvcw.row(r),
                                 );
@@ -1072,6 +1086,14 @@ impl DecoderSequence {
                 out
             };
             c.v_cov.add_grad(sum_rows(&dvcov_rows, cdim * ad));
+            if let (Some(nf), Some(cd)) = (c.fertility, &cd) {
+                // ∂(1/(N σ(x)))/∂x = −(1 − σ)/(N σ).
+                let nf = T::from_f64c(nf);
+                for (g, &x) in dpre_cov.iter_mut().zip(&cd.pre_in) {
+                    let sg = x.sigmoid_v();
+                    *g = -*g * (T::one() - sg) / (nf * sg);
+                }
+            }
             c.pre.add_grad(dpre_cov);
             if let Some(p) = &c.p {
                 p.add_grad(sum_rows(&dp_rows, kd));

@@ -415,8 +415,7 @@ impl Model {
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        // (Coverage's keys are composed ops on the annotations: those take the graph's annotations.)
-        let mut src = if self.sequence_gate().is_some() && self.coverage.is_none() {
+        let mut src = if self.sequence_gate().is_some() {
             self.encode_shared(&batch.src, &batch.src_mask)?
         } else {
             self.encode(&batch.src, &batch.src_mask)?
@@ -455,18 +454,39 @@ impl Model {
             // The word projections, batch-major rows `(b, i)`, as shared inputs.
             let wp = self.cell.project_words_shared(&e_all)?;
             let wz = self.gate.word_term_shared(&e_all)?;
-            let cov = match (&self.coverage, &src.cov_keys) {
-                (Some(c), Some(k)) => Some(crate::decoder_sequence::CoverageInputs {
-                    neural: c.kind == crate::config::CoverageKind::Neural,
-                    gated: c.gated,
-                    v_cov: &c.v_cov,
-                    pre: &k.pre,
-                    w_h: c.w_h.as_ref(),
-                    p: c.p.as_ref(),
-                    u: c.u.as_ref(),
-                    u_ru: c.u_ru.as_ref(),
-                }),
-                _ => None,
+            // Coverage's per-position inputs read from the annotations' handle: `h W_c` (neural), `h U_f`
+            // (fertility; the op forms 1/Φ from it) or ones.
+            let cov = match &self.coverage {
+                Some(c) => {
+                    use crate::config::CoverageKind;
+                    use crate::kernels::{product_shared, Input, Shared};
+                    let (pre, fertility): (Input, Option<f64>) = match (c.kind, &c.w_c, &c.u_f) {
+                        (CoverageKind::Neural, Some(w_c), _) => {
+                            (product_shared(ann, w_c)?.into(), None)
+                        }
+                        (_, _, Some(u_f)) => {
+                            (product_shared(ann, u_f)?.into(), Some(c.max_fertility))
+                        }
+                        _ => {
+                            let (bs, s) = (ann.tensor.dim(0)?, ann.tensor.dim(1)?);
+                            let ones =
+                                Tensor::ones((bs, s, 1), ann.tensor.dtype(), ann.tensor.device())?;
+                            (Shared::new(&ones)?.into(), None)
+                        }
+                    };
+                    Some(crate::decoder_sequence::CoverageInputs {
+                        neural: c.kind == CoverageKind::Neural,
+                        gated: c.gated,
+                        v_cov: &c.v_cov,
+                        pre,
+                        fertility,
+                        w_h: c.w_h.as_ref(),
+                        p: c.p.as_ref(),
+                        u: c.u.as_ref(),
+                        u_ru: c.u_ru.as_ref(),
+                    })
+                }
+                None => None,
             };
             let y = crate::decoder_sequence::decoder_sequence_fused(
                 wp,
@@ -477,7 +497,7 @@ impl Model {
                 &src.keys.mask_bias,
                 &w,
                 gate,
-                cov.as_ref(),
+                cov,
             )?;
             Readin::Stacked(y)
         } else {
