@@ -24,9 +24,10 @@ pub struct DecoderWeights<'a> {
     /// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
     pub b_att: &'a Tensor,
     pub v: &'a Tensor,
-    /// Transition `C` `[2H, 3H]`, `U_ru` `[H, 2H]`, `U` `[H, H]`.
+    /// Transition `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1),
+    /// `U` `[H, H]`.
     pub c: &'a Tensor,
-    pub u_ru: &'a Tensor,
+    pub u_ru: Option<&'a Tensor>,
     pub u: &'a Tensor,
     /// Gate `U_z` `[H, H]` and `C_z` `[2H, H]` (when the gate reads the state / the context).
     pub u_z: Option<&'a Tensor>,
@@ -71,12 +72,13 @@ pub fn decoder_sequence_fused<'a>(
     coverage: Option<CoverageInputs>,
 ) -> Result<Shared> {
     let wp: Input = wp.into();
-    let (rows, h3) = wp.tensor().dims2()?;
+    let (rows, kh) = wp.tensor().dims2()?;
     let (b, h) = t0.dims2()?;
+    let k = if w.u_ru.is_some() { 3 } else { 1 };
     let tl = if b > 0 { rows / b } else { 0 };
     let (b2, s, ad) = ah.tensor.dims3()?;
     let a2 = annotations.tensor.dim(2)?;
-    let ok = h3 == 3 * h
+    let ok = kh == k * h
         && b2 == b
         && tl > 0
         && rows == b * tl
@@ -85,8 +87,9 @@ pub fn decoder_sequence_fused<'a>(
         && mask_bias.dims2()? == (b, s)
         && w.b_att.dims2()? == (h, ad)
         && w.v.elem_count() == ad
-        && w.c.dims2()? == (2 * h, 3 * h)
-        && w.u_ru.dims2()? == (h, 2 * h)
+        && w.c.dims2()? == (2 * h, k * h)
+        && w.u_ru
+            .map_or(Ok(true), |x| x.dims2().map(|d| d == (h, 2 * h)))?
         && w.u.dims2()? == (h, h)
         && wz
             .as_ref()
@@ -152,7 +155,7 @@ pub fn decoder_sequence_fused<'a>(
         b_att: sh(w.b_att)?,
         v: sh(w.v)?,
         c: sh(w.c)?,
-        u_ru: sh(w.u_ru)?,
+        u_ru: w.u_ru.map(sh).transpose()?,
         u: sh(w.u)?,
         u_z: w.u_z.map(sh).transpose()?,
         c_z: w.c_z.map(sh).transpose()?,
@@ -168,10 +171,9 @@ pub fn decoder_sequence_fused<'a>(
         &op.b_att.token,
         &op.v.token,
         &op.c.token,
-        &op.u_ru.token,
         &op.u.token,
     ];
-    for x in [&op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
+    for x in [&op.u_ru, &op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
         tokens.push(&x.token);
     }
     if let Some(c) = &op.cov {
@@ -215,7 +217,7 @@ struct DecoderSequence {
     b_att: Shared,
     v: Shared,
     c: Shared,
-    u_ru: Shared,
+    u_ru: Option<Shared>,
     u: Shared,
     u_z: Option<Shared>,
     c_z: Option<Shared>,
@@ -318,7 +320,7 @@ fn gate_mix_row<T: Real>(
             *o = ta * x;
         }
     }
-    for blk in 0..3 {
+    for blk in 0..pre.len() / h.max(1) {
         let r = blk * h..(blk + 1) * h;
         let (pre, wp, cp) = (&mut pre[r.clone()], &wp[r.clone()], &cp[r]);
         if gated {
@@ -359,7 +361,7 @@ fn bwd_mix_row<T: Real>(
         for (o, &d) in dt.iter_mut().zip(dts) {
             *o = d * ta;
         }
-        for blk in 0..3 {
+        for blk in 0..dpre.len() / h.max(1) {
             let r = blk * h..(blk + 1) * h;
             let (dpre, dwp, dcp) = (&dpre[r.clone()], &mut dwp[r.clone()], &mut dcp[r]);
             for ((&d, w), c) in dpre.iter().zip(dwp.iter_mut()).zip(dcp.iter_mut()) {
@@ -375,7 +377,7 @@ fn bwd_mix_row<T: Real>(
         *o = d * (ta + tb * zj);
         *dz = d * x * tb;
     }
-    for blk in 0..3 {
+    for blk in 0..dpre.len() / h.max(1) {
         let r = blk * h..(blk + 1) * h;
         let (dpre, wp, cp) = (&dpre[r.clone()], &wp[r.clone()], &cp[r.clone()]);
         let (dwp, dcp) = (&mut dwp[r.clone()], &mut dcp[r]);
@@ -425,26 +427,47 @@ impl<T: Real> CovData<T> {
     }
 }
 
+/// The vanilla unit's step for one row: `t = tanh(pre + t)` (`t` holding `U (T∘t_{i−1})` on entry).
+#[inline(always)]
+fn vanilla_row<T: Real>(pre: &[T], t: &mut [T]) {
+    for (o, &p) in t.iter_mut().zip(pre) {
+        *o = (*o + p).tanh_v();
+    }
+}
+simd_dispatch!(vanilla_row_d, vanilla_row_avx, vanilla_row, (pre: &[T], t: &mut [T]));
+
+/// Backward through [`vanilla_row`]: `dpre = ∂t ∘ (1 − t²)`.
+#[inline(always)]
+fn vanilla_grad_row<T: Real>(dt: &[T], t: &[T], dpre: &mut [T]) {
+    for ((o, &g), &x) in dpre.iter_mut().zip(dt).zip(t) {
+        *o = g * (T::one() - x * x);
+    }
+}
+simd_dispatch!(vanilla_grad_row_d, vanilla_grad_row_avx, vanilla_grad_row, (dt: &[T], t: &[T], dpre: &mut [T]));
+
 /// Sizes of one run.
 #[derive(Clone, Copy)]
 struct Dims {
     tl: usize,
     b: usize,
     h: usize,
+    /// Blocks of the transition's inputs: 3 (GRU: `[r | u | t~]`) or 1 (vanilla).
+    k: usize,
     s: usize,
     ad: usize,
 }
 
 impl DecoderSequence {
     fn dims(&self) -> Result<Dims> {
-        let (rows, h3) = self.wp.tensor.dims2()?;
-        let b = self.t0.tensor.dim(0)?;
+        let (rows, kh) = self.wp.tensor.dims2()?;
+        let (b, h) = self.t0.tensor.dims2()?;
         let tl = rows / b.max(1);
         let (_, s, ad) = self.ah.tensor.dims3()?;
         Ok(Dims {
             tl,
             b,
-            h: h3 / 3,
+            h,
+            k: kh / h.max(1),
             s,
             ad,
         })
@@ -533,8 +556,10 @@ impl DecoderSequence {
     }
 
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
-        let Dims { tl, b, h, s, ad } = self.dims()?;
-        let (a2, h3, w_ac) = (2 * h, 3 * h, s + 2 * h);
+        let Dims { tl, b, h, k, s, ad } = self.dims()?;
+        // `h3`: the output rows `[t_{i−1} | s_i]`; `kh`: the transition's `k` input blocks.
+        let (a2, h3, kh, w_ac) = (2 * h, 3 * h, k * h, s + 2 * h);
+        let gru = k == 3;
         let n = tl - 1;
         let gated = self.gate.is_some();
         macro_rules! data {
@@ -556,8 +581,11 @@ impl DecoderSequence {
         let cw = Oriented::new(&cw_v, a2, wc);
         let (g_v, l_v) = data!(self.v);
         let v = storage_slice::<T>(&g_v, &l_v)?;
-        let (g_ur, l_ur) = data!(self.u_ru);
-        let u_ru = Oriented::new(storage_slice::<T>(&g_ur, &l_ur)?, h, 2 * h);
+        let u_ru_v: Vec<T> = match &self.u_ru {
+            Some(x) => crate::kernels::to_vec(&x.tensor)?,
+            None => vec![],
+        };
+        let u_ru = Oriented::new(&u_ru_v, h, if gru { 2 * h } else { 0 });
         let (g_u, l_u) = data!(self.u);
         let u = Oriented::new(storage_slice::<T>(&g_u, &l_u)?, h, h);
         let wz_g = self.wz.as_ref().map(|x| data!(x));
@@ -585,13 +613,15 @@ impl DecoderSequence {
         let mut z = crate::kernels::zeroed(if gated { n * b * h } else { 0 });
         let mut ts = crate::kernels::zeroed(n * b * h);
         let mut cp = crate::kernels::zeroed(n * b * wc);
-        let mut ru = crate::kernels::zeroed(n * b * 2 * h);
-        let mut rts = crate::kernels::zeroed(n * b * h);
-        let mut cc = crate::kernels::zeroed(n * b * h);
-        let mut pre = vec![T::zero(); b * h3];
+        // GRU activations (none for the vanilla unit, whose activation is the next state itself).
+        let gn = if gru { n } else { 0 };
+        let mut ru = crate::kernels::zeroed(gn * b * 2 * h);
+        let mut rts = crate::kernels::zeroed(gn * b * h);
+        let mut cc = crate::kernels::zeroed(gn * b * h);
+        let mut pre = vec![T::zero(); b * kh];
         let mut hu = vec![T::zero(); b * 2 * h];
         let mut rc = vec![T::zero(); b * h];
-        let (bh, bh3, bh2) = (b * h, b * h3, b * 2 * h);
+        let (bh, bkh, bh2) = (b * h, b * kh, b * 2 * h);
         for i in 0..tl {
             // Attention from t_{i−1}.
             let (t_done, t_rest) = tall.split_at_mut((i + 1) * bh);
@@ -681,23 +711,23 @@ impl DecoderSequence {
                 let (zw, tsw, prew) = (
                     RowsMut::new(z_i, if gated { h } else { 0 }),
                     RowsMut::new(ts_i, h),
-                    RowsMut::new(&mut pre, h3),
+                    RowsMut::new(&mut pre, kh),
                 );
                 let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
                 let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
-                rows_par(b, bh3, |r| {
+                rows_par(b, bkh, |r| {
                     let terms = [
                         wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h]),
                         has_uz.then(|| &q_i[r * wq + ad..r * wq + ad + h]),
-                        has_cz.then(|| &cp_i[r * wc + h3..(r + 1) * wc]),
+                        has_cz.then(|| &cp_i[r * wc + kh..(r + 1) * wc]),
                     ];
                     // SAFETY: row r of each buffer is written by this task only.
                     unsafe {
                         gate_mix_row_d(
                             terms,
                             &t_i[r * h..(r + 1) * h],
-                            &wp[(r * tl + i) * h3..(r * tl + i + 1) * h3],
-                            &cp_i[r * wc..r * wc + h3],
+                            &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh],
+                            &cp_i[r * wc..r * wc + kh],
                             kinds,
                             zw.row(r),
                             tsw.row(r),
@@ -707,8 +737,20 @@ impl DecoderSequence {
                 });
             }
             let ts_i = &*ts_i;
-            // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
             let t_next = &mut t_rest[..bh];
+            if !gru {
+                // The vanilla unit: t_i = tanh(pre + U (T∘t)).
+                crate::profile::timed("  decoder fwd: GRU step", || {
+                    u.mul_into(b, t_next, h, false, Mat::rows(ts_i, h));
+                    let pre = &pre;
+                    let tw = RowsMut::new(t_next, h);
+                    rows_par(b, bh, |r| unsafe {
+                        vanilla_row_d(&pre[r * h..(r + 1) * h], tw.row(r))
+                    });
+                });
+                continue;
+            }
+            // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
             t_next.copy_from_slice(ts_i);
             let acts = GruActs {
                 ru: &mut ru[i * bh2..(i + 1) * bh2],
@@ -751,8 +793,9 @@ impl DecoderSequence {
     }
 
     fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
-        let Dims { tl, b, h, s, ad } = self.dims()?;
-        let (a2, h3, w_ac) = (2 * h, 3 * h, s + 2 * h);
+        let Dims { tl, b, h, k, s, ad } = self.dims()?;
+        let (a2, h3, kh, w_ac) = (2 * h, 3 * h, k * h, s + 2 * h);
+        let gru = k == 3;
         let n = tl - 1;
         let gated = self.gate.is_some();
         let Saved {
@@ -779,14 +822,18 @@ impl DecoderSequence {
         let (wp_st, wp_l) = self.wp.tensor.storage_and_layout();
         let wp = storage_slice::<T>(&wp_st, wp_l)?;
         let v = vec_of(&self.v)?;
-        let (u_ru_v, u_v) = (vec_of(&self.u_ru)?, vec_of(&self.u)?);
+        let u_ru_v = match &self.u_ru {
+            Some(x) => vec_of(x)?,
+            None => vec![],
+        };
+        let u_v = vec_of(&self.u)?;
         let tw = Oriented::new(&tw_v, h, wq);
         let cw = Oriented::new(&cw_v, a2, wc);
-        let u_ru = Oriented::new(&u_ru_v, h, 2 * h);
+        let u_ru = Oriented::new(&u_ru_v, h, if gru { 2 * h } else { 0 });
         let u = Oriented::new(&u_v, h, h);
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let kinds = self.kinds::<T>();
-        let (bh, bh3) = (b * h, b * h3);
+        let (bh, bkh) = (b * h, b * kh);
         let cd = self.cov_data::<T>()?;
         let cr = cd.as_ref().map(|c| c.rows());
         let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
@@ -816,10 +863,10 @@ impl DecoderSequence {
         let mut du_rows = vec![T::zero(); b * uw];
         let mut duru_rows = vec![T::zero(); b * uruw];
 
-        let mut dwp = crate::kernels::zeroed(tl * bh3);
+        let mut dwp = crate::kernels::zeroed(tl * bkh);
         let mut dzp = crate::kernels::zeroed(if gated { tl * bh } else { 0 });
         let mut dcp = crate::kernels::zeroed(n * b * wc);
-        let mut dpre = crate::kernels::zeroed(n * bh3);
+        let mut dpre = crate::kernels::zeroed(n * bkh);
         let mut dq = crate::kernels::zeroed(tl * b * wq);
         let mut dv_rows = vec![T::zero(); b * ad];
         let mut dt = vec![T::zero(); bh]; // ∂t_i carried from step i + 1
@@ -838,29 +885,47 @@ impl DecoderSequence {
                 dctx[r * a2..(r + 1) * a2].copy_from_slice(&gr[h..]);
             }
             if i < n {
-                let (ru_i, ts_i, cc_i) = (
-                    &ru[i * 2 * bh..(i + 1) * 2 * bh],
-                    &ts[i * bh..(i + 1) * bh],
-                    &cc[i * bh..(i + 1) * bh],
-                );
-                let dpre_i = &mut dpre[i * bh3..(i + 1) * bh3];
-                // The GRU step from the scaled state T∘t: `dts` becomes ∂(T∘t).
-                dts.fill(T::zero());
-                let step = GruStep {
-                    h,
-                    ru: ru_i,
-                    ht: cc_i,
-                    hp: ts_i,
-                    mask: None,
-                };
-                crate::profile::timed("  decoder bwd: GRU step", || {
-                    step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru)
-                });
+                let dpre_i = &mut dpre[i * bkh..(i + 1) * bkh];
+                if gru {
+                    let (ru_i, ts_i, cc_i) = (
+                        &ru[i * 2 * bh..(i + 1) * 2 * bh],
+                        &ts[i * bh..(i + 1) * bh],
+                        &cc[i * bh..(i + 1) * bh],
+                    );
+                    // The GRU step from the scaled state T∘t: `dts` becomes ∂(T∘t).
+                    dts.fill(T::zero());
+                    let step = GruStep {
+                        h,
+                        ru: ru_i,
+                        ht: cc_i,
+                        hp: ts_i,
+                        mask: None,
+                    };
+                    crate::profile::timed("  decoder bwd: GRU step", || {
+                        step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru)
+                    });
+                } else {
+                    // The vanilla unit t_{i+1} = tanh(pre + U (T∘t)): ∂pre, then ∂(T∘t) = ∂pre Uᵀ.
+                    let t_next = &tall[(i + 1) * bh..(i + 2) * bh];
+                    crate::profile::timed("  decoder bwd: GRU step", || {
+                        {
+                            let (dt, dw) = (&dt, RowsMut::new(dpre_i, h));
+                            rows_par(b, bh, |r| unsafe {
+                                vanilla_grad_row_d(
+                                    &dt[r * h..(r + 1) * h],
+                                    &t_next[r * h..(r + 1) * h],
+                                    dw.row(r),
+                                )
+                            });
+                        }
+                        u.mul_t_into(b, &mut dts, h, false, Mat::rows(dpre_i, h));
+                    });
+                }
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
                 let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
                 {
                     let (dww, dcw, dtw, dzw) = (
-                        RowsMut::new(&mut dwp, h3),
+                        RowsMut::new(&mut dwp, kh),
                         RowsMut::new(dcp_i, wc),
                         RowsMut::new(&mut dt, h),
                         RowsMut::new(&mut dzp, if gated { h } else { 0 }),
@@ -873,18 +938,18 @@ impl DecoderSequence {
                         &z[..]
                     };
                     let _t = crate::profile::Scope::new("  decoder bwd: gate rows");
-                    rows_par(b, bh3, |r| unsafe {
+                    rows_par(b, bkh, |r| unsafe {
                         bwd_mix_row_d(
-                            &dpre_i[r * h3..(r + 1) * h3],
+                            &dpre_i[r * kh..(r + 1) * kh],
                             &dts[r * h..(r + 1) * h],
                             &t_i[r * h..(r + 1) * h],
-                            &wp[(r * tl + i) * h3..(r * tl + i + 1) * h3],
-                            &cp_i[r * wc..r * wc + h3],
+                            &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh],
+                            &cp_i[r * wc..r * wc + kh],
                             if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
                             kinds,
                             gated,
                             dww.row(r * tl + i),
-                            &mut dcw.row(r)[..h3],
+                            &mut dcw.row(r)[..kh],
                             dtw.row(r),
                             dzw.row(r * tl + i),
                         )
@@ -898,7 +963,7 @@ impl DecoderSequence {
                     for r in 0..b {
                         let d = &dzp[(r * tl + i) * h..(r * tl + i + 1) * h];
                         if has_cz {
-                            dcp_i[r * wc + h3..(r + 1) * wc].copy_from_slice(d);
+                            dcp_i[r * wc + kh..(r + 1) * wc].copy_from_slice(d);
                         }
                         if has_uz {
                             dq[(i * b + r) * wq + ad..(i * b + r) * wq + ad + h].copy_from_slice(d);
@@ -1152,26 +1217,29 @@ impl DecoderSequence {
             ));
         }
         self.c
-            .add_grad(weight_grad(a2, h3, nb, ctx_t, block(&dcp, wc, 0)));
+            .add_grad(weight_grad(a2, kh, nb, ctx_t, block(&dcp, wc, 0)));
         if let Some(cz) = &self.c_z {
-            cz.add_grad(weight_grad(a2, h, nb, ctx_t, block(&dcp, wc, h3)));
+            cz.add_grad(weight_grad(a2, h, nb, ctx_t, block(&dcp, wc, kh)));
         }
-        self.u_ru.add_grad(weight_grad(
-            h,
-            2 * h,
-            nb,
-            Mat::t(&ts, h),
-            Mat::rows(&dpre, h3),
-        ));
+        if let Some(u_ru) = &self.u_ru {
+            u_ru.add_grad(weight_grad(
+                h,
+                2 * h,
+                nb,
+                Mat::t(&ts, h),
+                Mat::rows(&dpre, kh),
+            ));
+        }
+        // U multiplies r∘(T∘t) (GRU) or T∘t (vanilla).
         self.u.add_grad(weight_grad(
             h,
             h,
             nb,
-            Mat::t(&rts, h),
+            Mat::t(if gru { &rts } else { &ts }, h),
             Mat {
                 // (Empty when the sentences are one step long: no transition.)
-                data: dpre.get(2 * h..).unwrap_or(&[]),
-                rs: h3,
+                data: dpre.get(if gru { 2 * h } else { 0 }..).unwrap_or(&[]),
+                rs: kh,
                 cs: 1,
             },
         ));

@@ -303,13 +303,14 @@ impl Model {
     }
 
     /// Whether training runs the decoder as one fused op per batch ([`crate::decoder_sequence`]): fused
-    /// kernels on the CPU, the GRU decoder in the reference form, no gate or a context gate, any coverage;
+    /// kernels on the CPU, the GRU or vanilla decoder in the reference form, no gate or a context gate, any
+    /// coverage;
     /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
     #[allow(clippy::type_complexity)]
     pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
         use crate::config::{DecoderKind, GateForm};
         if !self.kernels.fused_on(self.cell.u.device())
-            || self.cell.kind != DecoderKind::Gru
+            || self.cell.kind == DecoderKind::Cgru
             || self.cell.form != GateForm::Reference
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
         {
@@ -446,7 +447,7 @@ impl Model {
                 b_att: &self.attention.b,
                 v: &self.attention.v,
                 c: &self.cell.c,
-                u_ru: self.cell.u_ru.as_ref().expect("GRU has U_ru"),
+                u_ru: self.cell.u_ru.as_ref(),
                 u: &self.cell.u,
                 u_z,
                 c_z,

@@ -511,9 +511,9 @@ fn whole_model_fused_equals_reference_for_every_variant() {
 /// so no transition), all equal to the reference kernels.
 #[test]
 fn fused_sequence_ops_at_the_edges_equal_reference() {
-    // One-word sources and targets (one decoder step, no transition), empty targets, mixed lengths; with
-    // and without coverage.
-    let coverage: [&[&str]; 3] = [
+    // One-word sources and targets (one decoder step, no transition), empty targets, mixed lengths; GRU and
+    // vanilla decoders, with and without coverage.
+    let coverage: [&[&str]; 5] = [
         &[],
         &[
             "model.coverage=linguistic",
@@ -521,6 +521,12 @@ fn fused_sequence_ops_at_the_edges_equal_reference() {
             "model.coverage_fertility=true",
         ],
         &["model.coverage=neural", "model.coverage_dim=2"],
+        &["model.decoder=vanilla"],
+        &[
+            "model.decoder=vanilla",
+            "model.coverage=neural",
+            "model.coverage_dim=2",
+        ],
     ];
     for cov in coverage {
         let mut sets = vec![
