@@ -32,6 +32,16 @@ pub struct DecoderWeights<'a> {
     /// Gate `U_z` `[H, H]` and `C_z` `[2H, H]` (when the gate reads the state / the context).
     pub u_z: Option<&'a Tensor>,
     pub c_z: Option<&'a Tensor>,
+    /// The gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
+    pub z_pre: Option<ZPre<'a>>,
+}
+
+/// A gate value that is not a context gate's: Xu et al.'s gating scalar `β = σ(w_βᵀ t_{i−1} + b_β)` (`w_β`
+/// `[H, 1]`, `b_β` `[1]`; with the *source* scales) or static interpolation's `z = σ(θ)` (`θ` `[H]`; with the
+/// *both* scales). In the op they are the gate's one term: `w_βᵀ t + b_β` repeated over `H`, or `θ`.
+pub enum ZPre<'a> {
+    Scalar { w: &'a Tensor, b: &'a Tensor },
+    Static { theta: &'a Tensor },
 }
 
 /// Coverage (model-spec §5) inside the recurrence: `V_cov` `[d, Ad]`, the per-position precomputed input
@@ -97,8 +107,19 @@ pub fn decoder_sequence_fused<'a>(
         && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
         && w.c_z
             .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
-        && (gate.is_some() || (wz.is_none() && w.u_z.is_none() && w.c_z.is_none()))
-        && (gate.is_none() || wz.is_some() || w.u_z.is_some() || w.c_z.is_some());
+        && (gate.is_some()
+            || (wz.is_none() && w.u_z.is_none() && w.c_z.is_none() && w.z_pre.is_none()))
+        && (gate.is_none()
+            || wz.is_some()
+            || w.u_z.is_some()
+            || w.c_z.is_some()
+            || w.z_pre.is_some())
+        && (w.z_pre.is_none() || (wz.is_none() && w.u_z.is_none() && w.c_z.is_none()))
+        && match &w.z_pre {
+            None => true,
+            Some(ZPre::Scalar { w, b }) => w.dims2()? == (h, 1) && b.elem_count() == 1,
+            Some(ZPre::Static { theta }) => theta.elem_count() == h,
+        };
     if !ok {
         candle_core::bail!("fused decoder sequence: shape mismatch");
     }
@@ -159,6 +180,14 @@ pub fn decoder_sequence_fused<'a>(
         u: sh(w.u)?,
         u_z: w.u_z.map(sh).transpose()?,
         c_z: w.c_z.map(sh).transpose()?,
+        z_pre: match &w.z_pre {
+            None => None,
+            Some(ZPre::Scalar { w, b }) => Some(ZPreOp::Scalar {
+                w: sh(w)?,
+                b: sh(b)?,
+            }),
+            Some(ZPre::Static { theta }) => Some(ZPreOp::Static { theta: sh(theta)? }),
+        },
         gate,
         cov,
         saved: Default::default(),
@@ -175,6 +204,11 @@ pub fn decoder_sequence_fused<'a>(
     ];
     for x in [&op.u_ru, &op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
         tokens.push(&x.token);
+    }
+    match &op.z_pre {
+        Some(ZPreOp::Scalar { w, b }) => tokens.extend([&w.token, &b.token]),
+        Some(ZPreOp::Static { theta }) => tokens.push(&theta.token),
+        None => {}
     }
     if let Some(c) = &op.cov {
         tokens.extend([&c.v_cov.token, &c.pre.token]);
@@ -221,9 +255,23 @@ struct DecoderSequence {
     u: Shared,
     u_z: Option<Shared>,
     c_z: Option<Shared>,
+    z_pre: Option<ZPreOp>,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
     cov: Option<CovOp>,
     saved: crate::kernels::SavedSlot,
+}
+
+/// [`ZPre`]'s constant part as values.
+enum ZConst<T> {
+    None,
+    Scalar(T),
+    Static(Vec<T>),
+}
+
+/// See [`ZPre`].
+enum ZPreOp {
+    Scalar { w: Shared, b: Shared },
+    Static { theta: Shared },
 }
 
 /// The coverage model's inputs (see [`CoverageInputs`]).
@@ -509,6 +557,19 @@ impl DecoderSequence {
         }))
     }
 
+    /// The gate's constant part: `b_β` (gating scalar) or `θ` (static interpolation).
+    fn z_const<T: Real>(&self) -> Result<ZConst<T>> {
+        Ok(match &self.z_pre {
+            None => ZConst::None,
+            Some(ZPreOp::Scalar { b, .. }) => {
+                ZConst::Scalar(crate::kernels::to_vec::<T>(&b.tensor)?[0])
+            }
+            Some(ZPreOp::Static { theta }) => {
+                ZConst::Static(crate::kernels::to_vec::<T>(&theta.tensor)?)
+            }
+        })
+    }
+
     fn kinds<T: Real>(&self) -> (ZKind, T, ZKind, T) {
         match self.gate {
             Some(((ks, cs), (kt, ct))) => (ks, T::from_f64c(cs), kt, T::from_f64c(ct)),
@@ -548,6 +609,9 @@ impl DecoderSequence {
         let mut t_parts = vec![&self.b_att];
         t_parts.extend(self.u_z.as_ref());
         t_parts.extend(self.cov.as_ref().and_then(|c| c.w_h.as_ref()));
+        if let Some(ZPreOp::Scalar { w, .. }) = &self.z_pre {
+            t_parts.push(w);
+        }
         let mut c_parts = vec![&self.c];
         c_parts.extend(self.c_z.as_ref());
         let (tw, wq) = cat::<T>(&t_parts)?;
@@ -602,6 +666,8 @@ impl DecoderSequence {
             (c.d, c.pre_width(), c.kd(), c.acts_width())
         });
         let wh_off = ad + if has_uz { h } else { 0 };
+        let wb_off = wh_off + kd;
+        let zc = self.z_const::<T>()?;
         let bsd = b * s * cdim;
         let mut covs = crate::kernels::zeroed(tl * bsd);
         let mut cacts = crate::kernels::zeroed(n * b * s * aw);
@@ -715,9 +781,21 @@ impl DecoderSequence {
                 );
                 let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
                 let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
+                let zc = &zc;
                 rows_par(b, bkh, |r| {
+                    // Gating scalar: `w_βᵀ t + b_β` repeated over the row; static: θ.
+                    let scalar_term;
+                    let zc_term: Option<&[T]> = match zc {
+                        ZConst::None => None,
+                        ZConst::Static(theta) => Some(theta),
+                        ZConst::Scalar(bb) => {
+                            scalar_term = vec![q_i[r * wq + wb_off] + *bb; h];
+                            Some(&scalar_term)
+                        }
+                    };
                     let terms = [
-                        wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h]),
+                        wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h])
+                            .or(zc_term),
                         has_uz.then(|| &q_i[r * wq + ad..r * wq + ad + h]),
                         has_cz.then(|| &cp_i[r * wc + kh..(r + 1) * wc]),
                     ];
@@ -840,6 +918,16 @@ impl DecoderSequence {
             (c.d, c.pre_width(), c.kd(), c.acts_width())
         });
         let wh_off = ad + if has_uz { h } else { 0 };
+        let wb_off = wh_off + kd;
+        let mut db_beta = T::zero();
+        let mut dtheta = vec![
+            T::zero();
+            if matches!(self.z_pre, Some(ZPreOp::Static { .. })) {
+                h
+            } else {
+                0
+            }
+        ];
         let bsd = b * s * cdim;
         // Coverage: ∂C_i carried from step i + 1 and ∂C_{i−1} formed at step i; per-sentence sums of the
         // coverage weights' gradients.
@@ -962,6 +1050,20 @@ impl DecoderSequence {
                 if gated {
                     for r in 0..b {
                         let d = &dzp[(r * tl + i) * h..(r * tl + i + 1) * h];
+                        match &self.z_pre {
+                            // β's pre-activation is every element's: its gradient is the row's sum.
+                            Some(ZPreOp::Scalar { .. }) => {
+                                let g = d.iter().fold(T::zero(), |a, &x| a + x);
+                                dq[(i * b + r) * wq + wb_off] = g;
+                                db_beta = db_beta + g;
+                            }
+                            Some(ZPreOp::Static { .. }) => {
+                                for (a, &x) in dtheta.iter_mut().zip(d) {
+                                    *a = *a + x;
+                                }
+                            }
+                            None => {}
+                        }
                         if has_cz {
                             dcp_i[r * wc + kh..(r + 1) * wc].copy_from_slice(d);
                         }
@@ -1182,6 +1284,24 @@ impl DecoderSequence {
                     },
                 ));
             }
+        }
+        match &self.z_pre {
+            Some(ZPreOp::Scalar { w, b: bias }) => {
+                w.add_grad(crate::kernels::product::<T>(
+                    h,
+                    1,
+                    tl * b,
+                    Mat::t(&tall, h),
+                    Mat {
+                        data: dq.get(wb_off..).unwrap_or(&[]),
+                        rs: wq,
+                        cs: 1,
+                    },
+                ));
+                bias.add_grad(vec![db_beta]);
+            }
+            Some(ZPreOp::Static { theta }) => theta.add_grad(dtheta),
+            None => {}
         }
         let nb = n * b;
         let ctx_t = Mat {

@@ -322,7 +322,9 @@ impl Model {
                 let (ks, kt) = crate::gate::strategy_kinds(*strategy);
                 Some(Some(((ks, 1.0), (kt, 1.0))))
             }
-            _ => None,
+            // Gating scalar: the source scales by β; static interpolation: σ(θ) and 1 − σ(θ).
+            Gate::Scalar { .. } => Some(Some(((ZKind::Z, 1.0), (ZKind::One, 1.0)))),
+            Gate::Static { .. } => Some(Some(((ZKind::Z, 1.0), (ZKind::OneMinusZ, 1.0)))),
         }
     }
 
@@ -451,6 +453,13 @@ impl Model {
                 u: &self.cell.u,
                 u_z,
                 c_z,
+                z_pre: match &self.gate {
+                    Gate::Scalar { w, b } => Some(crate::decoder_sequence::ZPre::Scalar { w, b }),
+                    Gate::Static { z_logit } => {
+                        Some(crate::decoder_sequence::ZPre::Static { theta: z_logit })
+                    }
+                    _ => None,
+                },
             };
             // The word projections, batch-major rows `(b, i)`, as shared inputs.
             let wp = self.cell.project_words_shared(&e_all)?;
