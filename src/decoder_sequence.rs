@@ -34,6 +34,9 @@ pub struct DecoderWeights<'a> {
     pub c_z: Option<&'a Tensor>,
     /// The gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
     pub z_pre: Option<ZPre<'a>>,
+    /// The paper-literal form: the target scale `T` multiplies the recurrent products `U_ru t`, `U(r∘t)` (or
+    /// `U t`) after them, and the GRU interpolates with the unscaled state (see [`crate::decoder_cell`]).
+    pub paper_form: bool,
 }
 
 /// A gate value that is not a context gate's: Xu et al.'s gating scalar `β = σ(w_βᵀ t_{i−1} + b_β)` (`w_β`
@@ -180,6 +183,7 @@ pub fn decoder_sequence_fused<'a>(
         u: sh(w.u)?,
         u_z: w.u_z.map(sh).transpose()?,
         c_z: w.c_z.map(sh).transpose()?,
+        paper: w.paper_form,
         z_pre: match &w.z_pre {
             None => None,
             Some(ZPre::Scalar { w, b }) => Some(ZPreOp::Scalar {
@@ -256,6 +260,7 @@ struct DecoderSequence {
     u_z: Option<Shared>,
     c_z: Option<Shared>,
     z_pre: Option<ZPreOp>,
+    paper: bool,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
     cov: Option<CovOp>,
     saved: crate::kernels::SavedSlot,
@@ -309,6 +314,10 @@ struct Saved<T> {
     /// Coverage: `C_{i−1}` of every step `[T, B, S, d]`, the gated update's activations `[n, B, S, 3d]`.
     covs: Vec<T>,
     cacts: Vec<T>,
+    /// Paper form: the products `U_ru t` `[n, B, 2H]` (GRU) and `U(r∘t)` or `U t` `[n, B, H]` before the
+    /// scale (`ts` holds the scale `T` itself then).
+    hus: Vec<T>,
+    rcs: Vec<T>,
 }
 
 /// `c·kind(z)` as `α + β z`: `(α, β)` (`β` is also the derivative in `z`).
@@ -492,6 +501,138 @@ fn vanilla_grad_row<T: Real>(dt: &[T], t: &[T], dpre: &mut [T]) {
     }
 }
 simd_dispatch!(vanilla_grad_row_d, vanilla_grad_row_avx, vanilla_grad_row, (dt: &[T], t: &[T], dpre: &mut [T]));
+
+/// Paper form, vanilla: `t = tanh(pre + T∘(U t_{i−1}))` for one row (`rc` = `U t_{i−1}`, `sc` = `T`).
+#[inline(always)]
+fn paper_vanilla_row<T: Real>(pre: &[T], rc: &[T], sc: &[T], t: &mut [T]) {
+    for (((o, &p), &c), &x) in t.iter_mut().zip(pre).zip(rc).zip(sc) {
+        *o = (p + x * c).tanh_v();
+    }
+}
+simd_dispatch!(paper_vanilla_row_d, paper_vanilla_row_avx, paper_vanilla_row, (pre: &[T], rc: &[T], sc: &[T], t: &mut [T]));
+
+/// Paper form, GRU gates for one row: `[r | u] = σ(pre_ru + T∘(U_ru t))` (`hu` = `U_ru t`, `sc` = `T` over each
+/// block) and `r∘t`.
+#[inline(always)]
+fn paper_gates_row<T: Real>(pre: &[T], hu: &[T], sc: &[T], t: &[T], ru: &mut [T], rh: &mut [T]) {
+    let h = t.len();
+    for blk in 0..2 {
+        let r = blk * h..(blk + 1) * h;
+        for (((o, &p), &c), &x) in ru[r.clone()]
+            .iter_mut()
+            .zip(&pre[r.clone()])
+            .zip(&hu[r])
+            .zip(sc)
+        {
+            *o = (p + x * c).sigmoid_v();
+        }
+    }
+    for ((o, &rr), &x) in rh.iter_mut().zip(&ru[..h]).zip(t) {
+        *o = rr * x;
+    }
+}
+simd_dispatch!(paper_gates_row_d, paper_gates_row_avx, paper_gates_row, (pre: &[T], hu: &[T], sc: &[T], t: &[T], ru: &mut [T], rh: &mut [T]));
+
+/// Paper form, GRU update for one row: `t~ = tanh(pre_c + T∘(U(r∘t)))` into `ht`, `t_i = t + u∘(t~ − t)`.
+#[inline(always)]
+fn paper_update_row<T: Real>(
+    pre: &[T],
+    rc: &[T],
+    sc: &[T],
+    ru: &[T],
+    t: &[T],
+    ht: &mut [T],
+    out: &mut [T],
+) {
+    let h = t.len();
+    for k in 0..h {
+        let c = (pre[k] + sc[k] * rc[k]).tanh_v();
+        ht[k] = c;
+        out[k] = t[k] + ru[h + k] * (c - t[k]);
+    }
+}
+simd_dispatch!(paper_update_row_d, paper_update_row_avx, paper_update_row, (pre: &[T], rc: &[T], sc: &[T], ru: &[T], t: &[T], ht: &mut [T], out: &mut [T]));
+
+/// Backward through [`paper_vanilla_row`]: `∂pre`, `∂(U t)` = `T∘∂pre` and `∂T` for one row.
+#[inline(always)]
+fn paper_vanilla_grad_row<T: Real>(
+    dt: &[T],
+    t: &[T],
+    rc: &[T],
+    sc: &[T],
+    dpre: &mut [T],
+    drc: &mut [T],
+    dsc: &mut [T],
+) {
+    for k in 0..t.len() {
+        let d = dt[k] * (T::one() - t[k] * t[k]);
+        dpre[k] = d;
+        drc[k] = sc[k] * d;
+        dsc[k] = d * rc[k];
+    }
+}
+simd_dispatch!(paper_vanilla_grad_row_d, paper_vanilla_grad_row_avx, paper_vanilla_grad_row, (dt: &[T], t: &[T], rc: &[T], sc: &[T], dpre: &mut [T], drc: &mut [T], dsc: &mut [T]));
+
+/// Backward through [`paper_update_row`] for one row from `dt` = `∂t_i`: the update gate's and the
+/// candidate's `∂pre` (`dpre[H..3H]`), `∂(U(r∘t))` = `T∘∂`, `∂T` (written) and `∂t` through the
+/// interpolation (written).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn paper_update_grad_row<T: Real>(
+    dt: &[T],
+    ru: &[T],
+    ht: &[T],
+    t: &[T],
+    rc: &[T],
+    sc: &[T],
+    dpre: &mut [T],
+    drc: &mut [T],
+    dsc: &mut [T],
+    dtp: &mut [T],
+) {
+    let h = t.len();
+    for k in 0..h {
+        let (u, c) = (ru[h + k], ht[k]);
+        let dc = dt[k] * u * (T::one() - c * c);
+        dpre[2 * h + k] = dc;
+        drc[k] = sc[k] * dc;
+        dsc[k] = dc * rc[k];
+        dpre[h + k] = dt[k] * (c - t[k]) * u * (T::one() - u);
+        dtp[k] = dt[k] * (T::one() - u);
+    }
+}
+simd_dispatch!(paper_update_grad_row_d, paper_update_grad_row_avx, paper_update_grad_row, (dt: &[T], ru: &[T], ht: &[T], t: &[T], rc: &[T], sc: &[T], dpre: &mut [T], drc: &mut [T], dsc: &mut [T], dtp: &mut [T]));
+
+/// Backward through [`paper_gates_row`] for one row from `drh` = `∂(r∘t)`: the reset gate's `∂pre`
+/// (`dpre[..H]`; the update gate's is there already), `∂(U_ru t)` = `T∘∂pre_ru`, and adds into `∂T` and `∂t`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn paper_gates_grad_row<T: Real>(
+    drh: &[T],
+    ru: &[T],
+    t: &[T],
+    hu: &[T],
+    sc: &[T],
+    dpre: &mut [T],
+    dhu: &mut [T],
+    dsc: &mut [T],
+    dtp: &mut [T],
+) {
+    let h = t.len();
+    for k in 0..h {
+        let r = ru[k];
+        dpre[k] = drh[k] * t[k] * r * (T::one() - r);
+        dtp[k] = dtp[k] + drh[k] * r;
+    }
+    for blk in 0..2 {
+        for k in 0..h {
+            let j = blk * h + k;
+            dhu[j] = sc[k] * dpre[j];
+            dsc[k] = dsc[k] + dpre[j] * hu[j];
+        }
+    }
+}
+simd_dispatch!(paper_gates_grad_row_d, paper_gates_grad_row_avx, paper_gates_grad_row, (drh: &[T], ru: &[T], t: &[T], hu: &[T], sc: &[T], dpre: &mut [T], dhu: &mut [T], dsc: &mut [T], dtp: &mut [T]));
 
 /// Sizes of one run.
 #[derive(Clone, Copy)]
@@ -681,6 +822,10 @@ impl DecoderSequence {
         let mut cp = crate::kernels::zeroed(n * b * wc);
         // GRU activations (none for the vanilla unit, whose activation is the next state itself).
         let gn = if gru { n } else { 0 };
+        let paper = self.paper;
+        let ones = vec![T::one(); if paper { h } else { 0 }];
+        let mut hus = crate::kernels::zeroed(if paper { gn * b * 2 * h } else { 0 });
+        let mut rcs = crate::kernels::zeroed(if paper { n * b * h } else { 0 });
         let mut ru = crate::kernels::zeroed(gn * b * 2 * h);
         let mut rts = crate::kernels::zeroed(gn * b * h);
         let mut cc = crate::kernels::zeroed(gn * b * h);
@@ -803,7 +948,12 @@ impl DecoderSequence {
                     unsafe {
                         gate_mix_row_d(
                             terms,
-                            &t_i[r * h..(r + 1) * h],
+                            // (Paper form: the scale T itself into `ts`.)
+                            if paper {
+                                &ones
+                            } else {
+                                &t_i[r * h..(r + 1) * h]
+                            },
                             &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh],
                             &cp_i[r * wc..r * wc + kh],
                             kinds,
@@ -816,6 +966,66 @@ impl DecoderSequence {
             }
             let ts_i = &*ts_i;
             let t_next = &mut t_rest[..bh];
+            if paper {
+                // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
+                let (t_i, pre) = (&t_done[i * bh..], &pre);
+                let rc_i = &mut rcs[i * bh..(i + 1) * bh];
+                crate::profile::timed("  decoder fwd: GRU step", || {
+                    if !gru {
+                        u.mul_into(b, rc_i, h, false, Mat::rows(t_i, h));
+                        let (tw, rc_i) = (RowsMut::new(t_next, h), &*rc_i);
+                        rows_par(b, bh, |r| unsafe {
+                            let rr = r * h..(r + 1) * h;
+                            paper_vanilla_row_d(
+                                &pre[rr.clone()],
+                                &rc_i[rr.clone()],
+                                &ts_i[rr],
+                                tw.row(r),
+                            )
+                        });
+                        return;
+                    }
+                    let hu_i = &mut hus[i * bh2..(i + 1) * bh2];
+                    u_ru.mul_into(b, hu_i, 2 * h, false, Mat::rows(t_i, h));
+                    let (ru_i, rh_i) = (
+                        &mut ru[i * bh2..(i + 1) * bh2],
+                        &mut rts[i * bh..(i + 1) * bh],
+                    );
+                    {
+                        let (rw, rhw, hu_i) =
+                            (RowsMut::new(ru_i, 2 * h), RowsMut::new(rh_i, h), &*hu_i);
+                        rows_par(b, bh, |r| unsafe {
+                            paper_gates_row_d(
+                                &pre[r * kh..r * kh + 2 * h],
+                                &hu_i[r * 2 * h..(r + 1) * 2 * h],
+                                &ts_i[r * h..(r + 1) * h],
+                                &t_i[r * h..(r + 1) * h],
+                                rw.row(r),
+                                rhw.row(r),
+                            )
+                        });
+                    }
+                    u.mul_into(b, rc_i, h, false, Mat::rows(rh_i, h));
+                    let (cw_, tw, rc_i, ru_i) = (
+                        RowsMut::new(&mut cc[i * bh..(i + 1) * bh], h),
+                        RowsMut::new(t_next, h),
+                        &*rc_i,
+                        &*ru_i,
+                    );
+                    rows_par(b, bh, |r| unsafe {
+                        paper_update_row_d(
+                            &pre[r * kh + 2 * h..(r + 1) * kh],
+                            &rc_i[r * h..(r + 1) * h],
+                            &ts_i[r * h..(r + 1) * h],
+                            &ru_i[r * 2 * h..(r + 1) * 2 * h],
+                            &t_i[r * h..(r + 1) * h],
+                            cw_.row(r),
+                            tw.row(r),
+                        )
+                    });
+                });
+                continue;
+            }
             if !gru {
                 // The vanilla unit: t_i = tanh(pre + U (T∘t)).
                 crate::profile::timed("  decoder fwd: GRU step", || {
@@ -866,6 +1076,8 @@ impl DecoderSequence {
             wc,
             covs,
             cacts,
+            hus,
+            rcs,
         }));
         Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, h3))))
     }
@@ -892,7 +1104,16 @@ impl DecoderSequence {
             wc,
             covs,
             cacts,
+            hus,
+            rcs,
         } = crate::kernels::take_saved::<Saved<T>>(&self.saved, "fused decoder")?;
+        let paper = self.paper;
+        let ones = vec![T::one(); if paper { h } else { 0 }];
+        // Paper form: ∂ of the products before their scale, per step (for the weights' gradients), and ∂t_i
+        // through the transition.
+        let mut dhus = crate::kernels::zeroed(if paper && gru { n * b * 2 * h } else { 0 });
+        let mut drcs = crate::kernels::zeroed(if paper { n * b * h } else { 0 });
+        let mut dtp = vec![T::zero(); if paper { b * h } else { 0 }];
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
         let g = storage_slice::<T>(&g_st, g_l)?; // [B·T, 3H]
@@ -974,7 +1195,96 @@ impl DecoderSequence {
             }
             if i < n {
                 let dpre_i = &mut dpre[i * bkh..(i + 1) * bkh];
-                if gru {
+                if paper {
+                    // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
+                    let (ts_i, rc_i) = (&ts[i * bh..(i + 1) * bh], &rcs[i * bh..(i + 1) * bh]);
+                    let drc_i = &mut drcs[i * bh..(i + 1) * bh];
+                    let (dt, dts, dtp, drts, dhus) =
+                        (&dt, &mut dts, &mut dtp, &mut drts, &mut dhus);
+                    let (ru, cc, rts, hus) = (&ru, &cc, &rts, &hus);
+                    crate::profile::timed("  decoder bwd: GRU step", || {
+                        if !gru {
+                            let t_next = &tall[(i + 1) * bh..(i + 2) * bh];
+                            {
+                                let (pw_, cw_, sw) = (
+                                    RowsMut::new(dpre_i, h),
+                                    RowsMut::new(drc_i, h),
+                                    RowsMut::new(dts, h),
+                                );
+                                rows_par(b, bh, |r| unsafe {
+                                    let rr = r * h..(r + 1) * h;
+                                    paper_vanilla_grad_row_d(
+                                        &dt[rr.clone()],
+                                        &t_next[rr.clone()],
+                                        &rc_i[rr.clone()],
+                                        &ts_i[rr],
+                                        pw_.row(r),
+                                        cw_.row(r),
+                                        sw.row(r),
+                                    )
+                                });
+                            }
+                            u.mul_t_into(b, dtp, h, false, Mat::rows(drc_i, h));
+                            return;
+                        }
+                        let (ru_i, cc_i, rh_i, hu_i) = (
+                            &ru[i * 2 * bh..(i + 1) * 2 * bh],
+                            &cc[i * bh..(i + 1) * bh],
+                            &rts[i * bh..(i + 1) * bh],
+                            &hus[i * 2 * bh..(i + 1) * 2 * bh],
+                        );
+                        let _ = rh_i;
+                        {
+                            let (pw_, cw_, sw, tw) = (
+                                RowsMut::new(dpre_i, kh),
+                                RowsMut::new(drc_i, h),
+                                RowsMut::new(dts, h),
+                                RowsMut::new(dtp, h),
+                            );
+                            rows_par(b, bh, |r| unsafe {
+                                let rr = r * h..(r + 1) * h;
+                                paper_update_grad_row_d(
+                                    &dt[rr.clone()],
+                                    &ru_i[r * 2 * h..(r + 1) * 2 * h],
+                                    &cc_i[rr.clone()],
+                                    &t_i[rr.clone()],
+                                    &rc_i[rr.clone()],
+                                    &ts_i[rr],
+                                    pw_.row(r),
+                                    cw_.row(r),
+                                    sw.row(r),
+                                    tw.row(r),
+                                )
+                            });
+                        }
+                        u.mul_t_into(b, drts, h, false, Mat::rows(drc_i, h));
+                        let dhu_i = &mut dhus[i * 2 * bh..(i + 1) * 2 * bh];
+                        {
+                            let (pw_, hw, sw, tw, drts) = (
+                                RowsMut::new(dpre_i, kh),
+                                RowsMut::new(dhu_i, 2 * h),
+                                RowsMut::new(dts, h),
+                                RowsMut::new(dtp, h),
+                                &*drts,
+                            );
+                            rows_par(b, bh, |r| unsafe {
+                                let rr = r * h..(r + 1) * h;
+                                paper_gates_grad_row_d(
+                                    &drts[rr.clone()],
+                                    &ru_i[r * 2 * h..(r + 1) * 2 * h],
+                                    &t_i[rr.clone()],
+                                    &hu_i[r * 2 * h..(r + 1) * 2 * h],
+                                    &ts_i[rr],
+                                    pw_.row(r),
+                                    hw.row(r),
+                                    sw.row(r),
+                                    tw.row(r),
+                                )
+                            });
+                        }
+                        u_ru.mul_t_into(b, dtp, h, true, Mat::rows(dhu_i, 2 * h));
+                    });
+                } else if gru {
                     let (ru_i, ts_i, cc_i) = (
                         &ru[i * 2 * bh..(i + 1) * 2 * bh],
                         &ts[i * bh..(i + 1) * bh],
@@ -1030,7 +1340,12 @@ impl DecoderSequence {
                         bwd_mix_row_d(
                             &dpre_i[r * kh..(r + 1) * kh],
                             &dts[r * h..(r + 1) * h],
-                            &t_i[r * h..(r + 1) * h],
+                            // (Paper form: the scale's ∂ into the gate; ∂t is the transition's.)
+                            if paper {
+                                &ones
+                            } else {
+                                &t_i[r * h..(r + 1) * h]
+                            },
                             &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh],
                             &cp_i[r * wc..r * wc + kh],
                             if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
@@ -1042,6 +1357,9 @@ impl DecoderSequence {
                             dzw.row(r * tl + i),
                         )
                     });
+                }
+                if paper {
+                    dt.copy_from_slice(&dtp);
                 }
                 for (a, x) in dt_prev.iter_mut().zip(&dt) {
                     *a = *a + *x;
@@ -1340,6 +1658,26 @@ impl DecoderSequence {
             .add_grad(weight_grad(a2, kh, nb, ctx_t, block(&dcp, wc, 0)));
         if let Some(cz) = &self.c_z {
             cz.add_grad(weight_grad(a2, h, nb, ctx_t, block(&dcp, wc, kh)));
+        }
+        if paper {
+            // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla).
+            if let Some(u_ru) = &self.u_ru {
+                u_ru.add_grad(weight_grad(
+                    h,
+                    2 * h,
+                    nb,
+                    Mat::t(&tall, h),
+                    Mat::rows(&dhus, 2 * h),
+                ));
+            }
+            self.u.add_grad(weight_grad(
+                h,
+                h,
+                nb,
+                Mat::t(if gru { &rts } else { &tall }, h),
+                Mat::rows(&drcs, h),
+            ));
+            return Ok(());
         }
         if let Some(u_ru) = &self.u_ru {
             u_ru.add_grad(weight_grad(

@@ -308,10 +308,9 @@ impl Model {
     /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
     #[allow(clippy::type_complexity)]
     pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
-        use crate::config::{DecoderKind, GateForm};
+        use crate::config::DecoderKind;
         if !self.kernels.fused_on(self.cell.u.device())
             || self.cell.kind == DecoderKind::Cgru
-            || self.cell.form != GateForm::Reference
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
         {
             return None;
@@ -453,6 +452,7 @@ impl Model {
                 u: &self.cell.u,
                 u_z,
                 c_z,
+                paper_form: self.cell.form == crate::config::GateForm::Paper,
                 z_pre: match &self.gate {
                     Gate::Scalar { w, b } => Some(crate::decoder_sequence::ZPre::Scalar { w, b }),
                     Gate::Static { z_logit } => {
