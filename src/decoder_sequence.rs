@@ -1,14 +1,15 @@
 //! The decoder's whole recurrence over a target sentence in training as one fused op (fused kernels, CPU):
-//! for every step `i`, attention from `t_{i−1}` (model-spec §2), the context gate (§4) and the GRU transition
-//! in the reference form (§3), the same computation as [`crate::model::Model::attend`] followed by
+//! for every step `i`, attention from `t_{i−1}` (model-spec §2, with coverage §5), the gate (§4) and the
+//! transition (§3), the same computation as [`crate::model::Model::attend`] followed by
 //! [`crate::model::Model::transition_projected`], step by step. One graph node for the whole sentence instead
 //! of some twenty per step: the forward pass runs the steps with one GEMM per recurrent product into
 //! preallocated buffers, the backward pass runs back-propagation through time inside the op, and each
 //! recurrent weight's gradient is one GEMM over all steps. Inputs and their gradients travel through
-//! [`Shared`] handles (one graph input bundles them all). Covers the GRU decoder in the reference form with
-//! no gate or a context gate (any strategy, any gate inputs) and any coverage model (§5: linguistic with or
-//! without fertility, neural gated or not; `coverage::CovRows` per sentence row, the state's term
-//! `t W_h` stacked into the query product); the other variants run step by step. Tested against the
+//! [`Shared`] handles (one graph input bundles them all). Covers the GRU and the vanilla tanh decoder, in the
+//! reference or the paper-literal gate form, with any gate (none; a context gate with any strategy and inputs;
+//! the gating scalar; static interpolation) and any coverage model (§5: linguistic with or without fertility,
+//! neural gated or not; `coverage::CovRows` per sentence row, the state's term `t W_h` stacked into the query
+//! product); the cGRU runs step by step. Tested against the
 //! step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
 
 use candle_core::{CpuStorage, Result, Shape, Tensor};

@@ -303,8 +303,7 @@ impl Model {
     }
 
     /// Whether training runs the decoder as one fused op per batch ([`crate::decoder_sequence`]): fused
-    /// kernels on the CPU, the GRU or vanilla decoder in the reference form, no gate or a context gate, any
-    /// coverage;
+    /// kernels on the CPU, the GRU or vanilla decoder (either gate form), any gate, any coverage;
     /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
     #[allow(clippy::type_complexity)]
     pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
