@@ -394,7 +394,11 @@ fn pre_activation<T: crate::kernels::Real>(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn scores_grad_row_g<T: crate::kernels::Real>(
-    (ah, c, v_cov, q, v): (&[T], &[T], &[T], &[T], &[T]),
+    ah: &[T],
+    c: &[T],
+    v_cov: &[T],
+    q: &[T],
+    v: &[T],
     de: &[T],
     dah: &mut [T],
     dq: &mut [T],
@@ -432,21 +436,4 @@ fn scores_grad_row_g<T: crate::kernels::Real>(
     }
 }
 crate::kernels::simd_dispatch!(scores_row, scores_row_avx, scores_row_g, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], e: &mut [T]));
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn scores_grad_row_gt<T: crate::kernels::Real>(
-    ah: &[T],
-    c: &[T],
-    v_cov: &[T],
-    q: &[T],
-    v: &[T],
-    de: &[T],
-    dah: &mut [T],
-    dq: &mut [T],
-    dv: &mut [T],
-    dc: &mut [T],
-    dv_cov: &mut [T],
-) {
-    scores_grad_row_g((ah, c, v_cov, q, v), de, dah, dq, dv, dc, dv_cov)
-}
-crate::kernels::simd_dispatch!(scores_grad_row, scores_grad_row_avx, scores_grad_row_gt, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], de: &[T], dah: &mut [T], dq: &mut [T], dv: &mut [T], dc: &mut [T], dv_cov: &mut [T]));
+crate::kernels::simd_dispatch!(scores_grad_row, scores_grad_row_avx, scores_grad_row_g, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], de: &[T], dah: &mut [T], dq: &mut [T], dv: &mut [T], dc: &mut [T], dv_cov: &mut [T]));

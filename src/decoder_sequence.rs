@@ -635,6 +635,150 @@ fn paper_gates_grad_row<T: Real>(
 }
 simd_dispatch!(paper_gates_grad_row_d, paper_gates_grad_row_avx, paper_gates_grad_row, (drh: &[T], ru: &[T], t: &[T], hu: &[T], sc: &[T], dpre: &mut [T], dhu: &mut [T], dsc: &mut [T], dtp: &mut [T]));
 
+/// The paper form's transition for one step over `B` rows of width `h`: from `pre` (the mix of the word and
+/// context terms), the unscaled state `t` and the target scale `sc` = `T`, the next state into `t_next`;
+/// `rc` receives `U(r∘t)` (GRU) or `U t` (vanilla) before its scale; `gru` is `Some(([U_ru t], [r | u],
+/// r∘t, t~))` for the GRU's saved activations, `None` for the vanilla unit.
+#[allow(clippy::type_complexity)]
+fn paper_transition<T: Real>(
+    (b, h): (usize, usize),
+    (pre, t, sc): (&[T], &[T], &[T]),
+    (u, u_ru): (&Oriented<T>, &Oriented<T>),
+    gru: Option<(&mut [T], &mut [T], &mut [T], &mut [T])>,
+    rc: &mut [T],
+    t_next: &mut [T],
+) {
+    let bh = b * h;
+    let Some((hu, ru, rh, cand)) = gru else {
+        u.mul_into(b, rc, h, false, Mat::rows(t, h));
+        let (tw, rc) = (RowsMut::new(t_next, h), &*rc);
+        rows_par(b, bh, |r| unsafe {
+            let rr = r * h..(r + 1) * h;
+            paper_vanilla_row_d(&pre[rr.clone()], &rc[rr.clone()], &sc[rr], tw.row(r))
+        });
+        return;
+    };
+    let kh = 3 * h;
+    u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(t, h));
+    {
+        let (rw, rhw, hu) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h), &*hu);
+        rows_par(b, bh, |r| unsafe {
+            paper_gates_row_d(
+                &pre[r * kh..r * kh + 2 * h],
+                &hu[r * 2 * h..(r + 1) * 2 * h],
+                &sc[r * h..(r + 1) * h],
+                &t[r * h..(r + 1) * h],
+                rw.row(r),
+                rhw.row(r),
+            )
+        });
+    }
+    u.mul_into(b, rc, h, false, Mat::rows(rh, h));
+    let (cw, tw, rc, ru) = (RowsMut::new(cand, h), RowsMut::new(t_next, h), &*rc, &*ru);
+    rows_par(b, bh, |r| unsafe {
+        let rr = r * h..(r + 1) * h;
+        paper_update_row_d(
+            &pre[r * kh + 2 * h..(r + 1) * kh],
+            &rc[rr.clone()],
+            &sc[rr.clone()],
+            &ru[r * 2 * h..(r + 1) * 2 * h],
+            &t[rr],
+            cw.row(r),
+            tw.row(r),
+        )
+    });
+}
+
+/// Backward through [`paper_transition`] from `dt` = `∂t_next`: the pre-activations' gradient into `dpre`,
+/// the products' own gradients into `drc` (and, GRU, the last slot of `gru`: `∂(U_ru t)`), `∂T` into `dsc`,
+/// `∂t` through the transition into `dtp`; `drh` is scratch `[B, H]`. `gru` holds the forward pass's
+/// `[r | u]`, `t~` and `U_ru t`.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn paper_transition_backward<T: Real>(
+    (b, h): (usize, usize),
+    dt: &[T],
+    (t, t_next): (&[T], &[T]),
+    (rc, sc): (&[T], &[T]),
+    (u, u_ru): (&Oriented<T>, &Oriented<T>),
+    gru: Option<(&[T], &[T], &[T], &mut [T])>,
+    (dpre, drc): (&mut [T], &mut [T]),
+    (dsc, dtp, drh): (&mut [T], &mut [T], &mut [T]),
+) {
+    let bh = b * h;
+    let Some((ru, cand, hu, dhu)) = gru else {
+        {
+            let (pw, cw, sw) = (
+                RowsMut::new(dpre, h),
+                RowsMut::new(drc, h),
+                RowsMut::new(dsc, h),
+            );
+            rows_par(b, bh, |r| unsafe {
+                let rr = r * h..(r + 1) * h;
+                paper_vanilla_grad_row_d(
+                    &dt[rr.clone()],
+                    &t_next[rr.clone()],
+                    &rc[rr.clone()],
+                    &sc[rr],
+                    pw.row(r),
+                    cw.row(r),
+                    sw.row(r),
+                )
+            });
+        }
+        u.mul_t_into(b, dtp, h, false, Mat::rows(drc, h));
+        return;
+    };
+    let kh = 3 * h;
+    {
+        let (pw, cw, sw, tw) = (
+            RowsMut::new(dpre, kh),
+            RowsMut::new(drc, h),
+            RowsMut::new(dsc, h),
+            RowsMut::new(dtp, h),
+        );
+        rows_par(b, bh, |r| unsafe {
+            let rr = r * h..(r + 1) * h;
+            paper_update_grad_row_d(
+                &dt[rr.clone()],
+                &ru[r * 2 * h..(r + 1) * 2 * h],
+                &cand[rr.clone()],
+                &t[rr.clone()],
+                &rc[rr.clone()],
+                &sc[rr],
+                pw.row(r),
+                cw.row(r),
+                sw.row(r),
+                tw.row(r),
+            )
+        });
+    }
+    u.mul_t_into(b, drh, h, false, Mat::rows(drc, h));
+    {
+        let (pw, hw, sw, tw, drh) = (
+            RowsMut::new(dpre, kh),
+            RowsMut::new(dhu, 2 * h),
+            RowsMut::new(dsc, h),
+            RowsMut::new(dtp, h),
+            &*drh,
+        );
+        rows_par(b, bh, |r| unsafe {
+            let rr = r * h..(r + 1) * h;
+            paper_gates_grad_row_d(
+                &drh[rr.clone()],
+                &ru[r * 2 * h..(r + 1) * 2 * h],
+                &t[rr.clone()],
+                &hu[r * 2 * h..(r + 1) * 2 * h],
+                &sc[rr],
+                pw.row(r),
+                hw.row(r),
+                sw.row(r),
+                tw.row(r),
+            )
+        });
+    }
+    u_ru.mul_t_into(b, dtp, h, true, Mat::rows(dhu, 2 * h));
+}
+
 /// Sizes of one run.
 #[derive(Clone, Copy)]
 struct Dims {
@@ -969,61 +1113,23 @@ impl DecoderSequence {
             let t_next = &mut t_rest[..bh];
             if paper {
                 // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
-                let (t_i, pre) = (&t_done[i * bh..], &pre);
-                let rc_i = &mut rcs[i * bh..(i + 1) * bh];
-                crate::profile::timed("  decoder fwd: GRU step", || {
-                    if !gru {
-                        u.mul_into(b, rc_i, h, false, Mat::rows(t_i, h));
-                        let (tw, rc_i) = (RowsMut::new(t_next, h), &*rc_i);
-                        rows_par(b, bh, |r| unsafe {
-                            let rr = r * h..(r + 1) * h;
-                            paper_vanilla_row_d(
-                                &pre[rr.clone()],
-                                &rc_i[rr.clone()],
-                                &ts_i[rr],
-                                tw.row(r),
-                            )
-                        });
-                        return;
-                    }
-                    let hu_i = &mut hus[i * bh2..(i + 1) * bh2];
-                    u_ru.mul_into(b, hu_i, 2 * h, false, Mat::rows(t_i, h));
-                    let (ru_i, rh_i) = (
+                let gru_acts = gru.then(|| {
+                    (
+                        &mut hus[i * bh2..(i + 1) * bh2],
                         &mut ru[i * bh2..(i + 1) * bh2],
                         &mut rts[i * bh..(i + 1) * bh],
-                    );
-                    {
-                        let (rw, rhw, hu_i) =
-                            (RowsMut::new(ru_i, 2 * h), RowsMut::new(rh_i, h), &*hu_i);
-                        rows_par(b, bh, |r| unsafe {
-                            paper_gates_row_d(
-                                &pre[r * kh..r * kh + 2 * h],
-                                &hu_i[r * 2 * h..(r + 1) * 2 * h],
-                                &ts_i[r * h..(r + 1) * h],
-                                &t_i[r * h..(r + 1) * h],
-                                rw.row(r),
-                                rhw.row(r),
-                            )
-                        });
-                    }
-                    u.mul_into(b, rc_i, h, false, Mat::rows(rh_i, h));
-                    let (cw_, tw, rc_i, ru_i) = (
-                        RowsMut::new(&mut cc[i * bh..(i + 1) * bh], h),
-                        RowsMut::new(t_next, h),
-                        &*rc_i,
-                        &*ru_i,
-                    );
-                    rows_par(b, bh, |r| unsafe {
-                        paper_update_row_d(
-                            &pre[r * kh + 2 * h..(r + 1) * kh],
-                            &rc_i[r * h..(r + 1) * h],
-                            &ts_i[r * h..(r + 1) * h],
-                            &ru_i[r * 2 * h..(r + 1) * 2 * h],
-                            &t_i[r * h..(r + 1) * h],
-                            cw_.row(r),
-                            tw.row(r),
-                        )
-                    });
+                        &mut cc[i * bh..(i + 1) * bh],
+                    )
+                });
+                crate::profile::timed("  decoder fwd: GRU step", || {
+                    paper_transition(
+                        (b, h),
+                        (&pre, &t_done[i * bh..], ts_i),
+                        (&u, &u_ru),
+                        gru_acts,
+                        &mut rcs[i * bh..(i + 1) * bh],
+                        t_next,
+                    )
                 });
                 continue;
             }
@@ -1198,92 +1304,25 @@ impl DecoderSequence {
                 let dpre_i = &mut dpre[i * bkh..(i + 1) * bkh];
                 if paper {
                     // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
-                    let (ts_i, rc_i) = (&ts[i * bh..(i + 1) * bh], &rcs[i * bh..(i + 1) * bh]);
-                    let drc_i = &mut drcs[i * bh..(i + 1) * bh];
-                    let (dt, dts, dtp, drts, dhus) =
-                        (&dt, &mut dts, &mut dtp, &mut drts, &mut dhus);
-                    let (ru, cc, rts, hus) = (&ru, &cc, &rts, &hus);
-                    crate::profile::timed("  decoder bwd: GRU step", || {
-                        if !gru {
-                            let t_next = &tall[(i + 1) * bh..(i + 2) * bh];
-                            {
-                                let (pw_, cw_, sw) = (
-                                    RowsMut::new(dpre_i, h),
-                                    RowsMut::new(drc_i, h),
-                                    RowsMut::new(dts, h),
-                                );
-                                rows_par(b, bh, |r| unsafe {
-                                    let rr = r * h..(r + 1) * h;
-                                    paper_vanilla_grad_row_d(
-                                        &dt[rr.clone()],
-                                        &t_next[rr.clone()],
-                                        &rc_i[rr.clone()],
-                                        &ts_i[rr],
-                                        pw_.row(r),
-                                        cw_.row(r),
-                                        sw.row(r),
-                                    )
-                                });
-                            }
-                            u.mul_t_into(b, dtp, h, false, Mat::rows(drc_i, h));
-                            return;
-                        }
-                        let (ru_i, cc_i, rh_i, hu_i) = (
+                    let gru_acts = gru.then(|| {
+                        (
                             &ru[i * 2 * bh..(i + 1) * 2 * bh],
                             &cc[i * bh..(i + 1) * bh],
-                            &rts[i * bh..(i + 1) * bh],
                             &hus[i * 2 * bh..(i + 1) * 2 * bh],
-                        );
-                        let _ = rh_i;
-                        {
-                            let (pw_, cw_, sw, tw) = (
-                                RowsMut::new(dpre_i, kh),
-                                RowsMut::new(drc_i, h),
-                                RowsMut::new(dts, h),
-                                RowsMut::new(dtp, h),
-                            );
-                            rows_par(b, bh, |r| unsafe {
-                                let rr = r * h..(r + 1) * h;
-                                paper_update_grad_row_d(
-                                    &dt[rr.clone()],
-                                    &ru_i[r * 2 * h..(r + 1) * 2 * h],
-                                    &cc_i[rr.clone()],
-                                    &t_i[rr.clone()],
-                                    &rc_i[rr.clone()],
-                                    &ts_i[rr],
-                                    pw_.row(r),
-                                    cw_.row(r),
-                                    sw.row(r),
-                                    tw.row(r),
-                                )
-                            });
-                        }
-                        u.mul_t_into(b, drts, h, false, Mat::rows(drc_i, h));
-                        let dhu_i = &mut dhus[i * 2 * bh..(i + 1) * 2 * bh];
-                        {
-                            let (pw_, hw, sw, tw, drts) = (
-                                RowsMut::new(dpre_i, kh),
-                                RowsMut::new(dhu_i, 2 * h),
-                                RowsMut::new(dts, h),
-                                RowsMut::new(dtp, h),
-                                &*drts,
-                            );
-                            rows_par(b, bh, |r| unsafe {
-                                let rr = r * h..(r + 1) * h;
-                                paper_gates_grad_row_d(
-                                    &drts[rr.clone()],
-                                    &ru_i[r * 2 * h..(r + 1) * 2 * h],
-                                    &t_i[rr.clone()],
-                                    &hu_i[r * 2 * h..(r + 1) * 2 * h],
-                                    &ts_i[rr],
-                                    pw_.row(r),
-                                    hw.row(r),
-                                    sw.row(r),
-                                    tw.row(r),
-                                )
-                            });
-                        }
-                        u_ru.mul_t_into(b, dtp, h, true, Mat::rows(dhu_i, 2 * h));
+                            &mut dhus[i * 2 * bh..(i + 1) * 2 * bh],
+                        )
+                    });
+                    crate::profile::timed("  decoder bwd: GRU step", || {
+                        paper_transition_backward(
+                            (b, h),
+                            &dt,
+                            (t_i, &tall[(i + 1) * bh..(i + 2) * bh]),
+                            (&rcs[i * bh..(i + 1) * bh], &ts[i * bh..(i + 1) * bh]),
+                            (&u, &u_ru),
+                            gru_acts,
+                            (dpre_i, &mut drcs[i * bh..(i + 1) * bh]),
+                            (&mut dts, &mut dtp, &mut drts),
+                        )
                     });
                 } else if gru {
                     let (ru_i, ts_i, cc_i) = (
