@@ -139,13 +139,15 @@ pub fn decoder_step_flops(cfg: &Config, v: usize, s: usize) -> f64 {
         m.attention_dim as f64,
     );
     let (b, s, t, v) = (1.0, s as f64, 1.0, v as f64);
-    let k = if m.decoder == DecoderKind::Gru {
-        3.0
-    } else {
-        1.0
-    };
     let att = (2.0 * h * ad + 3.0 * ad * s + 2.0 * s * 2.0 * h) * b * t;
-    let cell = 2.0 * (e * k * h + 2.0 * h * k * h + h * k * h) * b * t;
+    let cell = match m.decoder {
+        // Word, context and recurrent products of the k blocks.
+        DecoderKind::Gru => 2.0 * (e + 2.0 * h + h) * 3.0 * h,
+        DecoderKind::Vanilla => 2.0 * (e + 2.0 * h + h) * h,
+        // The word GRU (word and state) and the context GRU (context and state).
+        DecoderKind::Cgru => 2.0 * ((e + h) + (2.0 * h + h)) * 3.0 * h,
+    } * b
+        * t;
     let gate = if m.context_gate != ContextGate::None {
         2.0 * (e + h + 2.0 * h) * h * b * t
     } else {
@@ -471,4 +473,40 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         peak_rss_mib().unwrap_or(0.0)
     );
     Ok(rec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(decoder: &str) -> Config {
+        Config::load(
+            None,
+            &[
+                "model.embedding_dim=10".into(),
+                "model.hidden_dim=20".into(),
+                "model.attention_dim=30".into(),
+                "model.context_gate=none".into(),
+                format!("model.decoder={decoder}"),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// The transition's products per step: vanilla `e·H + 2H·H + H·H`, GRU three blocks of the same, cGRU
+    /// the GRU's plus the word GRU's second recurrent product `H·3H` (multiply-adds, ×2 FLOPs).
+    #[test]
+    fn decoder_flops_count_each_decoders_products() {
+        let (e, h) = (10.0, 20.0);
+        let f = |d: &str| decoder_step_flops(&cfg(d), 50, 7);
+        let vanilla = f("vanilla");
+        let gru = f("gru");
+        let cgru = f("cgru");
+        assert!((gru - vanilla - 2.0 * (e + 3.0 * h) * 2.0 * h).abs() < 1e-6);
+        assert!((cgru - gru - 2.0 * h * 3.0 * h).abs() < 1e-6);
+        // The readout: 2 ((3H + E)·H + H/2·E + E·V); the attention: 2H·Ad + 3 Ad·S + 2 S·2H.
+        let readout = 2.0 * ((3.0 * h + e) * h + h / 2.0 * e + e * 50.0);
+        let att = 2.0 * h * 30.0 + 3.0 * 30.0 * 7.0 + 2.0 * 7.0 * 2.0 * h;
+        assert!((vanilla - readout - att - 2.0 * (e + 3.0 * h) * h).abs() < 1e-6);
+    }
 }

@@ -146,9 +146,14 @@ impl DecoderCell {
         crate::kernels::linear(self.kernels, e, &self.w, &self.word_bias()?)
     }
 
-    /// [`DecoderCell::project_words`] (not the conditional GRU) as the shared input of the fused decoder
+    /// [`DecoderCell::project_words`] as the shared input of the fused decoder
     /// sequence (see [`crate::kernels::linear_shared`]).
     pub fn project_words_shared(&self, e: &Tensor) -> Result<crate::kernels::Shared> {
+        if let Some((word, _)) = &self.cgru {
+            // The cGRU's word GRU: `[x W_r, x W_u, x W + b]`.
+            let zeros = Tensor::zeros(2 * self.hidden, word.b.dtype(), word.b.device())?;
+            return crate::kernels::linear_shared(e, &word.w, &Tensor::cat(&[&zeros, &word.b], 0)?);
+        }
         crate::kernels::linear_shared(e, &self.w, &self.word_bias()?)
     }
 

@@ -9,7 +9,8 @@
 //! reference or the paper-literal gate form, with any gate (none; a context gate with any strategy and inputs;
 //! the gating scalar; static interpolation) and any coverage model (§5: linguistic with or without fertility,
 //! neural gated or not; `coverage::CovRows` per sentence row, the state's term `t W_h` stacked into the query
-//! product); the cGRU runs step by step. Tested against the
+//! product), and the cGRU (its context GRU as the gated transition with no word term, its word GRU after it,
+//! see [`CgruWeights`]). Tested against the
 //! step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
 
 use candle_core::{CpuStorage, Result, Shape, Tensor};
@@ -26,7 +27,7 @@ pub struct DecoderWeights<'a> {
     pub b_att: &'a Tensor,
     pub v: &'a Tensor,
     /// Transition `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1),
-    /// `U` `[H, H]`.
+    /// `U` `[H, H]`. (cGRU: the context GRU's.)
     pub c: &'a Tensor,
     pub u_ru: Option<&'a Tensor>,
     pub u: &'a Tensor,
@@ -38,6 +39,21 @@ pub struct DecoderWeights<'a> {
     /// The paper-literal form: the target scale `T` multiplies the recurrent products `U_ru t`, `U(r∘t)` (or
     /// `U t`) after them, and the GRU interpolates with the unscaled state (see [`crate::decoder_cell`]).
     pub paper_form: bool,
+    /// The conditional GRU (cGRU): the transition above is its context GRU (no word input), and a word GRU
+    /// follows it at every step.
+    pub cgru: Option<CgruWeights<'a>>,
+}
+
+/// The cGRU's weights beyond the context GRU's `C`, `U_ru`, `U` (see [`crate::decoder_cell::DecoderCell`]):
+/// the context GRU's candidate bias `b` `[H]` (with the context's term, under the source scale), and the
+/// word GRU's `U_ru` `[H, 2H]` and `U` `[H, H]` (its input projections `W e + b` are the op's `wp`).
+/// Step `i` then runs attention from the intermediate state `t'_i` (`t'_0 = t_0`), the gate (reading
+/// `e(y_{i−1})`, `t'_i`, `s_i`) and the context GRU `t_i = GRU_ctx(s_i, t'_i)` under its scales, and, before
+/// the last step, the word GRU `t'_{i+1} = GRU_word(e(y_i), t_i)`; the output row `(b, i)` is `[t_i | s_i]`.
+pub struct CgruWeights<'a> {
+    pub b: &'a Tensor,
+    pub u_ru: &'a Tensor,
+    pub u: &'a Tensor,
 }
 
 /// A gate value that is not a context gate's: Xu et al.'s gating scalar `β = σ(w_βᵀ t_{i−1} + b_β)` (`w_β`
@@ -68,7 +84,8 @@ pub struct CoverageInputs<'a> {
 /// Run the decoder over `T` target steps: word projections `wp` `[B·T, 3H]` (batch-major rows `(b, i)`, `W e +
 /// b`), the gate's word term `wz` `[B·T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
 /// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
-/// `[B, S]`; `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
+/// `[B, S]` (cGRU: `wp` holds the word GRU's projections and `wz` row `(b, i)` reads `e(y_{i−1})`, zero at
+/// `i = 0`); `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
 /// no gate; `coverage` the coverage model's inputs when it is on (`C_0 = 0`; attention at step `i` reads
 /// `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is
 /// `[t_{i−1} | s_i]`, what the fused readout reads in place, adding its gradient into the handle, so that the
@@ -123,6 +140,15 @@ pub fn decoder_sequence_fused<'a>(
             None => true,
             Some(ZPre::Scalar { w, b }) => w.dims2()? == (h, 1) && b.elem_count() == 1,
             Some(ZPre::Static { theta }) => theta.elem_count() == h,
+        }
+        && match &w.cgru {
+            None => true,
+            Some(g) => {
+                k == 3
+                    && g.b.elem_count() == h
+                    && g.u_ru.dims2()? == (h, 2 * h)
+                    && g.u.dims2()? == (h, h)
+            }
         };
     if !ok {
         candle_core::bail!("fused decoder sequence: shape mismatch");
@@ -195,6 +221,14 @@ pub fn decoder_sequence_fused<'a>(
         },
         gate,
         cov,
+        cgru: match &w.cgru {
+            None => None,
+            Some(g) => Some(CgruOp {
+                b: sh(g.b)?,
+                u_ru: sh(g.u_ru)?,
+                u: sh(g.u)?,
+            }),
+        },
         saved: Default::default(),
     };
     let mut tokens = vec![
@@ -214,6 +248,9 @@ pub fn decoder_sequence_fused<'a>(
         Some(ZPreOp::Scalar { w, b }) => tokens.extend([&w.token, &b.token]),
         Some(ZPreOp::Static { theta }) => tokens.push(&theta.token),
         None => {}
+    }
+    if let Some(g) = &op.cgru {
+        tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
     }
     if let Some(c) = &op.cov {
         tokens.extend([&c.v_cov.token, &c.pre.token]);
@@ -264,7 +301,22 @@ struct DecoderSequence {
     paper: bool,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
     cov: Option<CovOp>,
+    cgru: Option<CgruOp>,
     saved: crate::kernels::SavedSlot,
+}
+
+/// The cGRU's values for one pass: the context GRU's bias, the word GRU's `U_ru` and `U`.
+struct CgruView<'a, T> {
+    b: &'a [T],
+    u_ru: Oriented<'a, T>,
+    u: Oriented<'a, T>,
+}
+
+/// See [`CgruWeights`].
+struct CgruOp {
+    b: Shared,
+    u_ru: Shared,
+    u: Shared,
 }
 
 /// [`ZPre`]'s constant part as values.
@@ -319,6 +371,12 @@ struct Saved<T> {
     /// scale (`ts` holds the scale `T` itself then).
     hus: Vec<T>,
     rcs: Vec<T>,
+    /// cGRU: the context GRU's states `t_i` `[T, B, H]` and the word GRU's `[r | u]`, `r∘t`, `tanh(·)`
+    /// `[n, B, ·]` (`tall` holds the intermediate states `t'_i`).
+    sall: Vec<T>,
+    wru: Vec<T>,
+    wrh: Vec<T>,
+    wht: Vec<T>,
 }
 
 /// `c·kind(z)` as `α + β z`: `(α, β)` (`β` is also the derivative in `z`).
@@ -843,6 +901,15 @@ impl DecoderSequence {
         }))
     }
 
+    /// cGRU: the context GRU's bias and the word GRU's `U_ru`, `U` as values.
+    fn cgru_data<T: Real>(&self) -> Result<Option<[Vec<T>; 3]>> {
+        let Some(g) = &self.cgru else {
+            return Ok(None);
+        };
+        let v = |x: &Shared| crate::kernels::to_vec::<T>(&x.tensor);
+        Ok(Some([v(&g.b)?, v(&g.u_ru)?, v(&g.u)?]))
+    }
+
     /// The gate's constant part: `b_β` (gating scalar) or `θ` (static interpolation).
     fn z_const<T: Real>(&self) -> Result<ZConst<T>> {
         Ok(match &self.z_pre {
@@ -954,6 +1021,12 @@ impl DecoderSequence {
         let wh_off = ad + if has_uz { h } else { 0 };
         let wb_off = wh_off + kd;
         let zc = self.z_const::<T>()?;
+        let cgru_v = self.cgru_data::<T>()?;
+        let cgru = cgru_v.as_ref().map(|[b, u_ru, u]| CgruView {
+            b,
+            u_ru: Oriented::new(u_ru, h, 2 * h),
+            u: Oriented::new(u, h, h),
+        });
         let bsd = b * s * cdim;
         let mut covs = crate::kernels::zeroed(tl * bsd);
         let mut cacts = crate::kernels::zeroed(n * b * s * aw);
@@ -962,15 +1035,26 @@ impl DecoderSequence {
         tall[..b * h].copy_from_slice(storage_slice::<T>(&g_t0, &l_t0)?);
         let mut q = crate::kernels::zeroed(tl * b * wq);
         let mut actx = crate::kernels::zeroed(tl * b * w_ac);
-        let mut z = crate::kernels::zeroed(if gated { n * b * h } else { 0 });
-        let mut ts = crate::kernels::zeroed(n * b * h);
-        let mut cp = crate::kernels::zeroed(n * b * wc);
+        // Steps with a (gated) transition: all but the last, or all of them for the cGRU's context GRU.
+        let nt = if cgru.is_some() { tl } else { n };
+        let mut z = crate::kernels::zeroed(if gated { nt * b * h } else { 0 });
+        let mut ts = crate::kernels::zeroed(nt * b * h);
+        let mut cp = crate::kernels::zeroed(nt * b * wc);
         // GRU activations (none for the vanilla unit, whose activation is the next state itself).
-        let gn = if gru { n } else { 0 };
+        let gn = if gru { nt } else { 0 };
         let paper = self.paper;
         let ones = vec![T::one(); if paper { h } else { 0 }];
         let mut hus = crate::kernels::zeroed(if paper { gn * b * 2 * h } else { 0 });
-        let mut rcs = crate::kernels::zeroed(if paper { n * b * h } else { 0 });
+        let mut rcs = crate::kernels::zeroed(if paper { nt * b * h } else { 0 });
+        // cGRU: the context GRU's states, the word GRU's activations and its step's inputs; the context GRU
+        // has no word term (a zero row in the mix).
+        let cn = if cgru.is_some() { n } else { 0 };
+        let mut sall = crate::kernels::zeroed(if cgru.is_some() { tl * b * h } else { 0 });
+        let mut wru = crate::kernels::zeroed(cn * b * 2 * h);
+        let mut wrh = crate::kernels::zeroed(cn * b * h);
+        let mut wht = crate::kernels::zeroed(cn * b * h);
+        let mut pre_w = vec![T::zero(); if cgru.is_some() { b * kh } else { 0 }];
+        let wp_zero = vec![T::zero(); if cgru.is_some() { kh } else { 0 }];
         let mut ru = crate::kernels::zeroed(gn * b * 2 * h);
         let mut rts = crate::kernels::zeroed(gn * b * h);
         let mut cc = crate::kernels::zeroed(gn * b * h);
@@ -979,7 +1063,33 @@ impl DecoderSequence {
         let mut rc = vec![T::zero(); b * h];
         let (bh, bkh, bh2) = (b * h, b * kh, b * 2 * h);
         for i in 0..tl {
-            // Attention from t_{i−1}.
+            if let (Some(g), true) = (&cgru, i > 0) {
+                // cGRU: the word GRU t'_i = GRU_word(e(y_{i−1}), t_{i−1}).
+                for r in 0..b {
+                    pre_w[r * kh..(r + 1) * kh]
+                        .copy_from_slice(&wp[(r * tl + i - 1) * kh..(r * tl + i) * kh]);
+                }
+                let state = &mut tall[i * bh..(i + 1) * bh];
+                state.copy_from_slice(&sall[(i - 1) * bh..i * bh]);
+                let acts = GruActs {
+                    ru: &mut wru[(i - 1) * bh2..i * bh2],
+                    rh: &mut wrh[(i - 1) * bh..i * bh],
+                    ht: &mut wht[(i - 1) * bh..i * bh],
+                };
+                crate::profile::timed("  decoder fwd: word GRU step", || {
+                    gru_step_forward(
+                        h,
+                        &pre_w,
+                        state,
+                        None,
+                        acts,
+                        (&mut hu, &mut rc),
+                        &g.u_ru,
+                        &g.u,
+                    )
+                });
+            }
+            // Attention from t_{i−1} (cGRU: t'_i).
             let (t_done, t_rest) = tall.split_at_mut((i + 1) * bh);
             let t_i = &t_done[i * bh..];
             let q_i = &mut q[i * b * wq..(i + 1) * b * wq];
@@ -1043,7 +1153,7 @@ impl DecoderSequence {
                     }
                 });
             }
-            if i == n {
+            if i == nt {
                 break;
             }
             let ctx_i = Mat {
@@ -1055,6 +1165,14 @@ impl DecoderSequence {
             crate::profile::timed("  decoder fwd: context GEMM", || {
                 cw.mul_into(b, cp_i, wc, false, ctx_i)
             });
+            if let Some(g) = &cgru {
+                // The context GRU's candidate bias, with the context's term.
+                for row in cp_i.chunks_exact_mut(wc) {
+                    for (x, &bb) in row[2 * h..3 * h].iter_mut().zip(g.b.iter()) {
+                        *x = *x + bb;
+                    }
+                }
+            }
             let (z_i, ts_i) = (
                 if gated {
                     &mut z[i * bh..(i + 1) * bh]
@@ -1099,7 +1217,11 @@ impl DecoderSequence {
                             } else {
                                 &t_i[r * h..(r + 1) * h]
                             },
-                            &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh],
+                            if cgru.is_some() {
+                                &wp_zero
+                            } else {
+                                &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
+                            },
                             &cp_i[r * wc..r * wc + kh],
                             kinds,
                             zw.row(r),
@@ -1110,7 +1232,11 @@ impl DecoderSequence {
                 });
             }
             let ts_i = &*ts_i;
-            let t_next = &mut t_rest[..bh];
+            let t_next = if cgru.is_some() {
+                &mut sall[i * bh..(i + 1) * bh]
+            } else {
+                &mut t_rest[..bh]
+            };
             if paper {
                 // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
                 let gru_acts = gru.then(|| {
@@ -1156,13 +1282,14 @@ impl DecoderSequence {
                 gru_step_forward(h, &pre, t_next, None, acts, (&mut hu, &mut rc), &u_ru, &u)
             });
         }
-        // The readout's input, batch-major: [t_{i−1} | s_i].
+        // The readout's input, batch-major: [t_{i−1} | s_i] (cGRU: [t_i | s_i]).
         let mut out = crate::kernels::zeroed(b * tl * h3);
         {
             use rayon::prelude::*;
+            let states = if cgru.is_some() { &sall } else { &tall };
             out.par_chunks_mut(h3).enumerate().for_each(|(row, o)| {
                 let (r, i) = (row / tl, row % tl);
-                o[..h].copy_from_slice(&tall[(i * b + r) * h..(i * b + r + 1) * h]);
+                o[..h].copy_from_slice(&states[(i * b + r) * h..(i * b + r + 1) * h]);
                 o[h..].copy_from_slice(&actx[(i * b + r) * w_ac + s..(i * b + r + 1) * w_ac]);
             });
         }
@@ -1185,6 +1312,10 @@ impl DecoderSequence {
             cacts,
             hus,
             rcs,
+            sall,
+            wru,
+            wrh,
+            wht,
         }));
         Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, h3))))
     }
@@ -1213,13 +1344,31 @@ impl DecoderSequence {
             cacts,
             hus,
             rcs,
+            sall,
+            wru,
+            wrh,
+            wht,
         } = crate::kernels::take_saved::<Saved<T>>(&self.saved, "fused decoder")?;
+        let cgru_v = self.cgru_data::<T>()?;
+        let cgru = cgru_v.as_ref().map(|[b, u_ru, u]| CgruView {
+            b,
+            u_ru: Oriented::new(u_ru, h, 2 * h),
+            u: Oriented::new(u, h, h),
+        });
+        let nt = if cgru.is_some() { tl } else { n };
         let paper = self.paper;
         let ones = vec![T::one(); if paper { h } else { 0 }];
         // Paper form: ∂ of the products before their scale, per step (for the weights' gradients), and ∂t_i
         // through the transition.
-        let mut dhus = crate::kernels::zeroed(if paper && gru { n * b * 2 * h } else { 0 });
-        let mut drcs = crate::kernels::zeroed(if paper { n * b * h } else { 0 });
+        let mut dhus = crate::kernels::zeroed(if paper && gru { nt * b * 2 * h } else { 0 });
+        let mut drcs = crate::kernels::zeroed(if paper { nt * b * h } else { 0 });
+        // cGRU: the word GRU's ∂pre per step (for its weights' gradients), its ∂t_i, the mix's ∂(word term)
+        // (discarded: the context GRU has none) and the zero word term.
+        let cn = if cgru.is_some() { n } else { 0 };
+        let mut dpw_all = crate::kernels::zeroed(cn * b * kh);
+        let mut dh_w = vec![T::zero(); if cgru.is_some() { b * h } else { 0 }];
+        let mut dwp_scratch = vec![T::zero(); if cgru.is_some() { b * kh } else { 0 }];
+        let wp_zero = vec![T::zero(); if cgru.is_some() { kh } else { 0 }];
         let mut dtp = vec![T::zero(); if paper { b * h } else { 0 }];
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
@@ -1281,8 +1430,8 @@ impl DecoderSequence {
 
         let mut dwp = crate::kernels::zeroed(tl * bkh);
         let mut dzp = crate::kernels::zeroed(if gated { tl * bh } else { 0 });
-        let mut dcp = crate::kernels::zeroed(n * b * wc);
-        let mut dpre = crate::kernels::zeroed(n * bkh);
+        let mut dcp = crate::kernels::zeroed(nt * b * wc);
+        let mut dpre = crate::kernels::zeroed(nt * bkh);
         let mut dq = crate::kernels::zeroed(tl * b * wq);
         let mut dv_rows = vec![T::zero(); b * ad];
         let mut dt = vec![T::zero(); bh]; // ∂t_i carried from step i + 1
@@ -1300,7 +1449,35 @@ impl DecoderSequence {
                 dt_prev[r * h..(r + 1) * h].copy_from_slice(&gr[..h]);
                 dctx[r * a2..(r + 1) * a2].copy_from_slice(&gr[h..]);
             }
-            if i < n {
+            if let Some(g) = &cgru {
+                // cGRU: the readout's gradient is t_i's (the context GRU's state); before the last step
+                // the word GRU t'_{i+1} = GRU_word(e(y_i), t_i) adds its share, from ∂t'_{i+1} in `dt`.
+                if i < n {
+                    let dpw_i = &mut dpw_all[i * bkh..(i + 1) * bkh];
+                    dh_w.fill(T::zero());
+                    let step = GruStep {
+                        h,
+                        ru: &wru[i * 2 * bh..(i + 1) * 2 * bh],
+                        ht: &wht[i * bh..(i + 1) * bh],
+                        hp: &sall[i * bh..(i + 1) * bh],
+                        mask: None,
+                    };
+                    crate::profile::timed("  decoder bwd: word GRU step", || {
+                        step.backward(&dt, &mut dh_w, dpw_i, &mut drts, &g.u, &g.u_ru)
+                    });
+                    for (a, &x) in dt_prev.iter_mut().zip(&dh_w) {
+                        *a = *a + x;
+                    }
+                    for r in 0..b {
+                        dwp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
+                            .copy_from_slice(&dpw_i[r * kh..(r + 1) * kh]);
+                    }
+                }
+                // ∂t_i is the context GRU's output gradient; ∂t'_i collects in `dt_prev` below.
+                dt.copy_from_slice(&dt_prev);
+                dt_prev.fill(T::zero());
+            }
+            if i < nt {
                 let dpre_i = &mut dpre[i * bkh..(i + 1) * bkh];
                 if paper {
                     // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
@@ -1316,7 +1493,14 @@ impl DecoderSequence {
                         paper_transition_backward(
                             (b, h),
                             &dt,
-                            (t_i, &tall[(i + 1) * bh..(i + 2) * bh]),
+                            (
+                                t_i,
+                                if cgru.is_some() {
+                                    &sall[i * bh..(i + 1) * bh]
+                                } else {
+                                    &tall[(i + 1) * bh..(i + 2) * bh]
+                                },
+                            ),
                             (&rcs[i * bh..(i + 1) * bh], &ts[i * bh..(i + 1) * bh]),
                             (&u, &u_ru),
                             gru_acts,
@@ -1362,8 +1546,9 @@ impl DecoderSequence {
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
                 let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
                 {
+                    let cg = cgru.is_some();
                     let (dww, dcw, dtw, dzw) = (
-                        RowsMut::new(&mut dwp, kh),
+                        RowsMut::new(if cg { &mut dwp_scratch } else { &mut dwp }, kh),
                         RowsMut::new(dcp_i, wc),
                         RowsMut::new(&mut dt, h),
                         RowsMut::new(&mut dzp, if gated { h } else { 0 }),
@@ -1386,12 +1571,16 @@ impl DecoderSequence {
                             } else {
                                 &t_i[r * h..(r + 1) * h]
                             },
-                            &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh],
+                            if cg {
+                                &wp_zero
+                            } else {
+                                &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
+                            },
                             &cp_i[r * wc..r * wc + kh],
                             if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
                             kinds,
                             gated,
-                            dww.row(r * tl + i),
+                            dww.row(if cg { r } else { r * tl + i }),
                             &mut dcw.row(r)[..kh],
                             dtw.row(r),
                             dzw.row(r * tl + i),
@@ -1661,7 +1850,7 @@ impl DecoderSequence {
             Some(ZPreOp::Static { theta }) => theta.add_grad(dtheta),
             None => {}
         }
-        let nb = n * b;
+        let nb = nt * b;
         let ctx_t = Mat {
             data: &actx[s..],
             rs: 1,
@@ -1698,6 +1887,32 @@ impl DecoderSequence {
             .add_grad(weight_grad(a2, kh, nb, ctx_t, block(&dcp, wc, 0)));
         if let Some(cz) = &self.c_z {
             cz.add_grad(weight_grad(a2, h, nb, ctx_t, block(&dcp, wc, kh)));
+        }
+        if let Some(gs) = &self.cgru {
+            // The context GRU's bias (its candidate's context term), the word GRU's U_ru from t_i and U
+            // from r∘t_i.
+            let mut db = vec![T::zero(); h];
+            for row in dcp.chunks_exact(wc) {
+                for (a, &x) in db.iter_mut().zip(&row[2 * h..3 * h]) {
+                    *a = *a + x;
+                }
+            }
+            gs.b.add_grad(db);
+            let nw = n * b;
+            gs.u_ru.add_grad(weight_grad(
+                h,
+                2 * h,
+                nw,
+                Mat::t(&sall, h),
+                block(&dpw_all, kh, 0),
+            ));
+            gs.u.add_grad(weight_grad(
+                h,
+                h,
+                nw,
+                Mat::t(&wrh, h),
+                block(&dpw_all, kh, 2 * h),
+            ));
         }
         if paper {
             // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla).

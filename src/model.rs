@@ -303,13 +303,11 @@ impl Model {
     }
 
     /// Whether training runs the decoder as one fused op per batch ([`crate::decoder_sequence`]): fused
-    /// kernels on the CPU, the GRU or vanilla decoder (either gate form), any gate, any coverage;
+    /// kernels on the CPU, any decoder (GRU, vanilla, cGRU; either gate form), any gate, any coverage;
     /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
     #[allow(clippy::type_complexity)]
     pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
-        use crate::config::DecoderKind;
         if !self.kernels.fused_on(self.cell.u.device())
-            || self.cell.kind == DecoderKind::Cgru
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
         {
             return None;
@@ -443,12 +441,27 @@ impl Model {
                 Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref()),
                 _ => (None, None),
             };
+            // The cGRU's transition in the op is its context GRU; its word GRU follows it.
+            let (c, u_ru, u, cgru) = match &self.cell.cgru {
+                Some((word, ctx)) => (
+                    &ctx.c,
+                    Some(&ctx.u_ru),
+                    &ctx.u,
+                    Some(crate::decoder_sequence::CgruWeights {
+                        b: &ctx.b,
+                        u_ru: &word.u_ru,
+                        u: &word.u,
+                    }),
+                ),
+                None => (&self.cell.c, self.cell.u_ru.as_ref(), &self.cell.u, None),
+            };
             let w = crate::decoder_sequence::DecoderWeights {
                 b_att: &self.attention.b,
                 v: &self.attention.v,
-                c: &self.cell.c,
-                u_ru: self.cell.u_ru.as_ref(),
-                u: &self.cell.u,
+                c,
+                u_ru,
+                u,
+                cgru,
                 u_z,
                 c_z,
                 paper_form: self.cell.form == crate::config::GateForm::Paper,
@@ -462,7 +475,20 @@ impl Model {
             };
             // The word projections, batch-major rows `(b, i)`, as shared inputs.
             let wp = self.cell.project_words_shared(&e_all)?;
-            let wz = self.gate.word_term_shared(&e_all)?;
+            // (The cGRU's gate reads the previous word e(y_{i−1}), zero at i = 0.)
+            let wz = if self.is_conditional() {
+                let e_prev = Tensor::cat(
+                    &[
+                        Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
+                        e3.narrow(1, 0, t_len - 1)?,
+                    ],
+                    1,
+                )?
+                .reshape((b * t_len, e_dim))?;
+                self.gate.word_term_shared(&e_prev)?
+            } else {
+                self.gate.word_term_shared(&e_all)?
+            };
             // Coverage's per-position inputs read from the annotations' handle: `h W_c` (neural), `h U_f`
             // (fertility; the op forms 1/Φ from it) or ones.
             let cov = match &self.coverage {

@@ -62,6 +62,18 @@ fn every_decoder_variant_gradients_match_finite_differences() {
                 format!("model.context_gate={gate}"),
             ]);
         }
+        variants.push(vec![
+            "model.decoder=cgru".into(),
+            format!("model.gate_form={form}"),
+            "model.context_gate=target".into(),
+            "model.gate_inputs=[\"word\",\"state\"]".into(),
+        ]);
+        variants.push(vec![
+            "model.decoder=cgru".into(),
+            format!("model.gate_form={form}"),
+            "model.context_gate=none".into(),
+            "model.gating_scalar=true".into(),
+        ]);
     }
     for (i, v) in variants.iter().enumerate() {
         let sets: Vec<&str> = v.iter().map(|s| s.as_str()).collect();
@@ -149,5 +161,11 @@ fn coverage_gradients_match_finite_differences() {
             sets.push(&g);
             grad_check(&tiny_model_config(&sets), 300 + i as u64, 8);
         }
+    }
+    // The cGRU with coverage (attention queried with the word GRU's state).
+    for (i, c) in cases.iter().enumerate().skip(1) {
+        let mut sets = c.clone();
+        sets.extend(["model.decoder=cgru", "model.context_gate=both"]);
+        grad_check(&tiny_model_config(&sets), 320 + i as u64, 8);
     }
 }

@@ -393,6 +393,23 @@ fn variants() -> Vec<Vec<String>> {
         v.push(vec!["model.context_gate=none".into(), extra.into()]);
     }
     v.push(vec!["model.gate_inputs=[\"state\"]".into()]);
+    // The cGRU (its context GRU in the fused decoder op, the word GRU after it) with the other gates and
+    // with coverage.
+    for extra in [
+        vec!["model.context_gate=none", "model.gating_scalar=true"],
+        vec![
+            "model.context_gate=none",
+            "model.static_interpolation=true",
+            "model.gate_form=paper",
+        ],
+        vec!["model.gate_inputs=[\"word\",\"state\"]"],
+        vec!["model.coverage=neural", "model.coverage_dim=3"],
+        vec!["model.coverage=linguistic", "model.coverage_dim=1"],
+    ] {
+        let mut x = vec!["model.decoder=cgru".to_string()];
+        x.extend(extra.iter().map(|s| s.to_string()));
+        v.push(x);
+    }
     for cov in [
         vec!["model.coverage=linguistic", "model.coverage_dim=1"],
         vec![
@@ -511,9 +528,9 @@ fn whole_model_fused_equals_reference_for_every_variant() {
 /// so no transition), all equal to the reference kernels.
 #[test]
 fn fused_sequence_ops_at_the_edges_equal_reference() {
-    // One-word sources and targets (one decoder step, no transition), empty targets, mixed lengths; GRU and
-    // vanilla decoders, with and without coverage.
-    let coverage: [&[&str]; 5] = [
+    // One-word sources and targets (one decoder step, no transition), empty targets, mixed lengths; GRU,
+    // vanilla and cGRU decoders (the cGRU's last step has no word GRU), with and without coverage.
+    let coverage: [&[&str]; 8] = [
         &[],
         &[
             "model.coverage=linguistic",
@@ -526,6 +543,14 @@ fn fused_sequence_ops_at_the_edges_equal_reference() {
             "model.decoder=vanilla",
             "model.coverage=neural",
             "model.coverage_dim=2",
+        ],
+        &["model.decoder=cgru"],
+        &["model.decoder=cgru", "model.gate_form=paper"],
+        &[
+            "model.decoder=cgru",
+            "model.coverage=linguistic",
+            "model.coverage_dim=1",
+            "model.coverage_fertility=true",
         ],
     ];
     for cov in coverage {
