@@ -407,7 +407,8 @@ impl CustomOp3 for GruUpdateGrad {
 /// forward first), the padding mask (`S·B` values, time-major; a state is kept where it is 0) and
 /// each direction's `U_ru` `[H, 2H]`, `U` `[H, H]`; returns the annotations `[B, S, 2H]` (`[→h_j ; ←h_j]`).
 /// One graph node for the whole encoder: each direction runs its steps with one GEMM per recurrent product
-/// into preallocated buffers, the two directions concurrently (one core each), and the backward pass runs
+/// into preallocated buffers over the rows with a word at that step (see [`RowOrder`]), the two directions
+/// concurrently (one core each), and the backward pass runs
 /// back-propagation through time inside the op, forming `∂U_ru`, `∂U` as one GEMM each over all steps. Equal
 /// to [`Gru::step_masked`] step by step (tested against it). Inputs and gradients travel through [`Shared`]
 /// handles (see `decoder_sequence`).
@@ -427,7 +428,8 @@ struct BiGru {
     x: Shared,
     u_ru: [Shared; 2],
     u: [Shared; 2],
-    mask: Vec<f64>,
+    /// The order the recurrences run the sentences in (see [`RowOrder`]).
+    order: RowOrder,
     /// Whether a backward pass can follow (any input tracks gradients): keep the activations.
     save: bool,
     saved: crate::kernels::SavedSlot,
@@ -463,7 +465,7 @@ impl BiGru {
             x: x.into_shared()?,
             u_ru: [sh(fwd.0)?, sh(bwd.0)?],
             u: [sh(fwd.1)?, sh(bwd.1)?],
-            mask,
+            order: RowOrder::new(&mask, s, b),
             save: false,
             saved: Default::default(),
         };
@@ -504,16 +506,17 @@ impl BiGru {
         let run = |d: usize| -> Result<(Vec<T>, Option<GruSaved<T>>)> {
             // This direction's columns, time-major: every step reads one contiguous `[B, 3H]` block.
             let h3 = 3 * h;
+            // (Rows in the recurrences' order.)
             let mut x = crate::kernels::zeroed(s * b * h3);
             for (row, o) in x.chunks_mut(h3).enumerate() {
-                let (t, i) = (row / b, row % b);
-                let at = (i * s + t) * 2 * h3 + d * h3;
+                let (t, p) = (row / b, row % b);
+                let at = (self.order.perm[p] * s + t) * 2 * h3 + d * h3;
                 o.copy_from_slice(&xs[at..at + h3]);
             }
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
             Ok(crate::kernels::serial(|| {
-                gru_dir_forward(&x, &u_ru, &u, &self.mask, (s, b, h), d == 1, save)
+                gru_dir_forward(&x, &u_ru, &u, &self.order, (s, b, h), d == 1, save)
             }))
         };
         let (f, r) = crate::profile::timed("  encoder fwd: both directions", || {
@@ -522,10 +525,12 @@ impl BiGru {
         let ((f, fs), (r, rs)) = (f?, r?);
         // Annotations, batch-major: [→h_j ; ←h_j].
         let mut out = crate::kernels::zeroed(b * s * 2 * h);
+        let pos = &self.order.pos;
         out.par_chunks_mut(2 * h).enumerate().for_each(|(row, o)| {
             let (i, t) = (row / s, row % s);
-            o[..h].copy_from_slice(&f[(t * b + i) * h..(t * b + i + 1) * h]);
-            o[h..].copy_from_slice(&r[(t * b + i) * h..(t * b + i + 1) * h]);
+            let p = pos[i];
+            o[..h].copy_from_slice(&f[(t * b + p) * h..(t * b + p + 1) * h]);
+            o[h..].copy_from_slice(&r[(t * b + p) * h..(t * b + p + 1) * h]);
         });
         if let (Some(fs), Some(rs)) = (fs, rs) {
             *self.saved.lock().expect("saved activations") = Some(Box::new([fs, rs]));
@@ -544,8 +549,8 @@ impl BiGru {
         let split = |d: usize| -> Vec<T> {
             let mut out = crate::kernels::zeroed(s * b * h);
             for (row, o) in out.chunks_mut(h).enumerate() {
-                let (t, i) = (row / b, row % b);
-                let at = (i * s + t) * 2 * h + d * h;
+                let (t, p) = (row / b, row % b);
+                let at = (self.order.perm[p] * s + t) * 2 * h + d * h;
                 o.copy_from_slice(&g[at..at + h]);
             }
             out
@@ -555,7 +560,7 @@ impl BiGru {
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
             let (dx, dur, du) = crate::kernels::serial(|| {
-                gru_dir_backward(saved, &gd, &u_ru, &u, &self.mask, (s, b, h), d == 1)
+                gru_dir_backward(saved, &gd, &u_ru, &u, &self.order, (s, b, h), d == 1)
             });
             self.u_ru[d].add_grad(dur);
             self.u[d].add_grad(du);
@@ -568,10 +573,11 @@ impl BiGru {
         let h3 = 3 * h;
         let dxs = [a?, c?];
         let mut dx = crate::kernels::zeroed(b * s * 2 * h3);
+        let pos = &self.order.pos;
         dx.par_chunks_mut(2 * h3).enumerate().for_each(|(row, o)| {
             let (i, t) = (row / s, row % s);
             for (d, dxd) in dxs.iter().enumerate() {
-                let at = (t * b + i) * h3;
+                let at = (t * b + pos[i]) * h3;
                 o[d * h3..(d + 1) * h3].copy_from_slice(&dxd[at..at + h3]);
             }
         });
@@ -614,6 +620,63 @@ impl crate::kernels::FusedOutput for BiGru {
             DType::F64 => self.backward::<f64>(grad),
             _ => candle_core::bail!("fused kernels support f32 and f64"),
         }
+    }
+}
+
+/// The order in which the encoder's recurrences run a batch's sentences, and how many rows each step
+/// computes. When every sentence's mask is a run of ones followed by padding (as `Batch` builds it), the
+/// rows run longest first, so that the sentences with a word at step `t` are the first `active[t]` rows and
+/// each step's products and row passes cover those only (padded positions keep the state, as the mask says,
+/// without being computed); otherwise the batch's own order, every row at every step, under the mask.
+struct RowOrder {
+    /// `perm[p]`: the sentence run as row `p`; `pos[i]`: the row sentence `i` runs as.
+    perm: Vec<usize>,
+    pos: Vec<usize>,
+    /// Rows computed at each step; with `mask` (time-major `S·B`, in `perm` order) when not sorted.
+    active: Vec<usize>,
+    mask: Option<Vec<f64>>,
+}
+
+impl RowOrder {
+    fn new(mask: &[f64], s: usize, b: usize) -> RowOrder {
+        let len = |i: usize| (0..s).take_while(|&t| mask[t * b + i] == 1.0).count();
+        let prefix = (0..b).all(|i| {
+            let l = len(i);
+            (l..s).all(|t| mask[t * b + i] == 0.0)
+        });
+        if !prefix {
+            return RowOrder {
+                perm: (0..b).collect(),
+                pos: (0..b).collect(),
+                active: vec![b; s],
+                mask: Some(mask.to_vec()),
+            };
+        }
+        let lens: Vec<usize> = (0..b).map(len).collect();
+        let mut perm: Vec<usize> = (0..b).collect();
+        perm.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+        let mut pos = vec![0; b];
+        for (p, &i) in perm.iter().enumerate() {
+            pos[i] = p;
+        }
+        let active = (0..s)
+            .map(|t| lens.iter().filter(|&&l| l > t).count())
+            .collect();
+        RowOrder {
+            perm,
+            pos,
+            active,
+            mask: None,
+        }
+    }
+
+    /// The rows step `t` computes and their mask (`None`: all words).
+    fn step(&self, t: usize) -> (usize, Option<&[f64]>) {
+        let b = self.perm.len();
+        (
+            self.active[t],
+            self.mask.as_ref().map(|m| &m[t * b..(t + 1) * b]),
+        )
     }
 }
 
@@ -818,7 +881,7 @@ fn gru_dir_forward<T: Real>(
     xp: &[T],
     u_ru: &[T],
     u: &[T],
-    mask: &[f64],
+    order: &RowOrder,
     (s, b, h): (usize, usize, usize),
     reverse: bool,
     save: bool,
@@ -848,14 +911,26 @@ fn gru_dir_forward<T: Real>(
         if save {
             hp[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
         }
+        // The rows with a word at t (the others keep their state); their activations only.
+        let (m, mask) = order.step(t);
         let acts = GruActs {
-            ru: ru_t,
-            rh: rh_t,
-            ht: ht_t,
+            ru: &mut ru_t[..m * 2 * h],
+            rh: &mut rh_t[..m * h],
+            ht: &mut ht_t[..m * h],
         };
-        let scratch = (&mut hu[..], &mut rc[..]);
-        let mask = Some(&mask[t * b..(t + 1) * b]);
-        gru_step_forward(h, xpt, &mut state, mask, acts, scratch, &u_ru, &u);
+        let scratch = (&mut hu[..m * 2 * h], &mut rc[..m * h]);
+        if m > 0 {
+            gru_step_forward(
+                h,
+                &xpt[..m * h3],
+                &mut state[..m * h],
+                mask,
+                acts,
+                scratch,
+                &u_ru,
+                &u,
+            );
+        }
         out[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
     }
     (out, save.then_some(GruSaved { ru, rh, ht, hp }))
@@ -867,7 +942,7 @@ fn gru_dir_backward<T: Real>(
     g: &[T],
     u_ru: &[T],
     u: &[T],
-    mask: &[f64],
+    order: &RowOrder,
     (s, b, h): (usize, usize, usize),
     reverse: bool,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
@@ -889,14 +964,29 @@ fn gru_dir_backward<T: Real>(
             &g[r1],
         );
         let dxp_t = &mut dxp[t * b * h3..(t + 1) * b * h3];
+        // Rows without a word at t kept their state: their gradient passes on (their ∂xp stays zero).
+        let (m, mask) = order.step(t);
+        for (a, &x) in dh[m * h..].iter_mut().zip(&g_t[m * h..]) {
+            *a = *a + x;
+        }
         let step = GruStep {
             h,
-            ru: ru_t,
-            ht: ht_t,
-            hp: hp_t,
-            mask: Some(&mask[t * b..(t + 1) * b]),
+            ru: &ru_t[..m * 2 * h],
+            ht: &ht_t[..m * h],
+            hp: &hp_t[..m * h],
+            mask,
         };
-        step.backward(g_t, &mut dh, dxp_t, &mut drh, &u_o, &u_ru_o);
+        if m == 0 {
+            continue;
+        }
+        step.backward(
+            &g_t[..m * h],
+            &mut dh[..m * h],
+            &mut dxp_t[..m * h3],
+            &mut drh[..m * h],
+            &u_o,
+            &u_ru_o,
+        );
     }
     // ∂U_ru = Σ_t h_prevᵀ ∂[r|u]_pre, ∂U = Σ_t (r∘h_prev)ᵀ ∂c_pre: one GEMM each over all steps.
     let sb = s * b;

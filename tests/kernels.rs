@@ -696,14 +696,24 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
 fn fused_bidirectional_gru_matches_step_by_step() {
     use candle_core::IndexOp;
     use cgnmt::encoder::{bigru_fused, Gru};
-    for (dtype, ft, gt) in [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)] {
+    // Sentence lengths 6, 4, 1, 6, 2 (the fused op runs the rows longest first, each step over the rows with a
+    // word), and a mask with a gap in one row (not a run of words then padding: all rows under the mask).
+    for (gap, (dtype, ft, gt)) in [false, true].into_iter().flat_map(|g| {
+        [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)]
+            .into_iter()
+            .map(move |x| (g, x))
+    }) {
         let mut rng = StdRng::seed_from_u64(5);
-        // Sizes that leave remainders after the 8-lane loops; sentence lengths 6, 4, 1, 6, 2.
+        // Sizes that leave remainders after the 8-lane loops.
         let (s, b, h) = (6, 5, 11);
         let lens = [6usize, 4, 1, 6, 2];
-        let mask: Vec<f64> = (0..s * b)
+        let mut mask: Vec<f64> = (0..s * b)
             .map(|k| if k / b < lens[k % b] { 1.0 } else { 0.0 })
             .collect();
+        if gap {
+            // Row 1: words at 0, 2, 3.
+            mask[b + 1] = 0.0;
+        }
         // x [B, S, 6H]: both directions' projected inputs side by side.
         let vars = [
             rand_var(&mut rng, &[b, s, 6 * h], 1.5, dtype),
