@@ -466,9 +466,17 @@ pub fn softmax_context_shared(e: &Tensor, annotations: &Shared) -> Result<(Tenso
 
 #[inline(always)]
 fn softmax_context_row<T: Real>(e: &[T], h: &[T], out: &mut [T]) {
+    let (alpha, ctx) = out.split_at_mut(e.len());
+    softmax_context_parts(e, h, alpha, ctx)
+}
+simd_dispatch!(softmax_context_row_d, softmax_context_row_avx, softmax_context_row, (e: &[T], h: &[T], out: &mut [T]));
+
+/// [`softmax_context_row`] into separate outputs `α` `[S]` and `s` `[2H]` (the fused decoder passes a
+/// sentence's own positions only, within a row that has room for the batch's longest sentence).
+#[inline(always)]
+fn softmax_context_parts<T: Real>(e: &[T], h: &[T], alpha: &mut [T], ctx: &mut [T]) {
     let s = e.len();
-    let a2 = h.len() / s.max(1);
-    let (alpha, ctx) = out.split_at_mut(s);
+    let a2 = ctx.len();
     let m = crate::kernels::max_of(e);
     let mut z = T::zero();
     for j in 0..s {
@@ -488,7 +496,7 @@ fn softmax_context_row<T: Real>(e: &[T], h: &[T], out: &mut [T]) {
         }
     }
 }
-simd_dispatch!(softmax_context_row_d, softmax_context_row_avx, softmax_context_row, (e: &[T], h: &[T], out: &mut [T]));
+simd_dispatch!(softmax_context_parts_d, softmax_context_parts_avx, softmax_context_parts, (e: &[T], h: &[T], alpha: &mut [T], ctx: &mut [T]));
 
 /// Gradient row: `∂e` (S) into `d_e`, `∂h` (S·2H) into `d_h` (added to its contents when `add`), from the
 /// forward row `[α | s]` and its gradient.

@@ -5,7 +5,7 @@ use candle_core::{Result, Tensor};
 
 use super::gate_mix::bwd_mix_row_d;
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
-use super::{CgruView, DecoderSequence, Dims, Saved, ZPreOp};
+use super::{source_lengths, CgruView, DecoderSequence, Dims, Saved, ZPreOp};
 use crate::encoder::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
 
@@ -96,6 +96,7 @@ impl DecoderSequence {
             }
         ];
         let bsd = b * s * cdim;
+        let lens = source_lengths(&crate::kernels::to_vec::<T>(&self.mask)?, b, s);
         // Coverage: ∂C_i carried from step i + 1 and ∂C_{i−1} formed at step i; per-sentence sums of the
         // coverage weights' gradients.
         let mut dcov = vec![T::zero(); bsd];
@@ -349,16 +350,18 @@ impl DecoderSequence {
                         self.ah.accumulate::<T>(|d_ah| {
                             let dahw = RowsMut::new(d_ah, s * ad);
                             rows_par(b, b * s * ad, |r| unsafe {
+                                // The scores of the sentence's own positions (α is 0 on padding).
+                                let sr = lens[r];
                                 let mut de = vec![T::zero(); s];
                                 let alpha = &actx_i[r * w_ac..r * w_ac + s];
                                 crate::attention::context_score_grad_row_d(
-                                    alpha,
-                                    &ann[r * s * a2..(r + 1) * s * a2],
+                                    &alpha[..sr],
+                                    &ann[r * s * a2..(r * s + sr) * a2],
                                     &dctx[r * a2..(r + 1) * a2],
-                                    &mut de,
+                                    &mut de[..sr],
                                 );
                                 let dq_row = dqw.row(r);
-                                let ah_r = &ah[r * s * ad..(r + 1) * s * ad];
+                                let ah_r = &ah[r * s * ad..(r * s + sr) * ad];
                                 let q_r = &q_i[r * wq..r * wq + ad];
                                 let (Some(cr), Some(cd)) = (cr, cd) else {
                                     let dq_r = &mut dq_row[..ad];
@@ -367,8 +370,8 @@ impl DecoderSequence {
                                         ah_r,
                                         q_r,
                                         v,
-                                        &de,
-                                        dahw.row(r),
+                                        &de[..sr],
+                                        &mut dahw.row(r)[..sr * ad],
                                         dq_r,
                                         dvw.row(r),
                                         true,
@@ -411,15 +414,15 @@ impl DecoderSequence {
                                 dq_r.fill(T::zero());
                                 crate::coverage::scores_grad_row(
                                     ah_r,
-                                    c_r,
+                                    &c_r[..sr * cdim],
                                     &cd.v_cov,
                                     q_r,
                                     v,
-                                    &de,
-                                    dahw.row(r),
+                                    &de[..sr],
+                                    &mut dahw.row(r)[..sr * ad],
                                     dq_r,
                                     dvw.row(r),
-                                    dc_r,
+                                    &mut dc_r[..sr * cdim],
                                     dvcw.row(r),
                                 );
                             });

@@ -4,7 +4,7 @@ use candle_core::{CpuStorage, Result, Shape};
 
 use super::gate_mix::gate_mix_row_d;
 use super::transition::{paper_transition, vanilla_row_d};
-use super::{CgruView, DecoderSequence, Dims, Saved, ZConst};
+use super::{source_lengths, CgruView, DecoderSequence, Dims, Saved, ZConst};
 use crate::encoder::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
 
@@ -49,6 +49,7 @@ impl DecoderSequence {
         };
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
+        let lens = source_lengths(&mask, b, s);
         let kinds = self.kinds::<T>();
         let cd = self.cov_data::<T>()?;
         let cr = cd.as_ref().map(|c| c.rows());
@@ -153,14 +154,17 @@ impl DecoderSequence {
                 );
                 let (cr, cd) = (&cr, &cd);
                 let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
+                let lens = &lens;
                 rows_par(b, b * s * ad, |r| {
-                    let mut e = vec![T::zero(); s];
-                    let ah_r = &ah[r * s * ad..(r + 1) * s * ad];
+                    // The sentence's own positions (α stays 0 on padding, as the mask makes it).
+                    let sr = lens[r];
+                    let mut e = vec![T::zero(); sr];
+                    let ah_r = &ah[r * s * ad..(r * s + sr) * ad];
                     let q_r = &q_i[r * wq..(r + 1) * wq];
                     match cd {
                         Some(cd) => crate::coverage::scores_row(
                             ah_r,
-                            &c_i[r * s * cdim..(r + 1) * s * cdim],
+                            &c_i[r * s * cdim..(r * s + sr) * cdim],
                             &cd.v_cov,
                             &q_r[..ad],
                             v,
@@ -173,10 +177,12 @@ impl DecoderSequence {
                     }
                     // SAFETY: row r of each buffer is written by this task only.
                     let o = unsafe { out.row(r) };
-                    crate::attention::softmax_context_row_d(
+                    let (al, cx) = o.split_at_mut(s);
+                    crate::attention::softmax_context_parts_d(
                         &e,
-                        &ann[r * s * a2..(r + 1) * s * a2],
-                        o,
+                        &ann[r * s * a2..(r * s + sr) * a2],
+                        &mut al[..sr],
+                        cx,
                     );
                     if let (Some(cr), Some(cd), true) = (cr, cd, i < n) {
                         cr.update(

@@ -412,6 +412,23 @@ impl<T: Real> CovData<T> {
     }
 }
 
+/// Each sentence's length from the additive padding mask `[B, S]` (0 on words): the positions the attention
+/// rows compute (`α` is exactly 0 on the rest). A mask that is not words then padding, or has no word, gives
+/// `S` (every position, under the mask).
+fn source_lengths<T: Real>(mask: &[T], b: usize, s: usize) -> Vec<usize> {
+    (0..b)
+        .map(|r| {
+            let row = &mask[r * s..(r + 1) * s];
+            let n = row.iter().take_while(|&&m| m == T::zero()).count();
+            if n == 0 || row[n..].iter().any(|&m| m == T::zero()) {
+                s
+            } else {
+                n
+            }
+        })
+        .collect()
+}
+
 /// Sizes of one run.
 #[derive(Clone, Copy)]
 struct Dims {
