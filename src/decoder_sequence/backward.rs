@@ -40,11 +40,7 @@ impl DecoderSequence {
             wht,
         } = crate::kernels::take_saved::<Saved<T>>(&self.saved, "fused decoder")?;
         let cgru_v = self.cgru_data::<T>()?;
-        let cgru = cgru_v.as_ref().map(|[b, u_ru, u]| CgruView {
-            b,
-            u_ru: Oriented::new(u_ru, h, 2 * h),
-            u: Oriented::new(u, h, h),
-        });
+        let cgru = cgru_v.as_ref().map(|v| CgruView::new(v, h));
         let nt = if cgru.is_some() { tl } else { n };
         let paper = self.paper;
         let ones = vec![T::one(); if paper { h } else { 0 }];

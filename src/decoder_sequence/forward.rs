@@ -60,11 +60,7 @@ impl DecoderSequence {
         let wb_off = wh_off + kd;
         let zc = self.z_const::<T>()?;
         let cgru_v = self.cgru_data::<T>()?;
-        let cgru = cgru_v.as_ref().map(|[b, u_ru, u]| CgruView {
-            b,
-            u_ru: Oriented::new(u_ru, h, 2 * h),
-            u: Oriented::new(u, h, h),
-        });
+        let cgru = cgru_v.as_ref().map(|v| CgruView::new(v, h));
         let bsd = b * s * cdim;
         let mut covs = crate::kernels::zeroed(tl * bsd);
         let mut cacts = crate::kernels::zeroed(n * b * s * aw);

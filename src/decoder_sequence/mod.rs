@@ -318,6 +318,17 @@ struct CgruView<'a, T> {
     u: Oriented<'a, T>,
 }
 
+impl<'a, T: Real> CgruView<'a, T> {
+    /// From [`DecoderSequence::cgru_data`]'s values, for hidden size `h`.
+    fn new([b, u_ru, u]: &'a [Vec<T>; 3], h: usize) -> Self {
+        CgruView {
+            b,
+            u_ru: Oriented::new(u_ru, h, 2 * h),
+            u: Oriented::new(u, h, h),
+        }
+    }
+}
+
 /// See [`CgruWeights`].
 struct CgruOp {
     b: Shared,
