@@ -639,11 +639,10 @@ struct RowOrder {
 
 impl RowOrder {
     fn new(mask: &[f64], s: usize, b: usize) -> RowOrder {
-        let len = |i: usize| (0..s).take_while(|&t| mask[t * b + i] == 1.0).count();
-        let prefix = (0..b).all(|i| {
-            let l = len(i);
-            (l..s).all(|t| mask[t * b + i] == 0.0)
-        });
+        let lens: Vec<usize> = (0..b)
+            .map(|i| (0..s).take_while(|&t| mask[t * b + i] == 1.0).count())
+            .collect();
+        let prefix = (0..b).all(|i| (lens[i]..s).all(|t| mask[t * b + i] == 0.0));
         if !prefix {
             return RowOrder {
                 perm: (0..b).collect(),
@@ -652,7 +651,6 @@ impl RowOrder {
                 mask: Some(mask.to_vec()),
             };
         }
-        let lens: Vec<usize> = (0..b).map(len).collect();
         let mut perm: Vec<usize> = (0..b).collect();
         perm.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
         let mut pos = vec![0; b];
