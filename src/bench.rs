@@ -115,6 +115,87 @@ pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f6
     encoder_flops(cfg, b, s) + decoder_step_flops(cfg, v, s) * (b * t) as f64
 }
 
+/// Forward FLOPs of the sentences of a batch, each at its own source and target length (EOS included):
+/// the model's work on the words, padding not counted.
+pub fn batch_forward_flops(cfg: &Config, v: usize, src_lens: &[usize], tgt_lens: &[usize]) -> f64 {
+    src_lens
+        .iter()
+        .zip(tgt_lens)
+        .map(|(&s, &t)| forward_flops(cfg, v, 1, s, t))
+        .sum()
+}
+
+/// The sentence lengths (words + EOS) of `../shared/bench/torch_reference.py`'s training batch of `b`
+/// sentences padded to `len`: sentence `i` has a source of `len − (i mod (len/2 + 1))` and a target of
+/// `len − (3i mod (len/2 + 1))` positions.
+pub fn reference_lengths(b: usize, len: usize) -> Vec<(usize, usize)> {
+    let k = len / 2 + 1;
+    (0..b).map(|i| (len - i % k, len - (3 * i) % k)).collect()
+}
+
+/// Real sentence pairs from Hansards fr-en for the given (source, target) lengths in positions (words + EOS):
+/// each target has exactly its length's words; each source is the first words of a source sentence at
+/// least that long.
+fn pairs_of_lengths(
+    data: &Path,
+    lengths: &[(usize, usize)],
+) -> Result<Vec<(Vec<String>, Vec<String>)>> {
+    let dir = data.join("hansards-en-fr");
+    let (fr, en) = (dir.join("train.fr.gz"), dir.join("train.en.gz"));
+    if !fr.is_file() {
+        return Err(NmtError::Data(format!(
+            "{}: not found (set $CGNMT_DATA to the data directory)",
+            fr.display()
+        )));
+    }
+    // Unfilled places by target word count, longest source first.
+    let mut open: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
+    for (i, &(s, t)) in lengths.iter().enumerate() {
+        open.entry(t.saturating_sub(1))
+            .or_default()
+            .push((s.saturating_sub(1), i));
+    }
+    for v in open.values_mut() {
+        v.sort_by_key(|&(s, _)| std::cmp::Reverse(s));
+    }
+    let mut out: Vec<Option<(Vec<String>, Vec<String>)>> = vec![None; lengths.len()];
+    let mut left = lengths.len();
+    let mut fr_r = cgnmt_data::corpus::open_text(&fr)?;
+    let mut en_r = cgnmt_data::corpus::open_text(&en)?;
+    let (mut a, mut b) = (String::new(), String::new());
+    while left > 0 {
+        a.clear();
+        b.clear();
+        if fr_r.read_line(&mut a).map_err(|e| NmtError::io(&fr, e))? == 0
+            || en_r.read_line(&mut b).map_err(|e| NmtError::io(&en, e))? == 0
+        {
+            break;
+        }
+        let t: Vec<String> = b.split_whitespace().map(str::to_string).collect();
+        let Some(places) = open.get_mut(&t.len()) else {
+            continue;
+        };
+        let words = a.split_whitespace().count();
+        if let Some(at) = places.iter().position(|&(s, _)| s <= words && s > 0) {
+            let (s, i) = places.remove(at);
+            out[i] = Some((
+                a.split_whitespace().take(s).map(str::to_string).collect(),
+                t,
+            ));
+            left -= 1;
+        }
+    }
+    if left > 0 {
+        return Err(NmtError::Data(format!(
+            "{}: found sentence pairs for only {} of {} requested lengths",
+            dir.display(),
+            lengths.len() - left,
+            lengths.len()
+        )));
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
 /// FLOPs of encoding `b` sentences of `s` words (with the attention keys).
 pub fn encoder_flops(cfg: &Config, b: usize, s: usize) -> f64 {
     let m = &cfg.model;
@@ -215,6 +296,9 @@ use std::io::BufRead;
 pub struct BenchOptions {
     pub size: String,
     pub steps: usize,
+    /// Train on batches with `torch_reference.py`'s sentence lengths (see [`reference_lengths`]) instead of
+    /// fixed-length targets.
+    pub reference_lengths: bool,
     pub decode_sentences: usize,
     pub repeats: usize,
     /// Alternate training steps between the packed micro-kernel and the general GEMM for the recurrences'
@@ -249,12 +333,21 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     });
     eprintln!("GEMM GFLOP/s at the model's shapes: {step_gemm}");
     // Real sentences of the benchmark's shape, mapped to ids below V by a vocabulary built on them.
-    let pairs = fixed_length_pairs(
-        data,
-        bsz * opts.steps.max(1) + opts.decode_sentences,
-        tlen,
-        tlen,
-    )?;
+    let pairs = if opts.reference_lengths {
+        let per_batch = reference_lengths(bsz, tlen);
+        let mut lengths: Vec<(usize, usize)> = (0..opts.steps.max(1))
+            .flat_map(|_| per_batch.iter().copied())
+            .collect();
+        lengths.extend(std::iter::repeat_n((tlen, tlen), opts.decode_sentences));
+        pairs_of_lengths(data, &lengths)?
+    } else {
+        fixed_length_pairs(
+            data,
+            bsz * opts.steps.max(1) + opts.decode_sentences,
+            tlen,
+            tlen,
+        )?
+    };
     let mut counts = cgnmt_data::vocab::WordCounts::new();
     for (s, t) in &pairs {
         counts.add_sentence(s);
@@ -284,9 +377,25 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         })
         .collect::<candle_core::Result<_>>()?;
     let src_len = batches[0].src.dim(1)?;
+    // Each batch's model FLOPs over its words (padding is not work the model needs).
+    let batch_flops: Vec<f64> = batches
+        .iter()
+        .map(|b| {
+            let lens = |m: &Tensor| -> Result<Vec<usize>> {
+                Ok(crate::model::mask_lengths(m)?.unwrap_or_default())
+            };
+            Ok(3.0 * batch_forward_flops(cfg, v, &lens(&b.src_mask)?, &lens(&b.tgt_mask)?))
+        })
+        .collect::<Result<_>>()?;
     eprintln!(
-        "training: {} steps of {}×{} target tokens (source ≤ {}), V {}...",
-        opts.steps, bsz, tlen, src_len, v
+        "training: {} steps of {} sentences, {} target tokens in {}×{} positions (source ≤ {}), V {}...",
+        opts.steps,
+        bsz,
+        batches[0].tgt_tokens,
+        bsz,
+        batches[0].tgt.dim(1)?,
+        src_len,
+        v
     );
     // Seconds in forward, backward and optimiser update.
     let step = |b: &Batch, opt: &mut Optimizer| -> Result<[f64; 3]> {
@@ -303,12 +412,12 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     crate::profile::set_enabled(opts.profile_ops);
     let mut times = vec![];
     let mut phases: [Vec<f64>; 3] = [vec![], vec![], vec![]];
-    let mut toks = 0usize;
+    let (mut toks, mut positions) = (0usize, 0usize);
     // With --compare-packed-gemm, odd steps use the general GEMM (reported apart).
     let mut general_times = vec![];
-    // Model FLOPs of one step, and each timed step's GFLOP/s as a fraction of the SGEMM peak measured just
-    // after it.
-    let flops = 3.0 * forward_flops(cfg, v, bsz, src_len, tlen);
+    // Each timed step's target tokens/s, GFLOP/s, and GFLOP/s as a fraction of the SGEMM peak measured
+    // just after it.
+    let (mut tok_rates, mut gflop_rates) = (vec![], vec![]);
     let (mut step_vs_peak, mut peaks_between) = (vec![], vec![]);
     let mut phase_sums = [0.0f64; 3];
     for (bi, b) in batches.iter().enumerate() {
@@ -320,12 +429,15 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
             general_times.push(s.elapsed().as_secs_f64());
             continue;
         }
-        times.push(s.elapsed().as_secs_f64());
+        let took = s.elapsed().as_secs_f64();
+        times.push(took);
+        tok_rates.push(b.tgt_tokens as f64 / took);
+        gflop_rates.push(batch_flops[bi] / took / 1e9);
         // The SGEMM peak right after this step (not inside the profiled or timed work).
         crate::profile::set_enabled(false);
         let peak_now = sgemm_gflops_once(2048)?;
         crate::profile::set_enabled(opts.profile_ops);
-        step_vs_peak.push(flops / times[times.len() - 1] / 1e9 / peak_now);
+        step_vs_peak.push(batch_flops[bi] / took / 1e9 / peak_now);
         peaks_between.push(peak_now);
         for (a, x) in phase_sums.iter_mut().zip(p) {
             *a += x;
@@ -334,6 +446,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
             v.push(x);
         }
         toks = b.tgt_tokens;
+        positions = b.tgt.elem_count();
     }
     crate::kernels::set_packed_gemm(true);
     crate::profile::set_enabled(false);
@@ -394,8 +507,8 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         median(&mut phases[1]),
         median(&mut phases[2]),
     ];
-    let train_tps = toks as f64 / step_s;
-    let gflops = flops / step_s / 1e9;
+    let train_tps = median(&mut tok_rates);
+    let gflops = median(&mut gflop_rates);
     let (peak_between, frac_between) = (median(&mut peaks_between), median(&mut step_vs_peak));
     // Decoding: sentences of source length ~6 so that greedy runs ≤ 21 steps, as the reference's 20.
     let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
@@ -441,13 +554,16 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let n = dec_src.len() as f64;
     let rec = json!({
         "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
-                   "vocab": v, "batch": bsz, "tgt_len": tlen, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
+                   "vocab": v, "batch": bsz, "tgt_len": tlen,
+                   "lengths": if opts.reference_lengths { "reference" } else { "fixed" }, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
                    "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
                    "simd": crate::kernels::simd_level()},
         "params": crate::init::count(&varmap),
         "train_step_s_median": step_s,
         "train_phase_s_median": {"forward": fwd_s, "backward": bwd_s, "optimizer": opt_s},
         "train_tgt_tok_per_s": train_tps,
+        "train_tgt_tokens_per_step": toks,
+        "train_tgt_positions_per_step": positions,
         "decode_beam10_sent_per_s": n / beam_med,
         "decode_greedy_sent_per_s": n / greedy_med,
         "decode_beam10_hyp_steps": beam_rows,
@@ -491,6 +607,28 @@ mod tests {
             ],
         )
         .unwrap()
+    }
+
+    /// The reference batch's lengths as `torch_reference.py` builds them: its small batch has 963 target
+    /// tokens (what it prints as `tgt_tokens/step`), every length lies in [len/2, len], and a batch's FLOPs
+    /// over its words are the sum of its sentences'.
+    #[test]
+    fn reference_lengths_are_the_torch_batchs() {
+        let l = reference_lengths(64, 20);
+        assert_eq!(l.iter().map(|x| x.1).sum::<usize>(), 963);
+        assert!(l
+            .iter()
+            .all(|&(s, t)| (10..=20).contains(&s) && (10..=20).contains(&t)));
+        assert_eq!(l[0], (20, 20));
+        assert_eq!(l[1], (19, 17));
+        assert_eq!(l[4], (16, 19));
+        let c = cfg("gru");
+        let both = batch_forward_flops(&c, 50, &[7, 3], &[5, 9]);
+        let one = |s, t| forward_flops(&c, 50, 1, s, t);
+        assert!((both - one(7, 5) - one(3, 9)).abs() < 1e-6 * both);
+        // Two sentences of the same lengths are the batch of two.
+        let two = batch_forward_flops(&c, 50, &[7, 7], &[5, 5]);
+        assert!((two - forward_flops(&c, 50, 2, 7, 5)).abs() < 1e-6 * two);
     }
 
     /// The transition's products per step: vanilla `e·H + 2H·H + H·H`, GRU three blocks of the same, cGRU

@@ -153,6 +153,12 @@ struct BenchArgs {
     /// Timed training steps (after one warm-up step); the median is reported.
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Sentence lengths of the training batches: `fixed` (every target as long as the size's length, the
+    /// sources within ±3 of it: no target padding) or `reference` (the lengths of the batch
+    /// `../shared/bench/torch_reference.py` trains on: targets and sources from half the length to all of
+    /// it, padded to it; tokens/s then compare with its `tok/s` directly).
+    #[arg(long, default_value = "fixed", value_parser = ["fixed", "reference"])]
+    lengths: String,
     /// Sentences decoded with beam 10 and greedily.
     #[arg(long, default_value_t = 100)]
     decode_sentences: usize,
@@ -697,6 +703,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     let opts = cgnmt::bench::BenchOptions {
         size: a.size.clone(),
         steps: a.steps,
+        reference_lengths: a.lengths == "reference",
         decode_sentences: a.decode_sentences,
         repeats: a.repeats,
         compare_packed_gemm: a.compare_packed_gemm,

@@ -32,6 +32,8 @@ pub struct Model {
 }
 
 /// A padded batch: ids `[B, S]` / `[B, T]` (u32; targets end with EOS) and 0/1 masks in the model dtype.
+/// [`Batch::new`] puts the sentence pairs in order of decreasing target length, so that the fused decoder
+/// computes, at each step, only the first rows (the sentences that still have a word there).
 pub struct Batch {
     pub src: Tensor,
     pub src_mask: Tensor,
@@ -42,7 +44,9 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// Pad id sequences (EOS = 0 is appended to every sentence and used as padding) into tensors.
+    /// Pad id sequences (EOS = 0 is appended to every sentence and used as padding) into tensors, the pairs
+    /// ordered by decreasing target length (a stable sort: equal lengths keep their order). The loss is a
+    /// sum over sentences, so the order does not change it.
     pub fn new(
         src: &[Vec<u32>],
         tgt: &[Vec<u32>],
@@ -50,8 +54,19 @@ impl Batch {
         dtype: DType,
         dev: &Device,
     ) -> Result<Batch> {
-        let (s, sm) = pad(src, eos, dtype, dev)?;
-        let (t, tm) = pad(tgt, eos, dtype, dev)?;
+        if src.len() != tgt.len() {
+            candle_core::bail!(
+                "batch: {} source sentences but {} target sentences",
+                src.len(),
+                tgt.len()
+            );
+        }
+        let mut order: Vec<usize> = (0..tgt.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(tgt[i].len()));
+        let src: Vec<Vec<u32>> = order.iter().map(|&i| src[i].clone()).collect();
+        let tgt: Vec<Vec<u32>> = order.iter().map(|&i| tgt[i].clone()).collect();
+        let (s, sm) = pad(&src, eos, dtype, dev)?;
+        let (t, tm) = pad(&tgt, eos, dtype, dev)?;
         let tgt_tokens = tgt.iter().map(|x| x.len() + 1).sum();
         Ok(Batch {
             src: s,
@@ -61,6 +76,22 @@ impl Batch {
             tgt_tokens,
         })
     }
+}
+
+/// Each sentence's length from a 0/1 mask `[B, L]` whose every row is words then padding (at least one word):
+/// `None` for a mask of another form.
+pub fn mask_lengths(mask: &Tensor) -> Result<Option<Vec<usize>>> {
+    let l = mask.dim(1)?;
+    let m: Vec<f64> = mask.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
+    let lens: Vec<usize> = m
+        .chunks(l.max(1))
+        .map(|row| row.iter().take_while(|&&x| x == 1.0).count())
+        .collect();
+    let words_then_padding = lens
+        .iter()
+        .zip(m.chunks(l.max(1)))
+        .all(|(&n, row)| n > 0 && row[n..].iter().all(|&x| x == 0.0));
+    Ok(words_then_padding.then_some(lens))
 }
 
 /// Pad sentences (each followed by EOS) to the longest; returns ids `[B, L]` and mask `[B, L]`.
@@ -530,6 +561,7 @@ impl Model {
                 ah,
                 ann,
                 &src.keys.mask_bias,
+                Some(&batch.tgt_mask),
                 &w,
                 gate,
                 cov,
@@ -606,12 +638,34 @@ impl Model {
             )?
             .reshape((b * t_len, e_dim))
         };
+        // The fused path computes the words' rows only (batch-major), when the mask has the usual form.
+        let lengths = match &readin {
+            Readin::Stacked(_) => mask_lengths(&batch.tgt_mask)?,
+            Readin::Split { .. } => None,
+        };
         let hid = match readin {
-            Readin::Stacked(ts) => {
-                crate::readout::hidden_rows_fused(&self.readout, ts, &e_all, t_len)?
-            }
+            Readin::Stacked(ts) => crate::readout::hidden_rows_fused(
+                &self.readout,
+                ts,
+                &e_all,
+                t_len,
+                lengths.as_deref(),
+            )?,
             Readin::Split { states, ctxs } => self.readout.hidden(&ctxs, &states, &e_prev()?)?,
         };
+        if let Some(lens) = &lengths {
+            let ids: Vec<u32> = batch.tgt.flatten_all()?.to_vec1()?;
+            let targets: Vec<u32> = lens
+                .iter()
+                .enumerate()
+                .flat_map(|(r, &n)| ids[r * t_len..r * t_len + n].iter().copied())
+                .collect();
+            let targets = Tensor::from_vec(targets, hid.dim(0)?, hid.device())?;
+            let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
+            return output_nll_fused(&hid, w_2, b_out, &targets)?
+                .sum_all()?
+                .affine(1.0 / b as f64, 0.0);
+        }
         let targets = batch.tgt.flatten_all()?;
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
         let nll = if self.kernels.fused_on(hid.device()) {

@@ -451,11 +451,16 @@ impl CustomOp3 for OutputNll {
 /// `(b, i)` is `e(y_i)`; the readout of step `i` reads `e(y_{i−1})`, zero at `i = 0`), as one fused op: the same
 /// computation as [`Readout::hidden_stacked`] on the shifted embeddings, without the graph's concatenated weight,
 /// shifted copy, sums and maxout nodes, whose gradients candle would zero-fill and add at full size each.
+///
+/// With `lengths` (each sentence's target length, EOS included), only the rows of words are computed: the
+/// result is `[N, E]` for the `N` rows `(b, i)` with `i < lengths[b]`, in batch-major order, and the padded
+/// rows' inputs get zero gradient.
 pub fn hidden_rows_fused<'a>(
     ro: &Readout,
     ts: impl Into<crate::kernels::Input<'a>>,
     e: &Tensor,
     t_len: usize,
+    lengths: Option<&[usize]>,
 ) -> Result<Tensor> {
     use crate::kernels::Shared;
     let ts: crate::kernels::Input = ts.into();
@@ -471,10 +476,20 @@ pub fn hidden_rows_fused<'a>(
         && ro.w_o.dims2()? == (2 * h, h)
         && ro.v_o.dims2()? == (ed, h)
         && ro.b_o.dims1()? == h
-        && ro.w_1.dims2()? == (h / 2, ed);
+        && ro.w_1.dims2()? == (h / 2, ed)
+        && lengths.is_none_or(|l| l.len() * t_len == n && l.iter().all(|&x| x <= t_len));
     if !ok {
         candle_core::bail!("fused readout: shape mismatch");
     }
+    // The rows computed: every row, or the words' rows (`None` when that is every row too).
+    let rows = lengths.and_then(|l| {
+        let rows: Vec<usize> = l
+            .iter()
+            .enumerate()
+            .flat_map(|(b, &len)| b * t_len..b * t_len + len)
+            .collect();
+        (rows.len() < n).then_some(rows)
+    });
     let sh = Shared::new;
     let op = ReadoutRows {
         ts: ts.into_shared()?,
@@ -487,6 +502,7 @@ pub fn hidden_rows_fused<'a>(
             sh(&ro.w_1)?,
         ],
         t_len,
+        rows,
         saved: Default::default(),
     };
     let tokens: Vec<&Tensor> = [&op.ts, &op.e]
@@ -503,20 +519,31 @@ struct ReadoutRows {
     /// `U_o`, `W_o`, `V_o`, `b_o`, `W_1`.
     w: [crate::kernels::Shared; 5],
     t_len: usize,
+    /// The rows of `ts` and `e` computed, when not all of them (see [`hidden_rows_fused`]).
+    rows: Option<Vec<usize>>,
     saved: crate::kernels::SavedSlot,
 }
 
-/// The forward pass's `e_prev`, `r~` and `maxout(r~)`.
+/// The forward pass's `e_prev`, `r~` and `maxout(r~)`, and the computed rows of `ts` when they are not all.
 struct ReadoutSaved<T> {
     e_prev: Vec<T>,
     r: Vec<T>,
     m: Vec<T>,
+    ts_rows: Option<Vec<T>>,
+}
+
+impl ReadoutRows {
+    /// The input row of computed row `c`.
+    fn row(&self, c: usize) -> usize {
+        self.rows.as_ref().map_or(c, |r| r[c])
+    }
 }
 
 impl ReadoutRows {
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
         use crate::kernels::{gemm_into, product, storage_slice, tiled, zeroed, Mat};
-        let (n, h3) = self.ts.tensor.dims2()?;
+        let (n_all, h3) = self.ts.tensor.dims2()?;
+        let n = self.rows.as_ref().map_or(n_all, Vec::len);
         let ed = self.e.tensor.dim(1)?;
         let (h, tl) = (h3 / 3, self.t_len);
         let vals: Vec<Vec<T>> = self
@@ -526,7 +553,16 @@ impl ReadoutRows {
             .collect::<Result<_>>()?;
         let (u_o, w_o, v_o, b_o, w_1) = (&vals[0], &vals[1], &vals[2], &vals[3], &vals[4]);
         let (ts_g, ts_l) = self.ts.tensor.storage_and_layout();
-        let ts = storage_slice::<T>(&ts_g, ts_l)?;
+        let ts_all = storage_slice::<T>(&ts_g, ts_l)?;
+        // The computed rows of `ts`, gathered when they are not all.
+        let ts_rows = self.rows.as_ref().map(|rows| {
+            let mut out = zeroed::<T>(rows.len() * h3);
+            out.par_chunks_mut(h3)
+                .zip(rows.par_iter())
+                .for_each(|(o, &row)| o.copy_from_slice(&ts_all[row * h3..(row + 1) * h3]));
+            out
+        });
+        let ts = ts_rows.as_deref().unwrap_or(ts_all);
         let (e_g, e_l) = self.e.tensor.storage_and_layout();
         let e = storage_slice::<T>(&e_g, e_l)?;
         // e(y_{i−1}) per row, zero at i = 0.
@@ -535,6 +571,7 @@ impl ReadoutRows {
             e_prev
                 .par_chunks_mut(ed)
                 .enumerate()
+                .map(|(c, o)| (self.row(c), o))
                 .filter(|(row, _)| row % tl != 0)
                 .for_each(|(row, o)| o.copy_from_slice(&e[(row - 1) * ed..row * ed]));
         }
@@ -571,18 +608,28 @@ impl ReadoutRows {
         );
         let m = maxout_pairs(&r);
         let hid = product(n, ed, h / 2, Mat::rows(&m, h / 2), Mat::rows(w_1, ed));
-        *self.saved.lock().expect("saved activations") =
-            Some(Box::new(ReadoutSaved { e_prev, r, m }));
+        drop((ts_g, e_g));
+        *self.saved.lock().expect("saved activations") = Some(Box::new(ReadoutSaved {
+            e_prev,
+            r,
+            m,
+            ts_rows,
+        }));
         Ok((T::to_cpu_storage_owned(hid), Shape::from((n, ed))))
     }
 
     fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
         use crate::kernels::{gemm_into, product, storage_slice, zeroed, Mat};
-        let (n, h3) = self.ts.tensor.dims2()?;
+        let (n_all, h3) = self.ts.tensor.dims2()?;
+        let n = self.rows.as_ref().map_or(n_all, Vec::len);
         let ed = self.e.tensor.dim(1)?;
         let (h, tl) = (h3 / 3, self.t_len);
-        let ReadoutSaved { e_prev, r, m } =
-            crate::kernels::take_saved::<ReadoutSaved<T>>(&self.saved, "fused readout")?;
+        let ReadoutSaved {
+            e_prev,
+            r,
+            m,
+            ts_rows,
+        } = crate::kernels::take_saved::<ReadoutSaved<T>>(&self.saved, "fused readout")?;
         let vals: Vec<Vec<T>> = [&self.w[0], &self.w[1], &self.w[2], &self.w[4]]
             .iter()
             .map(|w| crate::kernels::to_vec::<T>(&w.tensor))
@@ -592,7 +639,10 @@ impl ReadoutRows {
         let (g_g, g_l) = grad.storage_and_layout();
         let g = storage_slice::<T>(&g_g, g_l)?; // ∂hid [N, E]
         let (ts_g, ts_l) = self.ts.tensor.storage_and_layout();
-        let ts = storage_slice::<T>(&ts_g, ts_l)?;
+        let ts = match &ts_rows {
+            Some(x) => x.as_slice(),
+            None => storage_slice::<T>(&ts_g, ts_l)?,
+        };
         let hh = h / 2;
         // Through W_1 and the maxout (a tie splits the gradient evenly, as the reference's does).
         let dm = product(n, hh, ed, Mat::rows(g, ed), Mat::t(w_1, ed));
@@ -621,12 +671,17 @@ impl ReadoutRows {
             Mat::t(w_o, h),
         );
         let d_ep = product(n, ed, h, Mat::rows(&dr, h), Mat::t(v_o, h));
-        let mut d_e = zeroed::<T>(n * ed);
+        // Shifted back onto e's rows: computed row (b, i) read e row (b, i − 1).
+        let mut d_e = zeroed::<T>(n_all * ed);
         if ed > 0 {
-            d_e.par_chunks_mut(ed)
-                .enumerate()
-                .filter(|(row, _)| (row + 1) % tl != 0)
-                .for_each(|(row, o)| o.copy_from_slice(&d_ep[(row + 1) * ed..(row + 2) * ed]));
+            let dw = crate::kernels::RowsMut::new(&mut d_e, ed);
+            (0..n).into_par_iter().for_each(|c| {
+                let row = self.row(c);
+                if row % tl != 0 {
+                    // SAFETY: each e row is read by at most one computed row (the next step's).
+                    unsafe { dw.row(row - 1) }.copy_from_slice(&d_ep[c * ed..(c + 1) * ed]);
+                }
+            });
         }
         let d_uo = product(
             h,
@@ -654,6 +709,19 @@ impl ReadoutRows {
             }
         }
         drop((ts_g, g_g));
+        let d_ts = match &self.rows {
+            // Padded rows' gradient is zero.
+            Some(rows) => {
+                let mut all = zeroed::<T>(n_all * h3);
+                let aw = crate::kernels::RowsMut::new(&mut all, h3);
+                rows.par_iter().enumerate().for_each(|(c, &row)| {
+                    // SAFETY: the rows are distinct.
+                    unsafe { aw.row(row) }.copy_from_slice(&d_ts[c * h3..(c + 1) * h3]);
+                });
+                all
+            }
+            None => d_ts,
+        };
         self.ts.add_grad(d_ts);
         self.e.add_grad(d_e);
         for (w, d) in self.w.iter().zip([d_uo, d_wo, d_vo, d_bo, d_w1]) {

@@ -67,6 +67,24 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
     }
 }
 
+/// `--lengths reference` trains on batches with `torch_reference.py`'s lengths: the tokens per step are the
+/// words of those lengths (tiny: 16 sentences padded to 10), fewer than the padded positions.
+#[test]
+fn bench_trains_on_the_reference_lengths() {
+    let r = bench("fused", &["--lengths", "reference"]);
+    assert_eq!(r["config"]["lengths"], "reference");
+    let want: usize = cgnmt::bench::reference_lengths(16, 10)
+        .iter()
+        .map(|x| x.1)
+        .sum();
+    assert_eq!(r["train_tgt_tokens_per_step"].as_u64(), Some(want as u64));
+    assert_eq!(r["train_tgt_positions_per_step"].as_u64(), Some(160));
+    assert!(r["train_tgt_tok_per_s"].as_f64().unwrap() > 0.0);
+    let fixed = bench("fused", &[]);
+    assert_eq!(fixed["config"]["lengths"], "fixed");
+    assert_eq!(fixed["train_tgt_tokens_per_step"].as_u64(), Some(160));
+}
+
 /// `--compare-packed-gemm` alternates the training steps between the packed micro-kernel and the general
 /// GEMM and reports both medians.
 #[test]

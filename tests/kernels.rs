@@ -137,7 +137,7 @@ fn fused_ops_match_their_composed_reference() {
             &vars,
             &|x| {
                 let ro = readout(x, Kernels::Fused);
-                vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl).unwrap()]
+                vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, None).unwrap()]
             },
             &|x| {
                 let ro = readout(x, Kernels::Reference);
@@ -152,6 +152,36 @@ fn fused_ops_match_their_composed_reference() {
             ft,
             gt,
             "readout rows",
+        );
+        // The words' rows only (sentences of 4, 2 and 3 steps): the reference's rows, selected.
+        let lens = [4usize, 2, 3];
+        let rows: Vec<u32> = lens
+            .iter()
+            .enumerate()
+            .flat_map(|(b, &l)| (b * tl..b * tl + l).map(|r| r as u32))
+            .collect();
+        let rows = Tensor::new(rows.as_slice(), &Device::Cpu).unwrap();
+        compare(
+            dtype,
+            &vars,
+            &|x| {
+                let ro = readout(x, Kernels::Fused);
+                vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, Some(&lens)).unwrap()]
+            },
+            &|x| {
+                let ro = readout(x, Kernels::Reference);
+                let e3 = x[1].reshape((nb, tl, ed)).unwrap();
+                let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
+                let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
+                    .unwrap()
+                    .reshape((n, ed))
+                    .unwrap();
+                let all = ro.hidden_stacked(&x[0], &e_prev).unwrap();
+                vec![all.index_select(&rows, 0).unwrap()]
+            },
+            ft,
+            gt,
+            "readout over the words' rows",
         );
         // Embedding rows, with repeated ids (their gradients add) and rows never used (zero gradient).
         let ids = Tensor::new(&[3u32, 0, 3, 6, 1, 3, 0], &Device::Cpu).unwrap();
@@ -470,12 +500,23 @@ fn loss_and_grads_on(
     tgt: &[Vec<u32>],
     unused_is_zero: bool,
 ) -> (f64, Vec<(String, Tensor)>) {
+    let batch = Batch::new(src, tgt, 0, dtype, &Device::Cpu).unwrap();
+    loss_and_grads_for(cfg, k, dtype, &batch, unused_is_zero)
+}
+
+/// [`loss_and_grads_on`] for a batch as given.
+fn loss_and_grads_for(
+    cfg: &cgnmt::config::ModelConfig,
+    k: Kernels,
+    dtype: DType,
+    batch: &Batch,
+    unused_is_zero: bool,
+) -> (f64, Vec<(String, Tensor)>) {
     let (vs, vt) = (11, 9);
     let (mut model, varmap) = Model::build(cfg, vs, vt, 7, dtype, &Device::Cpu).unwrap();
     model.set_kernels(k);
     randomize(&varmap, 8, 0.4);
-    let batch = Batch::new(src, tgt, 0, dtype, &Device::Cpu).unwrap();
-    let loss = model.loss(&batch).unwrap();
+    let loss = model.loss(batch).unwrap();
     let g = model.backward(&loss).unwrap();
     let grads = sorted_vars(&varmap)
         .into_iter()
@@ -518,6 +559,83 @@ fn whole_model_fused_equals_reference_for_every_variant() {
                 assert!(
                     d < gt,
                     "{sets:?} {dtype:?}: gradient of {n} differs by {d:e}"
+                );
+            }
+        }
+    }
+}
+
+/// `Batch::new` orders the sentences by decreasing target length, and the fused decoder and readout then
+/// compute the words' rows only. A batch in another order (rows reversed: lengths increasing), or with a
+/// mask that is not words then padding (a masked word inside a sentence), takes the all-rows path under the
+/// mask: the same loss and gradients as the reference kernels.
+#[test]
+fn fused_path_takes_any_row_order_and_mask() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let src = random_seqs(&mut rng, 5, 11, 1, 6);
+    let tgt = random_seqs(&mut rng, 5, 9, 1, 6);
+    for sets in [
+        vec![],
+        vec!["model.decoder=cgru".to_string()],
+        vec!["model.coverage=neural".to_string()],
+    ] {
+        let mut all = vec![
+            "model.embedding_dim=6".to_string(),
+            "model.hidden_dim=10".into(),
+            "model.attention_dim=7".into(),
+        ];
+        all.extend(sets.iter().cloned());
+        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        let dtype = DType::F64;
+        let sorted = Batch::new(&src, &tgt, 0, dtype, &Device::Cpu).unwrap();
+        let lens: Vec<f64> = sorted.tgt_mask.sum(1).unwrap().to_vec1().unwrap();
+        assert!(
+            lens.windows(2).all(|w| w[0] >= w[1]) && lens[0] > lens[4],
+            "{lens:?}"
+        );
+        let rev = Tensor::new(&[4u32, 3, 2, 1, 0], &Device::Cpu).unwrap();
+        let pick = |x: &Tensor| x.index_select(&rev, 0).unwrap();
+        let reversed = Batch {
+            src: pick(&sorted.src),
+            src_mask: pick(&sorted.src_mask),
+            tgt: pick(&sorted.tgt),
+            tgt_mask: pick(&sorted.tgt_mask),
+            tgt_tokens: sorted.tgt_tokens,
+        };
+        // Sentence 0's second word masked out.
+        let mut m: Vec<f64> = sorted.tgt_mask.flatten_all().unwrap().to_vec1().unwrap();
+        m[1] = 0.0;
+        let holed = Batch {
+            src: sorted.src.clone(),
+            src_mask: sorted.src_mask.clone(),
+            tgt: sorted.tgt.clone(),
+            tgt_mask: Tensor::from_vec(m, sorted.tgt_mask.dims(), &Device::Cpu).unwrap(),
+            tgt_tokens: sorted.tgt_tokens - 1,
+        };
+        let (l_sorted, _) = loss_and_grads_for(&cfg, Kernels::Reference, dtype, &sorted, false);
+        for (what, batch) in [
+            ("sorted", &sorted),
+            ("reversed", &reversed),
+            ("holed", &holed),
+        ] {
+            let (lf, gf) = loss_and_grads_for(&cfg, Kernels::Fused, dtype, batch, false);
+            let (lr, gr) = loss_and_grads_for(&cfg, Kernels::Reference, dtype, batch, false);
+            assert!(
+                ((lf - lr) / lr).abs() < 1e-12,
+                "{sets:?} {what}: loss {lf} (fused) vs {lr} (reference)"
+            );
+            for ((n, a), (_, b)) in gf.iter().zip(&gr) {
+                let d = max_rel_diff(a, b).unwrap();
+                assert!(
+                    d < 1e-9,
+                    "{sets:?} {what}: gradient of {n} differs by {d:e}"
+                );
+            }
+            if what != "holed" {
+                // The row order does not change the loss.
+                assert!(
+                    ((lf - l_sorted) / l_sorted).abs() < 1e-12,
+                    "{what}: {lf} vs {l_sorted}"
                 );
             }
         }

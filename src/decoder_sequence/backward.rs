@@ -128,10 +128,16 @@ impl DecoderSequence {
         let mut dctx_all = crate::kernels::zeroed(tl * b * a2);
         let mut dt_prev = vec![T::zero(); bh];
         for i in (0..tl).rev() {
+            // The rows the forward pass computed at step i (see `target_rows`). Going back they only grow,
+            // and every buffer's rows past them are still zero: a row joins with zero gradients.
+            let m = self.active[i];
+            if m == 0 {
+                continue;
+            }
             let dctx = &mut dctx_all[i * b * a2..(i + 1) * b * a2];
             let t_i = &tall[i * bh..(i + 1) * bh];
-            // The readout's gradients for [t_{i−1} | s_i].
-            for r in 0..b {
+            // The readout's gradients for [t_{i−1} | s_i] (padded rows' are not read).
+            for r in 0..m {
                 let gr = &g[(r * tl + i) * h3..(r * tl + i + 1) * h3];
                 dt_prev[r * h..(r + 1) * h].copy_from_slice(&gr[..h]);
                 dctx[r * a2..(r + 1) * a2].copy_from_slice(&gr[h..]);
@@ -139,23 +145,33 @@ impl DecoderSequence {
             if let Some(g) = &cgru {
                 // cGRU: the readout's gradient is t_i's (the context GRU's state); before the last step
                 // the word GRU t'_{i+1} = GRU_word(e(y_i), t_i) adds its share, from ∂t'_{i+1} in `dt`.
-                if i < n {
-                    let dpw_i = &mut dpw_all[i * bkh..(i + 1) * bkh];
+                // (The word GRU's rows: those of step i + 1.)
+                let m1 = if i < n { self.active[i + 1] } else { 0 };
+                if m1 > 0 {
+                    let m1h = m1 * h;
+                    let dpw_i = &mut dpw_all[i * bkh..i * bkh + m1 * kh];
                     dh_w.fill(T::zero());
                     let step = GruStep {
                         h,
-                        ru: &wru[i * 2 * bh..(i + 1) * 2 * bh],
-                        ht: &wht[i * bh..(i + 1) * bh],
-                        hp: &sall[i * bh..(i + 1) * bh],
+                        ru: &wru[i * 2 * bh..i * 2 * bh + 2 * m1h],
+                        ht: &wht[i * bh..i * bh + m1h],
+                        hp: &sall[i * bh..i * bh + m1h],
                         mask: None,
                     };
                     crate::profile::timed("  decoder bwd: word GRU step", || {
-                        step.backward(&dt, &mut dh_w, dpw_i, &mut drts, &g.u, &g.u_ru)
+                        step.backward(
+                            &dt[..m1h],
+                            &mut dh_w[..m1h],
+                            dpw_i,
+                            &mut drts[..m1h],
+                            &g.u,
+                            &g.u_ru,
+                        )
                     });
                     for (a, &x) in dt_prev.iter_mut().zip(&dh_w) {
                         *a = *a + x;
                     }
-                    for r in 0..b {
+                    for r in 0..m1 {
                         dwp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
                             .copy_from_slice(&dpw_i[r * kh..(r + 1) * kh]);
                     }
@@ -164,7 +180,14 @@ impl DecoderSequence {
                 dt.copy_from_slice(&dt_prev);
                 dt_prev.fill(T::zero());
             }
-            if i < nt {
+            // The transition's rows: those of step i + 1 (the cGRU's context GRU: step i's).
+            let mt = match (i < nt, cgru.is_some()) {
+                (false, _) => 0,
+                (true, true) => m,
+                (true, false) => self.active[i + 1],
+            };
+            let mth = mt * h;
+            if mt > 0 {
                 let dpre_i = &mut dpre[i * bkh..(i + 1) * bkh];
                 if paper {
                     // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
@@ -178,7 +201,7 @@ impl DecoderSequence {
                     });
                     crate::profile::timed("  decoder bwd: GRU step", || {
                         paper_transition_backward(
-                            (b, h),
+                            (mt, h),
                             &dt,
                             (
                                 t_i,
@@ -205,13 +228,20 @@ impl DecoderSequence {
                     dts.fill(T::zero());
                     let step = GruStep {
                         h,
-                        ru: ru_i,
-                        ht: cc_i,
-                        hp: ts_i,
+                        ru: &ru_i[..2 * mth],
+                        ht: &cc_i[..mth],
+                        hp: &ts_i[..mth],
                         mask: None,
                     };
                     crate::profile::timed("  decoder bwd: GRU step", || {
-                        step.backward(&dt, &mut dts, dpre_i, &mut drts, &u, &u_ru)
+                        step.backward(
+                            &dt[..mth],
+                            &mut dts[..mth],
+                            &mut dpre_i[..mt * kh],
+                            &mut drts[..mth],
+                            &u,
+                            &u_ru,
+                        )
                     });
                 } else {
                     // The vanilla unit t_{i+1} = tanh(pre + U (T∘t)): ∂pre, then ∂(T∘t) = ∂pre Uᵀ.
@@ -219,7 +249,7 @@ impl DecoderSequence {
                     crate::profile::timed("  decoder bwd: GRU step", || {
                         {
                             let (dt, dw) = (&dt, RowsMut::new(dpre_i, h));
-                            rows_par(b, bh, |r| unsafe {
+                            rows_par(mt, mth, |r| unsafe {
                                 vanilla_grad_row_d(
                                     &dt[r * h..(r + 1) * h],
                                     &t_next[r * h..(r + 1) * h],
@@ -227,7 +257,7 @@ impl DecoderSequence {
                                 )
                             });
                         }
-                        u.mul_t_into(b, &mut dts, h, false, Mat::rows(dpre_i, h));
+                        u.mul_t_into(mt, &mut dts, h, false, Mat::rows(dpre_i, h));
                     });
                 }
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
@@ -248,7 +278,7 @@ impl DecoderSequence {
                         &z[..]
                     };
                     let _t = crate::profile::Scope::new("  decoder bwd: gate rows");
-                    rows_par(b, bkh, |r| unsafe {
+                    rows_par(mt, mt * kh, |r| unsafe {
                         bwd_mix_row_d(
                             &dpre_i[r * kh..(r + 1) * kh],
                             &dts[r * h..(r + 1) * h],
@@ -282,7 +312,7 @@ impl DecoderSequence {
                 }
                 // ∂ of the gate's pre-activation next to ∂(C s) and ∂(B t) for the stacked products.
                 if gated {
-                    for r in 0..b {
+                    for r in 0..mt {
                         let d = &dzp[(r * tl + i) * h..(r * tl + i + 1) * h];
                         match &self.z_pre {
                             // β's pre-activation is every element's: its gradient is the row's sum.
@@ -308,7 +338,7 @@ impl DecoderSequence {
                 }
                 let dcp_i = &*dcp_i;
                 crate::profile::timed("  decoder bwd: context GEMM", || {
-                    cw.mul_t_into(b, dctx, a2, true, Mat::rows(dcp_i, wc))
+                    cw.mul_t_into(mt, dctx, a2, true, Mat::rows(dcp_i, wc))
                 });
             }
             // Attention backward: ∂s_i → ∂e → ∂(A h), ∂(B t), ∂v (∂h from all steps after the loop).
@@ -345,7 +375,7 @@ impl DecoderSequence {
                     self.ann.with_slice::<T, _>(|ann| {
                         self.ah.accumulate::<T>(|d_ah| {
                             let dahw = RowsMut::new(d_ah, s * ad);
-                            rows_par(b, b * s * ad, |r| unsafe {
+                            rows_par(m, m * s * ad, |r| unsafe {
                                 // The scores of the sentence's own positions (α is 0 on padding).
                                 let sr = lens[r];
                                 let mut de = vec![T::zero(); s];
@@ -430,7 +460,7 @@ impl DecoderSequence {
             std::mem::swap(&mut dcov, &mut dcov_prev);
             let dq_i = &*dq_i;
             crate::profile::timed("  decoder bwd: query GEMM", || {
-                tw.mul_t_into(b, &mut dt_prev, h, true, Mat::rows(dq_i, wq))
+                tw.mul_t_into(m, &mut dt_prev, h, true, Mat::rows(dq_i, wq))
             });
             std::mem::swap(&mut dt, &mut dt_prev);
         }

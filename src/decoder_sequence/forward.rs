@@ -95,29 +95,35 @@ impl DecoderSequence {
         let mut pre = vec![T::zero(); b * kh];
         let mut hu = vec![T::zero(); b * 2 * h];
         let mut rc = vec![T::zero(); b * h];
-        let (bh, bkh, bh2) = (b * h, b * kh, b * 2 * h);
+        let (bh, bh2) = (b * h, b * 2 * h);
         for i in 0..tl {
+            // The rows with a word at step i (see `target_rows`); the rest are padding from here on.
+            let m = self.active[i];
+            if m == 0 {
+                break;
+            }
+            let mh = m * h;
             if let (Some(g), true) = (&cgru, i > 0) {
                 // cGRU: the word GRU t'_i = GRU_word(e(y_{i−1}), t_{i−1}).
-                for r in 0..b {
+                for r in 0..m {
                     pre_w[r * kh..(r + 1) * kh]
                         .copy_from_slice(&wp[(r * tl + i - 1) * kh..(r * tl + i) * kh]);
                 }
-                let state = &mut tall[i * bh..(i + 1) * bh];
-                state.copy_from_slice(&sall[(i - 1) * bh..i * bh]);
+                let state = &mut tall[i * bh..i * bh + mh];
+                state.copy_from_slice(&sall[(i - 1) * bh..(i - 1) * bh + mh]);
                 let acts = GruActs {
-                    ru: &mut wru[(i - 1) * bh2..i * bh2],
-                    rh: &mut wrh[(i - 1) * bh..i * bh],
-                    ht: &mut wht[(i - 1) * bh..i * bh],
+                    ru: &mut wru[(i - 1) * bh2..(i - 1) * bh2 + 2 * mh],
+                    rh: &mut wrh[(i - 1) * bh..(i - 1) * bh + mh],
+                    ht: &mut wht[(i - 1) * bh..(i - 1) * bh + mh],
                 };
                 crate::profile::timed("  decoder fwd: word GRU step", || {
                     gru_step_forward(
                         h,
-                        &pre_w,
+                        &pre_w[..m * kh],
                         state,
                         None,
                         acts,
-                        (&mut hu, &mut rc),
+                        (&mut hu[..2 * mh], &mut rc[..mh]),
                         &g.u_ru,
                         &g.u,
                     )
@@ -128,7 +134,7 @@ impl DecoderSequence {
             let t_i = &t_done[i * bh..];
             let q_i = &mut q[i * b * wq..(i + 1) * b * wq];
             crate::profile::timed("  decoder fwd: query GEMM", || {
-                tw.mul_into(b, q_i, wq, false, Mat::rows(t_i, h))
+                tw.mul_into(m, q_i, wq, false, Mat::rows(t_i, h))
             });
             let actx_i = &mut actx[i * b * w_ac..(i + 1) * b * w_ac];
             {
@@ -151,7 +157,7 @@ impl DecoderSequence {
                 let (cr, cd) = (&cr, &cd);
                 let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
                 let lens = &lens;
-                rows_par(b, b * s * ad, |r| {
+                rows_par(m, m * s * ad, |r| {
                     // The sentence's own positions (α stays 0 on padding, as the mask makes it).
                     let sr = lens[r];
                     let mut e = vec![T::zero(); sr];
@@ -195,6 +201,16 @@ impl DecoderSequence {
             if i == nt {
                 break;
             }
+            // The rows the transition covers: those of the next step (the cGRU's context GRU: this step's).
+            let mt = if cgru.is_some() {
+                m
+            } else {
+                self.active[i + 1]
+            };
+            if mt == 0 {
+                continue;
+            }
+            let mth = mt * h;
             let ctx_i = Mat {
                 data: &actx_i[s..],
                 rs: w_ac,
@@ -202,11 +218,11 @@ impl DecoderSequence {
             };
             let cp_i = &mut cp[i * b * wc..(i + 1) * b * wc];
             crate::profile::timed("  decoder fwd: context GEMM", || {
-                cw.mul_into(b, cp_i, wc, false, ctx_i)
+                cw.mul_into(mt, cp_i, wc, false, ctx_i)
             });
             if let Some(g) = &cgru {
                 // The context GRU's candidate bias, with the context's term.
-                for row in cp_i.chunks_exact_mut(wc) {
+                for row in cp_i[..mt * wc].chunks_exact_mut(wc) {
                     for (x, &bb) in row[2 * h..3 * h].iter_mut().zip(g.b.iter()) {
                         *x = *x + bb;
                     }
@@ -229,7 +245,7 @@ impl DecoderSequence {
                 let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
                 let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
                 let zc = &zc;
-                rows_par(b, bkh, |r| {
+                rows_par(mt, mt * kh, |r| {
                     // Gating scalar: `w_βᵀ t + b_β` repeated over the row; static: θ.
                     let scalar_term;
                     let zc_term: Option<&[T]> = match zc {
@@ -288,7 +304,7 @@ impl DecoderSequence {
                 });
                 crate::profile::timed("  decoder fwd: GRU step", || {
                     paper_transition(
-                        (b, h),
+                        (mt, h),
                         (&pre, &t_done[i * bh..], ts_i),
                         (&u, &u_ru),
                         gru_acts,
@@ -301,24 +317,34 @@ impl DecoderSequence {
             if !gru {
                 // The vanilla unit: t_i = tanh(pre + U (T∘t)).
                 crate::profile::timed("  decoder fwd: GRU step", || {
-                    u.mul_into(b, t_next, h, false, Mat::rows(ts_i, h));
+                    u.mul_into(mt, t_next, h, false, Mat::rows(ts_i, h));
                     let pre = &pre;
                     let tw = RowsMut::new(t_next, h);
-                    rows_par(b, bh, |r| unsafe {
+                    rows_par(mt, mth, |r| unsafe {
                         vanilla_row_d(&pre[r * h..(r + 1) * h], tw.row(r))
                     });
                 });
                 continue;
             }
             // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
-            t_next.copy_from_slice(ts_i);
+            let t_next = &mut t_next[..mth];
+            t_next.copy_from_slice(&ts_i[..mth]);
             let acts = GruActs {
-                ru: &mut ru[i * bh2..(i + 1) * bh2],
-                rh: &mut rts[i * bh..(i + 1) * bh],
-                ht: &mut cc[i * bh..(i + 1) * bh],
+                ru: &mut ru[i * bh2..i * bh2 + 2 * mth],
+                rh: &mut rts[i * bh..i * bh + mth],
+                ht: &mut cc[i * bh..i * bh + mth],
             };
             crate::profile::timed("  decoder fwd: GRU step", || {
-                gru_step_forward(h, &pre, t_next, None, acts, (&mut hu, &mut rc), &u_ru, &u)
+                gru_step_forward(
+                    h,
+                    &pre[..mt * kh],
+                    t_next,
+                    None,
+                    acts,
+                    (&mut hu[..2 * mth], &mut rc[..mth]),
+                    &u_ru,
+                    &u,
+                )
             });
         }
         // The readout's input, batch-major: [t_{i−1} | s_i] (cGRU: [t_i | s_i]).

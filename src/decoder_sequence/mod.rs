@@ -104,6 +104,7 @@ pub fn decoder_sequence_fused<'a>(
     ah: &Shared,
     annotations: &Shared,
     mask_bias: &Tensor,
+    target_mask: Option<&Tensor>,
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
     coverage: Option<CoverageInputs>,
@@ -203,6 +204,7 @@ pub fn decoder_sequence_fused<'a>(
         }
     };
     let op = DecoderSequence {
+        active: target_rows(target_mask, b, tl)?,
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
@@ -290,6 +292,8 @@ impl crate::kernels::FusedOutput for DecoderSequence {
 }
 
 struct DecoderSequence {
+    /// The rows step `i` computes (see [`target_rows`]).
+    active: Vec<usize>,
     wp: Shared,
     wz: Option<Shared>,
     t0: Shared,
@@ -420,6 +424,32 @@ impl<T: Real> CovData<T> {
             u: &self.u,
             u_ru: &self.u_ru,
         }
+    }
+}
+
+/// The rows each step computes, from the target mask `[B, T]` (1 on words, EOS included): when every sentence
+/// is words then padding and the sentences come in order of decreasing length (as [`crate::model::Batch`]
+/// builds them), step `i` computes the first `active[i]` rows only, the sentences with a word at `i`.
+/// Without a mask, or with one of another form, every row at every step.
+///
+/// Padded positions do not enter the loss, so nothing of theirs is needed: their output rows are zero and
+/// their rows' gradient is not read. The transition of step `i` (which makes the state the next step reads)
+/// covers the rows of step `i + 1` (the cGRU's context GRU, whose state is step `i`'s output, those of step
+/// `i`). Going back, the rows grow with every step, and a row enters the backward recurrence with zero
+/// gradients.
+fn target_rows(mask: Option<&Tensor>, b: usize, tl: usize) -> Result<Vec<usize>> {
+    let all = vec![b; tl];
+    let Some(mask) = mask else {
+        return Ok(all);
+    };
+    if mask.dims2()? != (b, tl) {
+        candle_core::bail!("fused decoder sequence: target mask shape mismatch");
+    }
+    match crate::model::mask_lengths(mask)? {
+        Some(lens) if lens.windows(2).all(|w| w[0] >= w[1]) => Ok((0..tl)
+            .map(|i| lens.iter().filter(|&&l| l > i).count())
+            .collect()),
+        _ => Ok(all),
     }
 }
 
