@@ -304,6 +304,9 @@ pub struct BenchOptions {
     /// Alternate training steps between the packed micro-kernel and the general GEMM for the recurrences'
     /// products (same process, same batches' shapes: far less noisy than comparing two runs).
     pub compare_packed_gemm: bool,
+    /// Alternate training steps between skipping the target side's padded positions (the default) and
+    /// computing them (same process, same batches).
+    pub compare_target_padding: bool,
     /// Time the fused ops' forward and backward passes (see [`crate::profile`]) over the timed steps.
     pub profile_ops: bool,
 }
@@ -415,6 +418,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let (mut toks, mut positions) = (0usize, 0usize);
     // With --compare-packed-gemm, odd steps use the general GEMM (reported apart).
     let mut general_times = vec![];
+    let mut padded_times = vec![];
     // Each timed step's target tokens/s, GFLOP/s, and GFLOP/s as a fraction of the SGEMM peak measured
     // just after it.
     let (mut tok_rates, mut gflop_rates) = (vec![], vec![]);
@@ -423,10 +427,16 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     for (bi, b) in batches.iter().enumerate() {
         let general = opts.compare_packed_gemm && bi % 2 == 1;
         crate::kernels::set_packed_gemm(!general);
+        let padded = opts.compare_target_padding && bi % 2 == 1;
+        crate::kernels::set_target_padding_skipped(!padded);
         let s = Instant::now();
         let p = step(b, &mut opt)?;
         if general {
             general_times.push(s.elapsed().as_secs_f64());
+            continue;
+        }
+        if padded {
+            padded_times.push(s.elapsed().as_secs_f64());
             continue;
         }
         let took = s.elapsed().as_secs_f64();
@@ -449,6 +459,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         positions = b.tgt.elem_count();
     }
     crate::kernels::set_packed_gemm(true);
+    crate::kernels::set_target_padding_skipped(true);
     crate::profile::set_enabled(false);
     let step_s = median(&mut times);
     let op_profile = if opts.profile_ops {
@@ -501,6 +512,20 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         );
         json!({"packed_step_s_median": step_s, "general_gemm_step_s_median": general_s,
                "packed_steps": times.len(), "general_gemm_steps": general_times.len()})
+    };
+    let padding_comparison = if padded_times.is_empty() {
+        serde_json::Value::Null
+    } else {
+        let padded_s = median(&mut padded_times);
+        eprintln!(
+            "target padding skipped against computed, alternate steps: median {:.3} s against {:.3} s ({} and {} steps)",
+            step_s,
+            padded_s,
+            times.len(),
+            padded_times.len()
+        );
+        json!({"skipped_step_s_median": step_s, "computed_step_s_median": padded_s,
+               "skipped_steps": times.len(), "computed_steps": padded_times.len()})
     };
     let [fwd_s, bwd_s, opt_s] = [
         median(&mut phases[0]),
@@ -579,6 +604,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "gemm_gflops_at_step_shapes": step_gemm,
         "op_profile": op_profile,
         "packed_gemm_comparison": comparison,
+        "target_padding_comparison": padding_comparison,
     });
     eprintln!(
         "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",

@@ -169,6 +169,10 @@ struct BenchArgs {
     /// recurrences' products and report both medians (the training figures then come from the packed steps).
     #[arg(long)]
     compare_packed_gemm: bool,
+    /// Alternate the timed training steps between skipping the target side's padded positions (the default)
+    /// and computing them, and report both medians (with `--lengths reference`: fixed lengths have none).
+    #[arg(long)]
+    compare_target_padding: bool,
     /// Time each fused op's forward and backward pass over the timed training steps and print the
     /// per-step means (the JSON gets `op_profile`); adds a clock read per op call.
     #[arg(long)]
@@ -707,6 +711,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         decode_sentences: a.decode_sentences,
         repeats: a.repeats,
         compare_packed_gemm: a.compare_packed_gemm,
+        compare_target_padding: a.compare_target_padding,
         profile_ops: a.profile_ops,
     };
     let rec = cgnmt::bench::run(&cfg, &data_dir(a.data), &opts)?;

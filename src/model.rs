@@ -561,7 +561,7 @@ impl Model {
                 ah,
                 ann,
                 &src.keys.mask_bias,
-                Some(&batch.tgt_mask),
+                crate::kernels::target_padding_skipped().then_some(&batch.tgt_mask),
                 &w,
                 gate,
                 cov,
@@ -640,7 +640,10 @@ impl Model {
         };
         // The fused path computes the words' rows only (batch-major), when the mask has the usual form.
         let lengths = match &readin {
-            Readin::Stacked(_) => mask_lengths(&batch.tgt_mask)?,
+            Readin::Stacked(_) if crate::kernels::target_padding_skipped() => {
+                mask_lengths(&batch.tgt_mask)?
+            }
+            Readin::Stacked(_) => None,
             Readin::Split { .. } => None,
         };
         let hid = match readin {

@@ -85,6 +85,23 @@ fn bench_trains_on_the_reference_lengths() {
     assert_eq!(fixed["train_tgt_tokens_per_step"].as_u64(), Some(160));
 }
 
+/// `--compare-target-padding` alternates the training steps between skipping and computing the target
+/// side's padded positions and reports both medians.
+#[test]
+fn bench_compares_skipped_and_computed_target_padding() {
+    let r = bench(
+        "fused",
+        &["--lengths", "reference", "--compare-target-padding"],
+    );
+    let c = &r["target_padding_comparison"];
+    assert_eq!(c["skipped_steps"], 1, "{c}");
+    assert_eq!(c["computed_steps"], 1, "{c}");
+    for key in ["skipped_step_s_median", "computed_step_s_median"] {
+        assert!(c[key].as_f64().unwrap_or(0.0) > 0.0, "{key}: {c}");
+    }
+    assert!(bench("fused", &[])["target_padding_comparison"].is_null());
+}
+
 /// `--compare-packed-gemm` alternates the training steps between the packed micro-kernel and the general
 /// GEMM and reports both medians.
 #[test]
