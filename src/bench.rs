@@ -140,14 +140,6 @@ fn pairs_of_lengths(
     data: &Path,
     lengths: &[(usize, usize)],
 ) -> Result<Vec<(Vec<String>, Vec<String>)>> {
-    let dir = data.join("hansards-en-fr");
-    let (fr, en) = (dir.join("train.fr.gz"), dir.join("train.en.gz"));
-    if !fr.is_file() {
-        return Err(NmtError::Data(format!(
-            "{}: not found (set $CGNMT_DATA to the data directory)",
-            fr.display()
-        )));
-    }
     // Unfilled places by target word count, longest source first.
     let mut open: std::collections::BTreeMap<usize, Vec<(usize, usize)>> = Default::default();
     for (i, &(s, t)) in lengths.iter().enumerate() {
@@ -160,35 +152,25 @@ fn pairs_of_lengths(
     }
     let mut out: Vec<Option<(Vec<String>, Vec<String>)>> = vec![None; lengths.len()];
     let mut left = lengths.len();
-    let mut fr_r = cgnmt_data::corpus::open_text(&fr)?;
-    let mut en_r = cgnmt_data::corpus::open_text(&en)?;
-    let (mut a, mut b) = (String::new(), String::new());
-    while left > 0 {
-        a.clear();
-        b.clear();
-        if fr_r.read_line(&mut a).map_err(|e| NmtError::io(&fr, e))? == 0
-            || en_r.read_line(&mut b).map_err(|e| NmtError::io(&en, e))? == 0
-        {
-            break;
-        }
+    each_hansards_pair(data, |a, b| {
         let t: Vec<String> = b.split_whitespace().map(str::to_string).collect();
-        let Some(places) = open.get_mut(&t.len()) else {
-            continue;
-        };
-        let words = a.split_whitespace().count();
-        if let Some(at) = places.iter().position(|&(s, _)| s <= words && s > 0) {
-            let (s, i) = places.remove(at);
-            out[i] = Some((
-                a.split_whitespace().take(s).map(str::to_string).collect(),
-                t,
-            ));
-            left -= 1;
+        if let Some(places) = open.get_mut(&t.len()) {
+            let words = a.split_whitespace().count();
+            if let Some(at) = places.iter().position(|&(s, _)| s <= words && s > 0) {
+                let (s, i) = places.remove(at);
+                out[i] = Some((
+                    a.split_whitespace().take(s).map(str::to_string).collect(),
+                    t,
+                ));
+                left -= 1;
+            }
         }
-    }
+        left > 0
+    })?;
     if left > 0 {
         return Err(NmtError::Data(format!(
             "{}: found sentence pairs for only {} of {} requested lengths",
-            dir.display(),
+            data.join("hansards-en-fr").display(),
             lengths.len() - left,
             lengths.len()
         )));
@@ -252,6 +234,29 @@ fn fixed_length_pairs(
     src_len: usize,
     tgt_len: usize,
 ) -> Result<Vec<(Vec<String>, Vec<String>)>> {
+    let mut out = vec![];
+    let mut lines = 0;
+    each_hansards_pair(data, |a, b| {
+        let s: Vec<String> = a.split_whitespace().map(str::to_string).collect();
+        let t: Vec<String> = b.split_whitespace().map(str::to_string).collect();
+        if t.len() + 1 == tgt_len && s.len().abs_diff(src_len.saturating_sub(1)) <= 3 {
+            out.push((s, t));
+        }
+        lines += 1;
+        out.len() < n && lines < 400_000
+    })?;
+    if out.len() < n {
+        return Err(NmtError::Data(format!(
+            "only {} pairs of the requested lengths found in {}",
+            out.len(),
+            data.join("hansards-en-fr").display()
+        )));
+    }
+    Ok(out)
+}
+
+/// Hansards fr-en's training pairs (French, English), line by line, to `f` while it returns true.
+fn each_hansards_pair(data: &Path, mut f: impl FnMut(&str, &str) -> bool) -> Result<()> {
     let dir = data.join("hansards-en-fr");
     let (fr, en) = (dir.join("train.fr.gz"), dir.join("train.en.gz"));
     if !fr.is_file() {
@@ -262,33 +267,17 @@ fn fixed_length_pairs(
     }
     let mut fr_r = cgnmt_data::corpus::open_text(&fr)?;
     let mut en_r = cgnmt_data::corpus::open_text(&en)?;
-    let mut out = vec![];
     let (mut a, mut b) = (String::new(), String::new());
-    for _ in 0..400_000 {
+    loop {
         a.clear();
         b.clear();
         if fr_r.read_line(&mut a).map_err(|e| NmtError::io(&fr, e))? == 0
             || en_r.read_line(&mut b).map_err(|e| NmtError::io(&en, e))? == 0
+            || !f(&a, &b)
         {
-            break;
-        }
-        let s: Vec<String> = a.split_whitespace().map(str::to_string).collect();
-        let t: Vec<String> = b.split_whitespace().map(str::to_string).collect();
-        if t.len() + 1 == tgt_len && s.len().abs_diff(src_len.saturating_sub(1)) <= 3 {
-            out.push((s, t));
-            if out.len() == n {
-                break;
-            }
+            return Ok(());
         }
     }
-    if out.len() < n {
-        return Err(NmtError::Data(format!(
-            "only {} pairs of the requested lengths found in {}",
-            out.len(),
-            dir.display()
-        )));
-    }
-    Ok(out)
 }
 
 use std::io::BufRead;

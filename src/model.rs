@@ -461,6 +461,14 @@ impl Model {
             crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?; // [B*T, E]
         let e_dim = e_all.dim(1)?;
         let e3 = e_all.reshape((b, t_len, e_dim))?;
+        // With the fused decoder op, the sentences' target lengths: the op, the readout and the output layer
+        // then compute the words' positions only (when the mask is words then padding).
+        let lengths = if self.sequence_gate().is_some() && crate::kernels::target_padding_skipped()
+        {
+            mask_lengths(&batch.tgt_mask)?
+        } else {
+            None
+        };
         let readin = if let Some(gate) = self.sequence_gate() {
             // The whole decoder recurrence as one fused op (see `decoder_sequence`).
             let (ah, ann) = src
@@ -561,7 +569,7 @@ impl Model {
                 ah,
                 ann,
                 &src.keys.mask_bias,
-                crate::kernels::target_padding_skipped().then_some(&batch.tgt_mask),
+                lengths.as_deref(),
                 &w,
                 gate,
                 cov,
@@ -637,14 +645,6 @@ impl Model {
                 1,
             )?
             .reshape((b * t_len, e_dim))
-        };
-        // The fused path computes the words' rows only (batch-major), when the mask has the usual form.
-        let lengths = match &readin {
-            Readin::Stacked(_) if crate::kernels::target_padding_skipped() => {
-                mask_lengths(&batch.tgt_mask)?
-            }
-            Readin::Stacked(_) => None,
-            Readin::Split { .. } => None,
         };
         let hid = match readin {
             Readin::Stacked(ts) => crate::readout::hidden_rows_fused(

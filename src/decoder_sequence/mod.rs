@@ -90,7 +90,8 @@ pub struct CoverageInputs<'a> {
 /// Run the decoder over `T` target steps: word projections `wp` `[B·T, 3H]` (batch-major rows `(b, i)`, `W e +
 /// b`), the gate's word term `wz` `[B·T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
 /// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
-/// `[B, S]` (cGRU: `wp` holds the word GRU's projections and `wz` row `(b, i)` reads `e(y_{i−1})`, zero at
+/// `[B, S]`, the sentences' target lengths when only the words' positions are to be computed (see
+/// [`target_rows`]; the other output rows are then zero) (cGRU: `wp` holds the word GRU's projections and `wz` row `(b, i)` reads `e(y_{i−1})`, zero at
 /// `i = 0`); `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
 /// no gate; `coverage` the coverage model's inputs when it is on (`C_0 = 0`; attention at step `i` reads
 /// `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is
@@ -104,7 +105,7 @@ pub fn decoder_sequence_fused<'a>(
     ah: &Shared,
     annotations: &Shared,
     mask_bias: &Tensor,
-    target_mask: Option<&Tensor>,
+    target_lengths: Option<&[usize]>,
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
     coverage: Option<CoverageInputs>,
@@ -204,7 +205,7 @@ pub fn decoder_sequence_fused<'a>(
         }
     };
     let op = DecoderSequence {
-        active: target_rows(target_mask, b, tl)?,
+        active: target_rows(target_lengths, b, tl)?,
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
@@ -427,30 +428,29 @@ impl<T: Real> CovData<T> {
     }
 }
 
-/// The rows each step computes, from the target mask `[B, T]` (1 on words, EOS included): when every sentence
-/// is words then padding and the sentences come in order of decreasing length (as [`crate::model::Batch`]
-/// builds them), step `i` computes the first `active[i]` rows only, the sentences with a word at `i`.
-/// Without a mask, or with one of another form, every row at every step.
+/// The rows each step computes, from the sentences' target lengths (EOS included; see
+/// [`crate::model::mask_lengths`]): when the sentences come in order of decreasing length (as
+/// [`crate::model::Batch`] builds them), step `i` computes the first `active[i]` rows only, the sentences with
+/// a word at `i`. Without lengths, or in another order, every row at every step (under the loss's mask).
 ///
 /// Padded positions do not enter the loss, so nothing of theirs is needed: their output rows are zero and
 /// their rows' gradient is not read. The transition of step `i` (which makes the state the next step reads)
 /// covers the rows of step `i + 1` (the cGRU's context GRU, whose state is step `i`'s output, those of step
 /// `i`). Going back, the rows grow with every step, and a row enters the backward recurrence with zero
 /// gradients.
-fn target_rows(mask: Option<&Tensor>, b: usize, tl: usize) -> Result<Vec<usize>> {
-    let all = vec![b; tl];
-    let Some(mask) = mask else {
-        return Ok(all);
+fn target_rows(lengths: Option<&[usize]>, b: usize, tl: usize) -> Result<Vec<usize>> {
+    let Some(lens) = lengths else {
+        return Ok(vec![b; tl]);
     };
-    if mask.dims2()? != (b, tl) {
-        candle_core::bail!("fused decoder sequence: target mask shape mismatch");
+    if lens.len() != b || lens.iter().any(|&l| l == 0 || l > tl) {
+        candle_core::bail!("fused decoder sequence: target lengths do not fit the batch");
     }
-    match crate::model::mask_lengths(mask)? {
-        Some(lens) if lens.windows(2).all(|w| w[0] >= w[1]) => Ok((0..tl)
-            .map(|i| lens.iter().filter(|&&l| l > i).count())
-            .collect()),
-        _ => Ok(all),
+    if lens.windows(2).any(|w| w[0] < w[1]) {
+        return Ok(vec![b; tl]);
     }
+    Ok((0..tl)
+        .map(|i| lens.iter().filter(|&&l| l > i).count())
+        .collect())
 }
 
 /// Each sentence's length from the additive padding mask `[B, S]` (0 on words): the positions the attention
