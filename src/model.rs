@@ -656,7 +656,9 @@ impl Model {
             )?,
             Readin::Split { states, ctxs } => self.readout.hidden(&ctxs, &states, &e_prev()?)?,
         };
+        let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
         if let Some(lens) = &lengths {
+            // The words' rows only: their targets, and no mask.
             let ids: Vec<u32> = batch.tgt.flatten_all()?.to_vec1()?;
             let targets: Vec<u32> = lens
                 .iter()
@@ -664,13 +666,11 @@ impl Model {
                 .flat_map(|(r, &n)| ids[r * t_len..r * t_len + n].iter().copied())
                 .collect();
             let targets = Tensor::from_vec(targets, hid.dim(0)?, hid.device())?;
-            let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
             return output_nll_fused(&hid, w_2, b_out, &targets)?
                 .sum_all()?
                 .affine(1.0 / b as f64, 0.0);
         }
         let targets = batch.tgt.flatten_all()?;
-        let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
         let nll = if self.kernels.fused_on(hid.device()) {
             output_nll_fused(&hid, w_2, b_out, &targets)?
         } else {
