@@ -82,13 +82,18 @@ impl Encoder {
         let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
         let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
         let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
-        // Rows `(b, t)`, read through a shared handle: no `[B·S, 6H]` gradient in candle's store.
-        let x = crate::kernels::linear_shared(e, &w, &bias)?;
         let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
-        BiGru::new(
-            x,
-            b,
-            m,
+        let s = mask.dim(1)?;
+        let order = RowOrder::new(&m, s, b);
+        // The words' rows `(b, t)` only when the recurrences read no other (padding is not computed), read
+        // through a shared handle: no `[B·S, 6H]` gradient in candle's store.
+        let rows = order.word_rows(s).map(std::sync::Arc::new);
+        let x = crate::kernels::linear_shared_rows(e, &w, &bias, rows.clone())?;
+        BiGru::build(
+            x.into(),
+            (b, s),
+            order,
+            rows,
             (&self.fwd.u_ru, &self.fwd.u),
             (&self.bwd.u_ru, &self.bwd.u),
         )
@@ -424,8 +429,13 @@ pub fn bigru_fused<'a>(
 
 struct BiGru {
     b: usize,
-    /// `[B·S, 6H]` (rows `(b, t)`), the forward direction's columns first.
+    s: usize,
+    /// `[B·S, 6H]` (rows `(b, t)`), the forward direction's columns first; or, with `word_rows`, those rows
+    /// only, in that order.
     x: Shared,
+    word_rows: Option<crate::kernels::Rows>,
+    /// With `word_rows`: each sentence's first row in `x`.
+    offsets: Vec<usize>,
     u_ru: [Shared; 2],
     u: [Shared; 2],
     /// The order the recurrences run the sentences in (see [`RowOrder`]).
@@ -444,12 +454,39 @@ impl BiGru {
         bwd: (&Tensor, &Tensor),
     ) -> Result<BiGru> {
         let x: crate::kernels::Input = x.into();
-        let (rows, h6) = x.tensor().dims2()?;
-        let (b, h) = (batch, h6 / 6);
+        let rows = x.tensor().dim(0)?;
+        let b = batch;
         let s = if b > 0 { rows / b } else { 0 };
+        if rows != b * s || mask.len() != s * b {
+            candle_core::bail!("fused bidirectional GRU: shape mismatch");
+        }
+        let order = RowOrder::new(&mask, s, b);
+        BiGru::build(x, (b, s), order, None, fwd, bwd)
+    }
+
+    /// The op over inputs `x` of every row `(b, t)`, or of `word_rows` only (the words' rows of a
+    /// words-then-padding mask, see [`RowOrder::word_rows`]).
+    fn build(
+        x: crate::kernels::Input,
+        (b, s): (usize, usize),
+        order: RowOrder,
+        word_rows: Option<crate::kernels::Rows>,
+        fwd: (&Tensor, &Tensor),
+        bwd: (&Tensor, &Tensor),
+    ) -> Result<BiGru> {
+        let (rows, h6) = x.tensor().dims2()?;
+        let h = h6 / 6;
+        let mut offsets = vec![];
+        if word_rows.is_some() {
+            let mut at = 0;
+            for &l in &order.lens {
+                offsets.push(at);
+                at += l;
+            }
+        }
         let ok = h6 == 6 * h
-            && rows == b * s
-            && mask.len() == s * b
+            && rows == word_rows.as_ref().map_or(b * s, |r| r.len())
+            && (word_rows.is_none() || (order.mask.is_none() && order.lens.len() == b))
             && [fwd.0, bwd.0]
                 .iter()
                 .all(|w| w.dims2().ok() == Some((h, 2 * h)))
@@ -462,10 +499,13 @@ impl BiGru {
         let sh = Shared::new;
         let mut op = BiGru {
             b,
+            s,
             x: x.into_shared()?,
+            word_rows,
+            offsets,
             u_ru: [sh(fwd.0)?, sh(bwd.0)?],
             u: [sh(fwd.1)?, sh(bwd.1)?],
-            order: RowOrder::new(&mask, s, b),
+            order,
             save: false,
             saved: Default::default(),
         };
@@ -494,8 +534,15 @@ impl BiGru {
     }
 
     fn dims(&self) -> Result<(usize, usize, usize)> {
-        let (rows, h6) = self.x.tensor.dims2()?;
-        Ok((rows / self.b.max(1), self.b, h6 / 6))
+        Ok((self.s, self.b, self.x.tensor.dim(1)? / 6))
+    }
+
+    /// The row of `x` that holds sentence `i`'s position `t` (`None`: padding, not formed).
+    fn x_row(&self, i: usize, t: usize) -> Option<usize> {
+        if self.word_rows.is_none() {
+            return Some(i * self.s + t);
+        }
+        (t < self.order.lens[i]).then(|| self.offsets[i] + t)
     }
 
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
@@ -510,8 +557,10 @@ impl BiGru {
             let mut x = crate::kernels::zeroed(s * b * h3);
             for (row, o) in x.chunks_mut(h3).enumerate() {
                 let (t, p) = (row / b, row % b);
-                let at = (self.order.perm[p] * s + t) * 2 * h3 + d * h3;
-                o.copy_from_slice(&xs[at..at + h3]);
+                if let Some(xr) = self.x_row(self.order.perm[p], t) {
+                    let at = xr * 2 * h3 + d * h3;
+                    o.copy_from_slice(&xs[at..at + h3]);
+                }
             }
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
@@ -569,13 +618,14 @@ impl BiGru {
         let (a, c) = crate::profile::timed("  encoder bwd: both directions", || {
             rayon::join(|| run(0, fs), || run(1, rs))
         });
-        // ∂x batch-major `[B, S, 6H]` from each direction's time-major `[S, B, 3H]`.
+        // ∂x batch-major `[B, S, 6H]` (or the words' rows) from each direction's time-major `[S, B, 3H]`.
         let h3 = 3 * h;
         let dxs = [a?, c?];
-        let mut dx = crate::kernels::zeroed(b * s * 2 * h3);
+        let mut dx = crate::kernels::zeroed(self.x.tensor.dim(0)? * 2 * h3);
         let pos = &self.order.pos;
         dx.par_chunks_mut(2 * h3).enumerate().for_each(|(row, o)| {
-            let (i, t) = (row / s, row % s);
+            let bt = self.word_rows.as_ref().map_or(row, |r| r[row]);
+            let (i, t) = (bt / s, bt % s);
             for (d, dxd) in dxs.iter().enumerate() {
                 let at = (t * b + pos[i]) * h3;
                 o[d * h3..(d + 1) * h3].copy_from_slice(&dxd[at..at + h3]);
@@ -632,6 +682,8 @@ struct RowOrder {
     /// `perm[p]`: the sentence run as row `p`; `pos[i]`: the row sentence `i` runs as.
     perm: Vec<usize>,
     pos: Vec<usize>,
+    /// Each sentence's length (words then padding; empty when not).
+    lens: Vec<usize>,
     /// Rows computed at each step; with `mask` (time-major `S·B`, in `perm` order) when not sorted.
     active: Vec<usize>,
     mask: Option<Vec<f64>>,
@@ -647,6 +699,7 @@ impl RowOrder {
             return RowOrder {
                 perm: (0..b).collect(),
                 pos: (0..b).collect(),
+                lens: vec![],
                 active: vec![b; s],
                 mask: Some(mask.to_vec()),
             };
@@ -663,9 +716,22 @@ impl RowOrder {
         RowOrder {
             perm,
             pos,
+            lens,
             active,
             mask: None,
         }
+    }
+
+    /// The words' rows `(b, t)` (`b·s + t`, in order) when the recurrences compute those only (`None`: every
+    /// row is read, under the mask).
+    fn word_rows(&self, s: usize) -> Option<Vec<usize>> {
+        self.mask.is_none().then(|| {
+            self.lens
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &l)| i * s..i * s + l)
+                .collect()
+        })
     }
 
     /// The rows step `t` computes and their mask (`None`: all words).

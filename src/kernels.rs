@@ -818,11 +818,111 @@ impl Input<'_> {
 /// gradient (`[N, M]`, multi-megabyte for the sequence ops' projections) is never zero-filled and added in
 /// candle's gradient store.
 pub fn linear_shared(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Shared> {
+    linear_shared_rows(x, w, b, None)
+}
+
+/// Rows of a `[N, ·]` operand, in increasing order.
+pub type Rows = std::sync::Arc<Vec<usize>>;
+
+/// [`linear_shared`] over rows `rows` of `x` only (`None`: all): the result is `[rows.len(), M]`, row `i` being
+/// `x`'s row `rows[i]` times `W` plus `b` (for a consumer that reads some rows only, such as the words'
+/// positions of a padded batch); the other rows of `x` get zero gradient.
+pub fn linear_shared_rows(
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    rows: Option<Rows>,
+) -> Result<Shared> {
     let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
-    let tensor = x.detach().apply_op3(&w.detach(), &b.detach(), Linear)?;
+    let n = x.dims2()?.0;
+    if let Some(r) = &rows {
+        if r.windows(2).any(|p| p[0] >= p[1]) || r.last().is_some_and(|&l| l >= n) {
+            candle_core::bail!("linear over rows: rows out of order or beyond {n}");
+        }
+    }
+    let tensor = match &rows {
+        None => x.detach().apply_op3(&w.detach(), &b.detach(), Linear)?,
+        Some(r) => x
+            .detach()
+            .apply_op3(&w.detach(), &b.detach(), LinearRows(r.clone()))?,
+    };
     let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
-    let token = x.apply_op3(&w, &b, LinearTap { acc: acc.clone() })?;
+    let token = x.apply_op3(
+        &w,
+        &b,
+        LinearTap {
+            acc: acc.clone(),
+            rows,
+        },
+    )?;
     Ok(Shared { tensor, token, acc })
+}
+
+/// Rows `rows` of `x` `[N, w]`, gathered.
+fn gather_rows<T: Copy>(x: &[T], w: usize, rows: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(rows.len() * w);
+    for &r in rows {
+        out.extend_from_slice(&x[r * w..(r + 1) * w]);
+    }
+    out
+}
+
+/// `x W + b` over some rows of `x`, compact (see [`linear_shared_rows`]).
+struct LinearRows(Rows);
+
+#[allow(clippy::too_many_arguments)]
+fn linear_rows_fwd<T: Real>(
+    op: &LinearRows,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let k = l1.shape().dims2()?.1;
+    let (k2, m) = l2.shape().dims2()?;
+    let (x, w, b) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    if k != k2 || b.len() != m {
+        candle_core::bail!("linear over rows: shapes do not match");
+    }
+    let n = op.0.len();
+    let xr = gather_rows(x, k, &op.0);
+    let mut out = tiled(n, b);
+    gemm_into(
+        n,
+        m,
+        k,
+        &mut out,
+        m,
+        true,
+        Mat::rows(&xr, k),
+        Mat::rows(w, m),
+    );
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
+}
+
+impl candle_core::CustomOp3 for LinearRows {
+    fn name(&self) -> &'static str {
+        "linear-rows"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        crate::profile::timed("linear forward", || {
+            by_dtype!(s1, linear_rows_fwd, self, s1, l1, s2, l2, s3, l3)
+        })
+    }
 }
 
 /// Where a fused op's forward pass leaves its activations for the backward pass.
@@ -1086,6 +1186,8 @@ impl candle_core::CustomOp1 for SharedRows {
 
 struct LinearTap {
     acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+    /// The rows formed (see [`linear_shared_rows`]).
+    rows: Option<Rows>,
 }
 
 impl candle_core::CustomOp3 for LinearTap {
@@ -1112,11 +1214,45 @@ impl candle_core::CustomOp3 for LinearTap {
         _grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         crate::profile::timed("linear backward", || {
-            let shape = (x.dim(0)?, w.dim(1)?);
-            match take_accumulated(&self.acc, shape, x.dtype(), x.device())? {
-                Some(g) => linear_grads(x, w, b, &g),
-                None => Ok((None, None, None)),
+            let n = x.dim(0)?;
+            let Some(rows) = &self.rows else {
+                let shape = (n, w.dim(1)?);
+                return match take_accumulated(&self.acc, shape, x.dtype(), x.device())? {
+                    Some(g) => linear_grads(x, w, b, &g),
+                    None => Ok((None, None, None)),
+                };
+            };
+            // The formed rows' gradients; the other rows' ∂x is zero.
+            let shape = (rows.len(), w.dim(1)?);
+            let Some(g) = take_accumulated(&self.acc, shape, x.dtype(), x.device())? else {
+                return Ok((None, None, None));
+            };
+            fn pick<T: Real>(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+                let k = x.dim(1)?;
+                let v = to_vec::<T>(x)?;
+                Tensor::from_vec(gather_rows(&v, k, rows), (rows.len(), k), x.device())
             }
+            fn spread<T: Real>(d: &Tensor, rows: &[usize], n: usize) -> Result<Tensor> {
+                let k = d.dim(1)?;
+                let v = to_vec::<T>(d)?;
+                let mut out = zeroed::<T>(n * k);
+                for (i, &r) in rows.iter().enumerate() {
+                    out[r * k..(r + 1) * k].copy_from_slice(&v[i * k..(i + 1) * k]);
+                }
+                Tensor::from_vec(out, (n, k), d.device())
+            }
+            let (xr, f64s) = match x.dtype() {
+                candle_core::DType::F32 => (pick::<f32>(x, rows)?, false),
+                candle_core::DType::F64 => (pick::<f64>(x, rows)?, true),
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            };
+            let (dxr, dw, db) = linear_grads(&xr, w, b, &g)?;
+            let dx = match dxr {
+                Some(d) if f64s => Some(spread::<f64>(&d, rows, n)?),
+                Some(d) => Some(spread::<f32>(&d, rows, n)?),
+                None => None,
+            };
+            Ok((dx, dw, db))
         })
     }
 }
