@@ -108,6 +108,27 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "linear",
         );
+        // The same over some rows only, as a compact shared input read by a consumer that adds its gradient
+        // into the handle: the reference's selected rows; the other rows of x get zero gradient.
+        let picked = [0usize, 3, 4, 9, 18];
+        let idx = Tensor::new(&[0u32, 3, 4, 9, 18], &Device::Cpu).unwrap();
+        compare(
+            dtype,
+            &vars,
+            &|x| {
+                let rows = std::sync::Arc::new(picked.to_vec());
+                let y =
+                    cgnmt::kernels::linear_shared_rows(&x[0], &x[1], &x[2], Some(rows)).unwrap();
+                vec![cgnmt::kernels::shared_rows(&y, (0..picked.len()).collect(), 0..21).unwrap()]
+            },
+            &|x| {
+                let xr = x[0].index_select(&idx, 0).unwrap();
+                vec![xr.matmul(&x[1]).unwrap().broadcast_add(&x[2]).unwrap()]
+            },
+            ft,
+            gt,
+            "linear over rows",
+        );
         // The readout over the decoder op's rows against its composed form on the shifted embeddings (3
         // sentences of 4 steps; widths that leave remainders).
         let (nb, tl, h, ed) = (3usize, 4usize, 6usize, 5usize);
