@@ -841,10 +841,12 @@ pub fn linear_shared_rows(
         }
     }
     let tensor = match &rows {
-        None => x.detach().apply_op3(&w.detach(), &b.detach(), Linear)?,
+        None => x
+            .detach()
+            .apply_op3(&w.detach(), &b.detach(), Linear(None))?,
         Some(r) => x
             .detach()
-            .apply_op3(&w.detach(), &b.detach(), LinearRows(r.clone()))?,
+            .apply_op3(&w.detach(), &b.detach(), Linear(Some(r.clone())))?,
     };
     let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
     let token = x.apply_op3(
@@ -865,64 +867,6 @@ fn gather_rows<T: Copy>(x: &[T], w: usize, rows: &[usize]) -> Vec<T> {
         out.extend_from_slice(&x[r * w..(r + 1) * w]);
     }
     out
-}
-
-/// `x W + b` over some rows of `x`, compact (see [`linear_shared_rows`]).
-struct LinearRows(Rows);
-
-#[allow(clippy::too_many_arguments)]
-fn linear_rows_fwd<T: Real>(
-    op: &LinearRows,
-    s1: &CpuStorage,
-    l1: &Layout,
-    s2: &CpuStorage,
-    l2: &Layout,
-    s3: &CpuStorage,
-    l3: &Layout,
-) -> Result<(CpuStorage, Shape)> {
-    let k = l1.shape().dims2()?.1;
-    let (k2, m) = l2.shape().dims2()?;
-    let (x, w, b) = (
-        slice::<T>(s1, l1)?,
-        slice::<T>(s2, l2)?,
-        slice::<T>(s3, l3)?,
-    );
-    if k != k2 || b.len() != m {
-        candle_core::bail!("linear over rows: shapes do not match");
-    }
-    let n = op.0.len();
-    let xr = gather_rows(x, k, &op.0);
-    let mut out = tiled(n, b);
-    gemm_into(
-        n,
-        m,
-        k,
-        &mut out,
-        m,
-        true,
-        Mat::rows(&xr, k),
-        Mat::rows(w, m),
-    );
-    Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
-}
-
-impl candle_core::CustomOp3 for LinearRows {
-    fn name(&self) -> &'static str {
-        "linear-rows"
-    }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        crate::profile::timed("linear forward", || {
-            by_dtype!(s1, linear_rows_fwd, self, s1, l1, s2, l2, s3, l3)
-        })
-    }
 }
 
 /// Where a fused op's forward pass leaves its activations for the backward pass.
@@ -1769,12 +1713,15 @@ pub fn linear(k: Kernels, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> 
         return x.matmul(w)?.broadcast_add(b);
     }
     x.contiguous()?
-        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear)
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear(None))
 }
 
-struct Linear;
+/// `x W + b`, over rows `.0` of `x` only (a compact result) when given; with rows it has no backward pass
+/// (see [`linear_shared_rows`], whose token carries it).
+struct Linear(Option<Rows>);
 
 fn linear_fwd<T: Real>(
+    op: &Linear,
     s1: &CpuStorage,
     l1: &Layout,
     s2: &CpuStorage,
@@ -1795,6 +1742,14 @@ fn linear_fwd<T: Real>(
             b.len()
         );
     }
+    let xr;
+    let (n, x) = match &op.0 {
+        None => (n, x),
+        Some(rows) => {
+            xr = gather_rows(x, k, rows);
+            (rows.len(), xr.as_slice())
+        }
+    };
     let mut out = tiled(n, b);
     gemm_into(n, m, k, &mut out, m, true, Mat::rows(x, k), Mat::rows(w, m));
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
@@ -1814,7 +1769,7 @@ impl candle_core::CustomOp3 for Linear {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         crate::profile::timed("linear forward", || {
-            by_dtype!(s1, linear_fwd, s1, l1, s2, l2, s3, l3)
+            by_dtype!(s1, linear_fwd, self, s1, l1, s2, l2, s3, l3)
         })
     }
     fn bwd(
@@ -1825,6 +1780,9 @@ impl candle_core::CustomOp3 for Linear {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if self.0.is_some() {
+            candle_core::bail!("linear over rows: no backward pass of its own");
+        }
         crate::profile::timed("linear backward", || {
             linear_grads(x, w, b, &grad.contiguous()?)
         })

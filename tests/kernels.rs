@@ -558,6 +558,24 @@ fn loss_and_grads_for(
     (l, grads)
 }
 
+/// The fused kernels' loss and every parameter's gradient (`fused`) equal the reference kernels' to relative
+/// tolerances `(loss, gradient)`; `what` names the case in a failure.
+fn assert_same(
+    what: &str,
+    (lf, gf): &(f64, Vec<(String, Tensor)>),
+    (lr, gr): &(f64, Vec<(String, Tensor)>),
+    (lt, gt): (f64, f64),
+) {
+    assert!(
+        ((lf - lr) / lr).abs() < lt,
+        "{what}: loss {lf} (fused) vs {lr} (reference)"
+    );
+    for ((n, a), (_, b)) in gf.iter().zip(gr) {
+        let d = max_rel_diff(a, b).unwrap();
+        assert!(d < gt, "{what}: gradient of {n} differs by {d:e}");
+    }
+}
+
 #[test]
 fn whole_model_fused_equals_reference_for_every_variant() {
     for sets in variants() {
@@ -569,19 +587,12 @@ fn whole_model_fused_equals_reference_for_every_variant() {
         all.extend(sets.iter().cloned());
         let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
         for (dtype, lt, gt) in [(DType::F64, 1e-12, 1e-9), (DType::F32, 1e-5, 2e-3)] {
-            let (lf, gf) = loss_and_grads(&cfg, Kernels::Fused, dtype);
-            let (lr, gr) = loss_and_grads(&cfg, Kernels::Reference, dtype);
-            assert!(
-                ((lf - lr) / lr).abs() < lt,
-                "{sets:?} {dtype:?}: loss {lf} (fused) vs {lr} (reference)"
+            assert_same(
+                &format!("{sets:?} {dtype:?}"),
+                &loss_and_grads(&cfg, Kernels::Fused, dtype),
+                &loss_and_grads(&cfg, Kernels::Reference, dtype),
+                (lt, gt),
             );
-            for ((n, a), (_, b)) in gf.iter().zip(&gr) {
-                let d = max_rel_diff(a, b).unwrap();
-                assert!(
-                    d < gt,
-                    "{sets:?} {dtype:?}: gradient of {n} differs by {d:e}"
-                );
-            }
         }
     }
 }
@@ -639,19 +650,14 @@ fn fused_path_takes_any_row_order_and_mask() {
             ("reversed", &reversed),
             ("holed", &holed),
         ] {
-            let (lf, gf) = loss_and_grads_for(&cfg, Kernels::Fused, dtype, batch, false);
-            let (lr, gr) = loss_and_grads_for(&cfg, Kernels::Reference, dtype, batch, false);
-            assert!(
-                ((lf - lr) / lr).abs() < 1e-12,
-                "{sets:?} {what}: loss {lf} (fused) vs {lr} (reference)"
+            let fused = loss_and_grads_for(&cfg, Kernels::Fused, dtype, batch, false);
+            assert_same(
+                &format!("{sets:?} {what}"),
+                &fused,
+                &loss_and_grads_for(&cfg, Kernels::Reference, dtype, batch, false),
+                (1e-12, 1e-9),
             );
-            for ((n, a), (_, b)) in gf.iter().zip(&gr) {
-                let d = max_rel_diff(a, b).unwrap();
-                assert!(
-                    d < 1e-9,
-                    "{sets:?} {what}: gradient of {n} differs by {d:e}"
-                );
-            }
+            let lf = fused.0;
             if what != "holed" {
                 // The row order does not change the loss.
                 assert!(
@@ -711,19 +717,12 @@ fn fused_sequence_ops_at_the_edges_equal_reference() {
             ),
         ];
         for (src, tgt) in &batches {
-            let (lf, gf) = loss_and_grads_on(&cfg, Kernels::Fused, DType::F64, src, tgt, true);
-            let (lr, gr) = loss_and_grads_on(&cfg, Kernels::Reference, DType::F64, src, tgt, true);
-            assert!(
-                ((lf - lr) / lr).abs() < 1e-12,
-                "{cov:?} {src:?} → {tgt:?}: loss {lf} vs {lr}"
+            assert_same(
+                &format!("{cov:?} {src:?} → {tgt:?}"),
+                &loss_and_grads_on(&cfg, Kernels::Fused, DType::F64, src, tgt, true),
+                &loss_and_grads_on(&cfg, Kernels::Reference, DType::F64, src, tgt, true),
+                (1e-12, 1e-9),
             );
-            for ((n, a), (_, b)) in gf.iter().zip(&gr) {
-                let d = max_rel_diff(a, b).unwrap();
-                assert!(
-                    d < 1e-9,
-                    "{cov:?} {src:?} → {tgt:?}: gradient of {n} differs by {d:e}"
-                );
-            }
         }
     }
 }
