@@ -488,34 +488,33 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     } else {
         serde_json::Value::Null
     };
-    let comparison = if general_times.is_empty() {
-        serde_json::Value::Null
-    } else {
-        let general_s = median(&mut general_times);
+    // An alternated comparison's record (null when it did not run): the default's steps (`times`) against
+    // the other setting's, each named by its JSON key stem.
+    let alternated = |what: &str, (kept, other): (&str, &str), other_times: &mut [f64]| {
+        if other_times.is_empty() {
+            return serde_json::Value::Null;
+        }
+        let other_s = median(other_times);
         eprintln!(
-            "packed micro-kernel against the general GEMM, alternate steps: median {:.3} s against {:.3} s ({} and {} steps)",
+            "{what}, alternate steps: median {:.3} s against {:.3} s ({} and {} steps)",
             step_s,
-            general_s,
+            other_s,
             times.len(),
-            general_times.len()
+            other_times.len()
         );
-        json!({"packed_step_s_median": step_s, "general_gemm_step_s_median": general_s,
-               "packed_steps": times.len(), "general_gemm_steps": general_times.len()})
+        json!({format!("{kept}_step_s_median"): step_s, format!("{other}_step_s_median"): other_s,
+               format!("{kept}_steps"): times.len(), format!("{other}_steps"): other_times.len()})
     };
-    let padding_comparison = if padded_times.is_empty() {
-        serde_json::Value::Null
-    } else {
-        let padded_s = median(&mut padded_times);
-        eprintln!(
-            "target padding skipped against computed, alternate steps: median {:.3} s against {:.3} s ({} and {} steps)",
-            step_s,
-            padded_s,
-            times.len(),
-            padded_times.len()
-        );
-        json!({"skipped_step_s_median": step_s, "computed_step_s_median": padded_s,
-               "skipped_steps": times.len(), "computed_steps": padded_times.len()})
-    };
+    let comparison = alternated(
+        "packed micro-kernel against the general GEMM",
+        ("packed", "general_gemm"),
+        &mut general_times,
+    );
+    let padding_comparison = alternated(
+        "target padding skipped against computed",
+        ("skipped", "computed"),
+        &mut padded_times,
+    );
     let [fwd_s, bwd_s, opt_s] = [
         median(&mut phases[0]),
         median(&mut phases[1]),

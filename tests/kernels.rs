@@ -153,6 +153,17 @@ fn fused_ops_match_their_composed_reference() {
             hidden: h,
             kernels: k,
         };
+        // The composed readout over every row, reading the shifted embeddings e(y_{i−1}).
+        let reference_rows = |x: &[Tensor]| {
+            let ro = readout(x, Kernels::Reference);
+            let e3 = x[1].reshape((nb, tl, ed)).unwrap();
+            let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
+            let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
+                .unwrap()
+                .reshape((n, ed))
+                .unwrap();
+            ro.hidden_stacked(&x[0], &e_prev).unwrap()
+        };
         compare(
             dtype,
             &vars,
@@ -160,16 +171,7 @@ fn fused_ops_match_their_composed_reference() {
                 let ro = readout(x, Kernels::Fused);
                 vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, None).unwrap()]
             },
-            &|x| {
-                let ro = readout(x, Kernels::Reference);
-                let e3 = x[1].reshape((nb, tl, ed)).unwrap();
-                let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
-                let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
-                    .unwrap()
-                    .reshape((n, ed))
-                    .unwrap();
-                vec![ro.hidden_stacked(&x[0], &e_prev).unwrap()]
-            },
+            &|x| vec![reference_rows(x)],
             ft,
             gt,
             "readout rows",
@@ -189,17 +191,7 @@ fn fused_ops_match_their_composed_reference() {
                 let ro = readout(x, Kernels::Fused);
                 vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, Some(&lens)).unwrap()]
             },
-            &|x| {
-                let ro = readout(x, Kernels::Reference);
-                let e3 = x[1].reshape((nb, tl, ed)).unwrap();
-                let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
-                let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
-                    .unwrap()
-                    .reshape((n, ed))
-                    .unwrap();
-                let all = ro.hidden_stacked(&x[0], &e_prev).unwrap();
-                vec![all.index_select(&rows, 0).unwrap()]
-            },
+            &|x| vec![reference_rows(x).index_select(&rows, 0).unwrap()],
             ft,
             gt,
             "readout over the words' rows",
