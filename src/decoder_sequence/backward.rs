@@ -46,12 +46,13 @@ impl DecoderSequence {
         let ones = vec![T::one(); if paper { h } else { 0 }];
         // Paper form: ∂ of the products before their scale, per step (for the weights' gradients), and ∂t_i
         // through the transition.
-        let mut dhus = crate::kernels::zeroed(if paper && gru { nt * b * 2 * h } else { 0 });
-        let mut drcs = crate::kernels::zeroed(if paper { nt * b * h } else { 0 });
+        let off = &self.off;
+        let mut dhus = crate::kernels::zeroed(if paper && gru { off[nt] * 2 * h } else { 0 });
+        let mut drcs = crate::kernels::zeroed(if paper { off[nt] * h } else { 0 });
         // cGRU: the word GRU's ∂pre per step (for its weights' gradients), its ∂t_i, the mix's ∂(word term)
         // (discarded: the context GRU has none) and the zero word term.
         let cn = if cgru.is_some() { n } else { 0 };
-        let mut dpw_all = crate::kernels::zeroed(cn * b * kh);
+        let mut dpw_all = crate::kernels::zeroed(off[cn] * kh);
         let mut dh_w = vec![T::zero(); if cgru.is_some() { b * h } else { 0 }];
         let mut dwp_scratch = vec![T::zero(); if cgru.is_some() { b * kh } else { 0 }];
         let wp_zero = vec![T::zero(); if cgru.is_some() { kh } else { 0 }];
@@ -117,15 +118,15 @@ impl DecoderSequence {
 
         let mut dwp = crate::kernels::zeroed(tl * bkh);
         let mut dzp = crate::kernels::zeroed(if gated { tl * bh } else { 0 });
-        let mut dcp = crate::kernels::zeroed(nt * b * wc);
-        let mut dpre = crate::kernels::zeroed(nt * bkh);
-        let mut dq = crate::kernels::zeroed(tl * b * wq);
+        let mut dcp = crate::kernels::zeroed(off[nt] * wc);
+        let mut dpre = crate::kernels::zeroed(off[nt] * kh);
+        let mut dq = crate::kernels::zeroed(off[tl] * wq);
         let mut dv_rows = vec![T::zero(); b * ad];
         let mut dt = vec![T::zero(); bh]; // ∂t_i carried from step i + 1
         let mut dts = vec![T::zero(); bh];
         let mut drts = vec![T::zero(); bh];
         // ∂s_i of every step, time-major: the annotations' gradient is formed from them after the loop.
-        let mut dctx_all = crate::kernels::zeroed(tl * b * a2);
+        let mut dctx_all = crate::kernels::zeroed(off[tl] * a2);
         let mut dt_prev = vec![T::zero(); bh];
         for i in (0..tl).rev() {
             // The rows the forward pass computed at step i (see `target_rows`). Going back they only grow,
@@ -134,8 +135,9 @@ impl DecoderSequence {
             if m == 0 {
                 continue;
             }
-            let dctx = &mut dctx_all[i * b * a2..(i + 1) * b * a2];
-            let t_i = &tall[i * bh..(i + 1) * bh];
+            let (o, o1) = (off[i], off[i + 1]);
+            let dctx = &mut dctx_all[o * a2..o1 * a2];
+            let t_i = &tall[o * h..o1 * h];
             // The readout's gradients for [t_{i−1} | s_i] (padded rows' are not read).
             for r in 0..m {
                 let gr = &g[(r * tl + i) * h3..(r * tl + i + 1) * h3];
@@ -149,13 +151,13 @@ impl DecoderSequence {
                 let m1 = if i < n { self.active[i + 1] } else { 0 };
                 if m1 > 0 {
                     let m1h = m1 * h;
-                    let dpw_i = &mut dpw_all[i * bkh..i * bkh + m1 * kh];
+                    let dpw_i = &mut dpw_all[o * kh..o * kh + m1 * kh];
                     dh_w.fill(T::zero());
                     let step = GruStep {
                         h,
-                        ru: &wru[i * 2 * bh..i * 2 * bh + 2 * m1h],
-                        ht: &wht[i * bh..i * bh + m1h],
-                        hp: &sall[i * bh..i * bh + m1h],
+                        ru: &wru[o * 2 * h..o * 2 * h + 2 * m1h],
+                        ht: &wht[o * h..o * h + m1h],
+                        hp: &sall[o * h..o * h + m1h],
                         mask: None,
                     };
                     crate::profile::timed("  decoder bwd: word GRU step", || {
@@ -188,15 +190,15 @@ impl DecoderSequence {
             };
             let mth = mt * h;
             if mt > 0 {
-                let dpre_i = &mut dpre[i * bkh..(i + 1) * bkh];
+                let dpre_i = &mut dpre[o * kh..o1 * kh];
                 if paper {
                     // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
                     let gru_acts = gru.then(|| {
                         (
-                            &ru[i * 2 * bh..(i + 1) * 2 * bh],
-                            &cc[i * bh..(i + 1) * bh],
-                            &hus[i * 2 * bh..(i + 1) * 2 * bh],
-                            &mut dhus[i * 2 * bh..(i + 1) * 2 * bh],
+                            &ru[o * 2 * h..o1 * 2 * h],
+                            &cc[o * h..o1 * h],
+                            &hus[o * 2 * h..o1 * 2 * h],
+                            &mut dhus[o * 2 * h..o1 * 2 * h],
                         )
                     });
                     crate::profile::timed("  decoder bwd: GRU step", || {
@@ -206,23 +208,23 @@ impl DecoderSequence {
                             (
                                 t_i,
                                 if cgru.is_some() {
-                                    &sall[i * bh..(i + 1) * bh]
+                                    &sall[o * h..o1 * h]
                                 } else {
-                                    &tall[(i + 1) * bh..(i + 2) * bh]
+                                    &tall[o1 * h..off[i + 2] * h]
                                 },
                             ),
-                            (&rcs[i * bh..(i + 1) * bh], &ts[i * bh..(i + 1) * bh]),
+                            (&rcs[o * h..o1 * h], &ts[o * h..o1 * h]),
                             (&u, &u_ru),
                             gru_acts,
-                            (dpre_i, &mut drcs[i * bh..(i + 1) * bh]),
+                            (dpre_i, &mut drcs[o * h..o1 * h]),
                             (&mut dts, &mut dtp, &mut drts),
                         )
                     });
                 } else if gru {
                     let (ru_i, ts_i, cc_i) = (
-                        &ru[i * 2 * bh..(i + 1) * 2 * bh],
-                        &ts[i * bh..(i + 1) * bh],
-                        &cc[i * bh..(i + 1) * bh],
+                        &ru[o * 2 * h..o1 * 2 * h],
+                        &ts[o * h..o1 * h],
+                        &cc[o * h..o1 * h],
                     );
                     // The GRU step from the scaled state T∘t: `dts` becomes ∂(T∘t).
                     dts.fill(T::zero());
@@ -245,7 +247,7 @@ impl DecoderSequence {
                     });
                 } else {
                     // The vanilla unit t_{i+1} = tanh(pre + U (T∘t)): ∂pre, then ∂(T∘t) = ∂pre Uᵀ.
-                    let t_next = &tall[(i + 1) * bh..(i + 2) * bh];
+                    let t_next = &tall[o1 * h..off[i + 2] * h];
                     crate::profile::timed("  decoder bwd: GRU step", || {
                         {
                             let (dt, dw) = (&dt, RowsMut::new(dpre_i, h));
@@ -261,7 +263,7 @@ impl DecoderSequence {
                     });
                 }
                 // Mix and gate; ∂t_{i−1} through T∘t is written into `dt` (free now).
-                let dcp_i = &mut dcp[i * b * wc..(i + 1) * b * wc];
+                let dcp_i = &mut dcp[o * wc..o1 * wc];
                 {
                     let cg = cgru.is_some();
                     let (dww, dcw, dtw, dzw) = (
@@ -271,12 +273,8 @@ impl DecoderSequence {
                         RowsMut::new(&mut dzp, if gated { h } else { 0 }),
                     );
                     let (dpre_i, dts) = (&*dpre_i, &dts);
-                    let (wp, cp_i) = (&wp, &cp[i * b * wc..(i + 1) * b * wc]);
-                    let z_i = if gated {
-                        &z[i * bh..(i + 1) * bh]
-                    } else {
-                        &z[..]
-                    };
+                    let (wp, cp_i) = (&wp, &cp[o * wc..o1 * wc]);
+                    let z_i = if gated { &z[o * h..o1 * h] } else { &z[..] };
                     let _t = crate::profile::Scope::new("  decoder bwd: gate rows");
                     rows_par(mt, mt * kh, |r| unsafe {
                         bwd_mix_row_d(
@@ -318,7 +316,7 @@ impl DecoderSequence {
                             // β's pre-activation is every element's: its gradient is the row's sum.
                             Some(ZPreOp::Scalar { .. }) => {
                                 let g = d.iter().fold(T::zero(), |a, &x| a + x);
-                                dq[(i * b + r) * wq + wb_off] = g;
+                                dq[(o + r) * wq + wb_off] = g;
                                 db_beta = db_beta + g;
                             }
                             Some(ZPreOp::Static { .. }) => {
@@ -332,7 +330,7 @@ impl DecoderSequence {
                             dcp_i[r * wc + kh..(r + 1) * wc].copy_from_slice(d);
                         }
                         if has_uz {
-                            dq[(i * b + r) * wq + ad..(i * b + r) * wq + ad + h].copy_from_slice(d);
+                            dq[(o + r) * wq + ad..(o + r) * wq + ad + h].copy_from_slice(d);
                         }
                     }
                 }
@@ -342,9 +340,9 @@ impl DecoderSequence {
                 });
             }
             // Attention backward: ∂s_i → ∂e → ∂(A h), ∂(B t), ∂v (∂h from all steps after the loop).
-            let actx_i = &actx[i * b * w_ac..(i + 1) * b * w_ac];
-            let q_i = &q[i * b * wq..(i + 1) * b * wq];
-            let dq_i = &mut dq[i * b * wq..(i + 1) * b * wq];
+            let actx_i = &actx[o * w_ac..o1 * w_ac];
+            let q_i = &q[o * wq..o1 * wq];
+            let dq_i = &mut dq[o * wq..o1 * wq];
             {
                 let dqw = RowsMut::new(dq_i, wq);
                 let dvw = RowsMut::new(&mut dv_rows, ad);
@@ -465,30 +463,31 @@ impl DecoderSequence {
             std::mem::swap(&mut dt, &mut dt_prev);
         }
         // The annotations' gradient from every step's context, per sentence: ∂h_r += α_rᵀ ∂S_r with α_r
-        // `[T, S]` and ∂S_r `[T, 2H]` read in place from the time-major rows.
+        // `[L, S]` and ∂S_r `[L, 2H]` over the sentence's `L` steps, gathered from the time-major rows.
         {
             let _t = crate::profile::Scope::new("  decoder bwd: annotation gradients");
+            let active = &self.active;
             self.ann.accumulate::<T>(|d_ann| {
                 use rayon::prelude::*;
                 d_ann.par_chunks_mut(s * a2).enumerate().for_each(|(r, d)| {
+                    let steps = active.iter().take_while(|&&m| m > r).count();
+                    let mut alpha = Vec::with_capacity(steps * s);
+                    let mut dctx = Vec::with_capacity(steps * a2);
+                    for &o in &off[..steps] {
+                        let x = o + r;
+                        alpha.extend_from_slice(&actx[x * w_ac..x * w_ac + s]);
+                        dctx.extend_from_slice(&dctx_all[x * a2..(x + 1) * a2]);
+                    }
                     crate::kernels::serial(|| {
                         crate::kernels::gemm_into(
                             s,
                             a2,
-                            tl,
+                            steps,
                             d,
                             a2,
                             true,
-                            Mat {
-                                data: &actx[r * w_ac..],
-                                rs: 1,
-                                cs: b * w_ac,
-                            },
-                            Mat {
-                                data: &dctx_all[r * a2..],
-                                rs: b * a2,
-                                cs: 1,
-                            },
+                            Mat::t(&alpha, s),
+                            Mat::rows(&dctx, a2),
                         )
                     })
                 });
@@ -541,7 +540,7 @@ impl DecoderSequence {
                 w_h.add_grad(crate::kernels::product::<T>(
                     h,
                     kd,
-                    tl * b,
+                    off[tl],
                     Mat::t(&tall, h),
                     Mat {
                         data: dq.get(wh_off..).unwrap_or(&[]),
@@ -556,7 +555,7 @@ impl DecoderSequence {
                 w.add_grad(crate::kernels::product::<T>(
                     h,
                     1,
-                    tl * b,
+                    off[tl],
                     Mat::t(&tall, h),
                     Mat {
                         data: dq.get(wb_off..).unwrap_or(&[]),
@@ -569,7 +568,7 @@ impl DecoderSequence {
             Some(ZPreOp::Static { theta }) => theta.add_grad(dtheta),
             None => {}
         }
-        let nb = nt * b;
+        let nb = off[nt];
         let ctx_t = Mat {
             data: &actx[s..],
             rs: 1,
@@ -585,7 +584,7 @@ impl DecoderSequence {
                 cs: 1,
             }
         }
-        let rows_t = tl * b;
+        let rows_t = off[tl];
         self.b_att.add_grad(weight_grad(
             h,
             ad,
@@ -617,7 +616,7 @@ impl DecoderSequence {
                 }
             }
             gs.b.add_grad(db);
-            let nw = n * b;
+            let nw = off[n];
             gs.u_ru.add_grad(weight_grad(
                 h,
                 2 * h,

@@ -62,40 +62,41 @@ impl DecoderSequence {
         let cgru_v = self.cgru_data::<T>()?;
         let cgru = cgru_v.as_ref().map(|v| CgruView::new(v, h));
         let bsd = b * s * cdim;
+        // Step i's rows in the time-major buffers: `off[i]..off[i + 1]` (see `step_offsets`).
+        let off = &self.off;
         let mut covs = crate::kernels::zeroed(tl * bsd);
         let mut cacts = crate::kernels::zeroed(n * b * s * aw);
 
-        let mut tall = crate::kernels::zeroed(tl * b * h);
+        let mut tall = crate::kernels::zeroed(off[tl] * h);
         tall[..b * h].copy_from_slice(storage_slice::<T>(&g_t0, &l_t0)?);
-        let mut q = crate::kernels::zeroed(tl * b * wq);
-        let mut actx = crate::kernels::zeroed(tl * b * w_ac);
+        let mut q = crate::kernels::zeroed(off[tl] * wq);
+        let mut actx = crate::kernels::zeroed(off[tl] * w_ac);
         // Steps with a (gated) transition: all but the last, or all of them for the cGRU's context GRU.
         let nt = if cgru.is_some() { tl } else { n };
-        let mut z = crate::kernels::zeroed(if gated { nt * b * h } else { 0 });
-        let mut ts = crate::kernels::zeroed(nt * b * h);
-        let mut cp = crate::kernels::zeroed(nt * b * wc);
+        let mut z = crate::kernels::zeroed(if gated { off[nt] * h } else { 0 });
+        let mut ts = crate::kernels::zeroed(off[nt] * h);
+        let mut cp = crate::kernels::zeroed(off[nt] * wc);
         // GRU activations (none for the vanilla unit, whose activation is the next state itself).
         let gn = if gru { nt } else { 0 };
         let paper = self.paper;
         let ones = vec![T::one(); if paper { h } else { 0 }];
-        let mut hus = crate::kernels::zeroed(if paper { gn * b * 2 * h } else { 0 });
-        let mut rcs = crate::kernels::zeroed(if paper { nt * b * h } else { 0 });
+        let mut hus = crate::kernels::zeroed(if paper { off[gn] * 2 * h } else { 0 });
+        let mut rcs = crate::kernels::zeroed(if paper { off[nt] * h } else { 0 });
         // cGRU: the context GRU's states, the word GRU's activations and its step's inputs; the context GRU
         // has no word term (a zero row in the mix).
         let cn = if cgru.is_some() { n } else { 0 };
-        let mut sall = crate::kernels::zeroed(if cgru.is_some() { tl * b * h } else { 0 });
-        let mut wru = crate::kernels::zeroed(cn * b * 2 * h);
-        let mut wrh = crate::kernels::zeroed(cn * b * h);
-        let mut wht = crate::kernels::zeroed(cn * b * h);
+        let mut sall = crate::kernels::zeroed(if cgru.is_some() { off[tl] * h } else { 0 });
+        let mut wru = crate::kernels::zeroed(off[cn] * 2 * h);
+        let mut wrh = crate::kernels::zeroed(off[cn] * h);
+        let mut wht = crate::kernels::zeroed(off[cn] * h);
         let mut pre_w = vec![T::zero(); if cgru.is_some() { b * kh } else { 0 }];
         let wp_zero = vec![T::zero(); if cgru.is_some() { kh } else { 0 }];
-        let mut ru = crate::kernels::zeroed(gn * b * 2 * h);
-        let mut rts = crate::kernels::zeroed(gn * b * h);
-        let mut cc = crate::kernels::zeroed(gn * b * h);
+        let mut ru = crate::kernels::zeroed(off[gn] * 2 * h);
+        let mut rts = crate::kernels::zeroed(off[gn] * h);
+        let mut cc = crate::kernels::zeroed(off[gn] * h);
         let mut pre = vec![T::zero(); b * kh];
         let mut hu = vec![T::zero(); b * 2 * h];
         let mut rc = vec![T::zero(); b * h];
-        let (bh, bh2) = (b * h, b * 2 * h);
         for i in 0..tl {
             // The rows with a word at step i (see `target_rows`); the rest are padding from here on.
             let m = self.active[i];
@@ -103,18 +104,20 @@ impl DecoderSequence {
                 break;
             }
             let mh = m * h;
+            let (o, o1) = (off[i], off[i + 1]);
             if let (Some(g), true) = (&cgru, i > 0) {
                 // cGRU: the word GRU t'_i = GRU_word(e(y_{i−1}), t_{i−1}).
+                let op = off[i - 1];
                 for r in 0..m {
                     pre_w[r * kh..(r + 1) * kh]
                         .copy_from_slice(&wp[(r * tl + i - 1) * kh..(r * tl + i) * kh]);
                 }
-                let state = &mut tall[i * bh..i * bh + mh];
-                state.copy_from_slice(&sall[(i - 1) * bh..(i - 1) * bh + mh]);
+                let state = &mut tall[o * h..o * h + mh];
+                state.copy_from_slice(&sall[op * h..op * h + mh]);
                 let acts = GruActs {
-                    ru: &mut wru[(i - 1) * bh2..(i - 1) * bh2 + 2 * mh],
-                    rh: &mut wrh[(i - 1) * bh..(i - 1) * bh + mh],
-                    ht: &mut wht[(i - 1) * bh..(i - 1) * bh + mh],
+                    ru: &mut wru[op * 2 * h..op * 2 * h + 2 * mh],
+                    rh: &mut wrh[op * h..op * h + mh],
+                    ht: &mut wht[op * h..op * h + mh],
                 };
                 crate::profile::timed("  decoder fwd: word GRU step", || {
                     gru_step_forward(
@@ -130,13 +133,13 @@ impl DecoderSequence {
                 });
             }
             // Attention from t_{i−1} (cGRU: t'_i).
-            let (t_done, t_rest) = tall.split_at_mut((i + 1) * bh);
-            let t_i = &t_done[i * bh..];
-            let q_i = &mut q[i * b * wq..(i + 1) * b * wq];
+            let (t_done, t_rest) = tall.split_at_mut(o1 * h);
+            let t_i = &t_done[o * h..];
+            let q_i = &mut q[o * wq..o1 * wq];
             crate::profile::timed("  decoder fwd: query GEMM", || {
                 tw.mul_into(m, q_i, wq, false, Mat::rows(t_i, h))
             });
-            let actx_i = &mut actx[i * b * w_ac..(i + 1) * b * w_ac];
+            let actx_i = &mut actx[o * w_ac..o1 * w_ac];
             {
                 let out = RowsMut::new(actx_i, w_ac);
                 let q_i = &*q_i;
@@ -216,7 +219,7 @@ impl DecoderSequence {
                 rs: w_ac,
                 cs: 1,
             };
-            let cp_i = &mut cp[i * b * wc..(i + 1) * b * wc];
+            let cp_i = &mut cp[o * wc..o1 * wc];
             crate::profile::timed("  decoder fwd: context GEMM", || {
                 cw.mul_into(mt, cp_i, wc, false, ctx_i)
             });
@@ -230,11 +233,11 @@ impl DecoderSequence {
             }
             let (z_i, ts_i) = (
                 if gated {
-                    &mut z[i * bh..(i + 1) * bh]
+                    &mut z[o * h..o1 * h]
                 } else {
                     &mut z[..]
                 },
-                &mut ts[i * bh..(i + 1) * bh],
+                &mut ts[o * h..o1 * h],
             );
             {
                 let (zw, tsw, prew) = (
@@ -242,7 +245,7 @@ impl DecoderSequence {
                     RowsMut::new(ts_i, h),
                     RowsMut::new(&mut pre, kh),
                 );
-                let (wz, q_i, cp_i) = (wz, &q[i * b * wq..(i + 1) * b * wq], &*cp_i);
+                let (wz, q_i, cp_i) = (wz, &q[o * wq..o1 * wq], &*cp_i);
                 let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
                 let zc = &zc;
                 rows_par(mt, mt * kh, |r| {
@@ -288,27 +291,27 @@ impl DecoderSequence {
             }
             let ts_i = &*ts_i;
             let t_next = if cgru.is_some() {
-                &mut sall[i * bh..(i + 1) * bh]
+                &mut sall[o * h..o1 * h]
             } else {
-                &mut t_rest[..bh]
+                &mut t_rest[..mth]
             };
             if paper {
                 // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
                 let gru_acts = gru.then(|| {
                     (
-                        &mut hus[i * bh2..(i + 1) * bh2],
-                        &mut ru[i * bh2..(i + 1) * bh2],
-                        &mut rts[i * bh..(i + 1) * bh],
-                        &mut cc[i * bh..(i + 1) * bh],
+                        &mut hus[o * 2 * h..o1 * 2 * h],
+                        &mut ru[o * 2 * h..o1 * 2 * h],
+                        &mut rts[o * h..o1 * h],
+                        &mut cc[o * h..o1 * h],
                     )
                 });
                 crate::profile::timed("  decoder fwd: GRU step", || {
                     paper_transition(
                         (mt, h),
-                        (&pre, &t_done[i * bh..], ts_i),
+                        (&pre, &t_done[o * h..], ts_i),
                         (&u, &u_ru),
                         gru_acts,
-                        &mut rcs[i * bh..(i + 1) * bh],
+                        &mut rcs[o * h..o1 * h],
                         t_next,
                     )
                 });
@@ -330,9 +333,9 @@ impl DecoderSequence {
             let t_next = &mut t_next[..mth];
             t_next.copy_from_slice(&ts_i[..mth]);
             let acts = GruActs {
-                ru: &mut ru[i * bh2..i * bh2 + 2 * mth],
-                rh: &mut rts[i * bh..i * bh + mth],
-                ht: &mut cc[i * bh..i * bh + mth],
+                ru: &mut ru[o * 2 * h..o * 2 * h + 2 * mth],
+                rh: &mut rts[o * h..o * h + mth],
+                ht: &mut cc[o * h..o * h + mth],
             };
             crate::profile::timed("  decoder fwd: GRU step", || {
                 gru_step_forward(
@@ -352,10 +355,15 @@ impl DecoderSequence {
         {
             use rayon::prelude::*;
             let states = if cgru.is_some() { &sall } else { &tall };
+            let (off, active) = (&self.off, &self.active);
             out.par_chunks_mut(h3).enumerate().for_each(|(row, o)| {
                 let (r, i) = (row / tl, row % tl);
-                o[..h].copy_from_slice(&states[(i * b + r) * h..(i * b + r + 1) * h]);
-                o[h..].copy_from_slice(&actx[(i * b + r) * w_ac + s..(i * b + r + 1) * w_ac]);
+                // (A padded position's row stays zero.)
+                if r < active[i] {
+                    let x = off[i] + r;
+                    o[..h].copy_from_slice(&states[x * h..(x + 1) * h]);
+                    o[h..].copy_from_slice(&actx[x * w_ac + s..(x + 1) * w_ac]);
+                }
             });
         }
         drop((tw, cw));

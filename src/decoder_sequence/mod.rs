@@ -204,8 +204,10 @@ pub fn decoder_sequence_fused<'a>(
             })
         }
     };
+    let active = target_rows(target_lengths, b, tl)?;
     let op = DecoderSequence {
-        active: target_rows(target_lengths, b, tl)?,
+        off: step_offsets(&active),
+        active,
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
@@ -295,6 +297,8 @@ impl crate::kernels::FusedOutput for DecoderSequence {
 struct DecoderSequence {
     /// The rows step `i` computes (see [`target_rows`]).
     active: Vec<usize>,
+    /// Where step `i`'s rows start in the time-major buffers (see [`step_offsets`]).
+    off: Vec<usize>,
     wp: Shared,
     wz: Option<Shared>,
     t0: Shared,
@@ -453,6 +457,21 @@ fn target_rows(lengths: Option<&[usize]>, b: usize, tl: usize) -> Result<Vec<usi
         .collect())
 }
 
+/// The time-major buffers' layout: step `i`'s `active[i]` rows start at row `off[i]` (`off[tl]`: all rows),
+/// so that no row is kept for a padded position and each weight's gradient, one GEMM over the rows of all
+/// steps, covers the words only. (Every row at every step: `off[i] = i·B`.) A buffer of the transitions,
+/// whose step `i` covers the rows of step `i + 1`, keeps the same blocks: the rows past those stay zero.
+fn step_offsets(active: &[usize]) -> Vec<usize> {
+    let mut off = Vec::with_capacity(active.len() + 1);
+    let mut at = 0;
+    off.push(0);
+    for &m in active {
+        at += m;
+        off.push(at);
+    }
+    off
+}
+
 /// Each sentence's length from the additive padding mask `[B, S]` (0 on words): the positions the attention
 /// rows compute (`α` is exactly 0 on the rest). A mask that is not words then padding, or has no word, gives
 /// `S` (every position, under the mask).
@@ -603,5 +622,24 @@ impl DecoderSequence {
         let (tw, wq) = cat::<T>(&t_parts)?;
         let (cw, wc) = cat::<T>(&c_parts)?;
         Ok((tw, wq, cw, wc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{step_offsets, target_rows};
+
+    #[test]
+    fn steps_rows_and_offsets() {
+        // Targets 3, 3, 2, 1 long: every sentence at step 0, three at step 1, two at step 2.
+        let active = target_rows(Some(&[3, 3, 2, 1]), 4, 3).unwrap();
+        assert_eq!(active, vec![4, 3, 2]);
+        assert_eq!(step_offsets(&active), vec![0, 4, 7, 9]);
+        // Out of order: every row at every step, at `i·B`.
+        let all = target_rows(Some(&[1, 3, 2, 3]), 4, 3).unwrap();
+        assert_eq!(all, vec![4, 4, 4]);
+        assert_eq!(step_offsets(&all), vec![0, 4, 8, 12]);
+        assert!(target_rows(Some(&[4, 1]), 2, 3).is_err());
+        assert!(target_rows(Some(&[2, 0]), 2, 3).is_err());
     }
 }
