@@ -147,14 +147,23 @@ impl DecoderCell {
     }
 
     /// [`DecoderCell::project_words`] as the shared input of the fused decoder
-    /// sequence (see [`crate::kernels::linear_shared`]).
-    pub fn project_words_shared(&self, e: &Tensor) -> Result<crate::kernels::Shared> {
+    /// sequence, over rows `rows` of `e` only when given (see [`crate::kernels::linear_shared_rows`]).
+    pub fn project_words_shared(
+        &self,
+        e: &Tensor,
+        rows: Option<crate::kernels::Rows>,
+    ) -> Result<crate::kernels::Shared> {
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: `[x W_r, x W_u, x W + b]`.
             let zeros = Tensor::zeros(2 * self.hidden, word.b.dtype(), word.b.device())?;
-            return crate::kernels::linear_shared(e, &word.w, &Tensor::cat(&[&zeros, &word.b], 0)?);
+            return crate::kernels::linear_shared_rows(
+                e,
+                &word.w,
+                &Tensor::cat(&[&zeros, &word.b], 0)?,
+                rows,
+            );
         }
-        crate::kernels::linear_shared(e, &self.w, &self.word_bias()?)
+        crate::kernels::linear_shared_rows(e, &self.w, &self.word_bias()?, rows)
     }
 
     /// The word projection's bias over its `k` blocks: `[0; b]` (only the candidate's block has one).

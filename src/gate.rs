@@ -194,13 +194,19 @@ impl Gate {
         }
     }
 
-    /// [`Gate::word_term`] as the shared input of the fused decoder sequence (see
-    /// [`crate::kernels::linear_shared`]).
-    pub fn word_term_shared(&self, e: &Tensor) -> Result<Option<crate::kernels::Shared>> {
+    /// [`Gate::word_term`] as the shared input of the fused decoder sequence, over rows `rows` of `e` only
+    /// when given (see [`crate::kernels::linear_shared_rows`]).
+    pub fn word_term_shared(
+        &self,
+        e: &Tensor,
+        rows: Option<crate::kernels::Rows>,
+    ) -> Result<Option<crate::kernels::Shared>> {
         match self {
             Gate::Context { w_z: Some(w), .. } => {
                 let zeros = Tensor::zeros(w.dim(1)?, w.dtype(), w.device())?;
-                Ok(Some(crate::kernels::linear_shared(e, w, &zeros)?))
+                Ok(Some(crate::kernels::linear_shared_rows(
+                    e, w, &zeros, rows,
+                )?))
             }
             _ => Ok(None),
         }

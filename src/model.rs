@@ -512,8 +512,23 @@ impl Model {
                     _ => None,
                 },
             };
-            // The word projections, batch-major rows `(b, i)`, as shared inputs.
-            let wp = self.cell.project_words_shared(&e_all)?;
+            // The word projections as shared inputs, batch-major rows `(b, i)`: the words' positions only
+            // when the lengths come in decreasing order (as `Batch` puts them; see
+            // `decoder_sequence::Targets`), else every position.
+            let word_rows = lengths
+                .as_ref()
+                .filter(|l| {
+                    l.windows(2).all(|w| w[0] >= w[1]) && l.iter().sum::<usize>() < b * t_len
+                })
+                .map(|l| {
+                    std::sync::Arc::new(
+                        l.iter()
+                            .enumerate()
+                            .flat_map(|(r, &n)| (0..n).map(move |i| r * t_len + i))
+                            .collect::<Vec<_>>(),
+                    )
+                });
+            let wp = self.cell.project_words_shared(&e_all, word_rows.clone())?;
             // (The cGRU's gate reads the previous word e(y_{i−1}), zero at i = 0.)
             let wz = if self.is_conditional() {
                 let e_prev = Tensor::cat(
@@ -524,9 +539,9 @@ impl Model {
                     1,
                 )?
                 .reshape((b * t_len, e_dim))?;
-                self.gate.word_term_shared(&e_prev)?
+                self.gate.word_term_shared(&e_prev, word_rows)?
             } else {
-                self.gate.word_term_shared(&e_all)?
+                self.gate.word_term_shared(&e_all, word_rows)?
             };
             // Coverage's per-position inputs read from the annotations' handle: `h W_c` (neural), `h U_f`
             // (fertility; the op forms 1/Φ from it) or ones.
@@ -569,7 +584,10 @@ impl Model {
                 ah,
                 ann,
                 &src.keys.mask_bias,
-                lengths.as_deref(),
+                crate::decoder_sequence::Targets {
+                    positions: t_len,
+                    lengths: lengths.as_deref(),
+                },
                 &w,
                 gate,
                 cov,

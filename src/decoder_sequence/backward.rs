@@ -75,7 +75,7 @@ impl DecoderSequence {
         let u = Oriented::new(&u_v, h, h);
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let kinds = self.kinds::<T>();
-        let (bh, bkh) = (b * h, b * kh);
+        let bh = b * h;
         let cd = self.cov_data::<T>()?;
         let cr = cd.as_ref().map(|c| c.rows());
         let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
@@ -116,8 +116,11 @@ impl DecoderSequence {
         let mut du_rows = vec![T::zero(); b * uw];
         let mut duru_rows = vec![T::zero(); b * uruw];
 
-        let mut dwp = crate::kernels::zeroed(tl * bkh);
-        let mut dzp = crate::kernels::zeroed(if gated { tl * bh } else { 0 });
+        let toff = &self.toff;
+        // (The projections' rows: see `word_offsets`.)
+        let wp_rows = self.wp.tensor.dim(0)?;
+        let mut dwp = crate::kernels::zeroed(wp_rows * kh);
+        let mut dzp = crate::kernels::zeroed(if gated { wp_rows * h } else { 0 });
         let mut dcp = crate::kernels::zeroed(off[nt] * wc);
         let mut dpre = crate::kernels::zeroed(off[nt] * kh);
         let mut dq = crate::kernels::zeroed(off[tl] * wq);
@@ -174,7 +177,7 @@ impl DecoderSequence {
                         *a = *a + x;
                     }
                     for r in 0..m1 {
-                        dwp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
+                        dwp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
                             .copy_from_slice(&dpw_i[r * kh..(r + 1) * kh]);
                     }
                 }
@@ -289,16 +292,16 @@ impl DecoderSequence {
                             if cg {
                                 &wp_zero
                             } else {
-                                &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
+                                &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
                             },
                             &cp_i[r * wc..r * wc + kh],
                             if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
                             kinds,
                             gated,
-                            dww.row(if cg { r } else { r * tl + i }),
+                            dww.row(if cg { r } else { toff[r] + i }),
                             &mut dcw.row(r)[..kh],
                             dtw.row(r),
-                            dzw.row(r * tl + i),
+                            dzw.row(toff[r] + i),
                         )
                     });
                 }
@@ -311,7 +314,7 @@ impl DecoderSequence {
                 // ∂ of the gate's pre-activation next to ∂(C s) and ∂(B t) for the stacked products.
                 if gated {
                     for r in 0..mt {
-                        let d = &dzp[(r * tl + i) * h..(r * tl + i + 1) * h];
+                        let d = &dzp[(toff[r] + i) * h..(toff[r] + i + 1) * h];
                         match &self.z_pre {
                             // β's pre-activation is every element's: its gradient is the row's sum.
                             Some(ZPreOp::Scalar { .. }) => {

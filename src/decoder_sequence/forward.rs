@@ -63,7 +63,7 @@ impl DecoderSequence {
         let cgru = cgru_v.as_ref().map(|v| CgruView::new(v, h));
         let bsd = b * s * cdim;
         // Step i's rows in the time-major buffers: `off[i]..off[i + 1]` (see `step_offsets`).
-        let off = &self.off;
+        let (off, toff) = (&self.off, &self.toff);
         let mut covs = crate::kernels::zeroed(tl * bsd);
         let mut cacts = crate::kernels::zeroed(n * b * s * aw);
 
@@ -110,7 +110,7 @@ impl DecoderSequence {
                 let op = off[i - 1];
                 for r in 0..m {
                     pre_w[r * kh..(r + 1) * kh]
-                        .copy_from_slice(&wp[(r * tl + i - 1) * kh..(r * tl + i) * kh]);
+                        .copy_from_slice(&wp[(toff[r] + i - 1) * kh..(toff[r] + i) * kh]);
                 }
                 let state = &mut tall[o * h..o * h + mh];
                 state.copy_from_slice(&sall[op * h..op * h + mh]);
@@ -260,7 +260,7 @@ impl DecoderSequence {
                         }
                     };
                     let terms = [
-                        wz.map(|x| &x[(r * tl + i) * h..(r * tl + i + 1) * h])
+                        wz.map(|x| &x[(toff[r] + i) * h..(toff[r] + i + 1) * h])
                             .or(zc_term),
                         has_uz.then(|| &q_i[r * wq + ad..r * wq + ad + h]),
                         has_cz.then(|| &cp_i[r * wc + kh..(r + 1) * wc]),
@@ -278,7 +278,7 @@ impl DecoderSequence {
                             if cgru.is_some() {
                                 &wp_zero
                             } else {
-                                &wp[(r * tl + i) * kh..(r * tl + i + 1) * kh]
+                                &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
                             },
                             &cp_i[r * wc..r * wc + kh],
                             kinds,

@@ -87,16 +87,28 @@ pub struct CoverageInputs<'a> {
     pub u_ru: Option<&'a Tensor>,
 }
 
-/// Run the decoder over `T` target steps: word projections `wp` `[B·T, 3H]` (batch-major rows `(b, i)`, `W e +
-/// b`), the gate's word term `wz` `[B·T, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the
-/// attention keys `ah` `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask
-/// `[B, S]`, the sentences' target lengths when only the words' positions are to be computed (see
-/// [`target_rows`]; the other output rows are then zero) (cGRU: `wp` holds the word GRU's projections and `wz` row `(b, i)` reads `e(y_{i−1})`, zero at
-/// `i = 0`); `gate` is `Some((src, tgt))` for a context gate (the scales as functions of `z`), `None` for
-/// no gate; `coverage` the coverage model's inputs when it is on (`C_0 = 0`; attention at step `i` reads
-/// `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is
-/// `[t_{i−1} | s_i]`, what the fused readout reads in place, adding its gradient into the handle, so that the
-/// rows' gradient never enters candle's gradient store.
+/// The target side of a batch for [`decoder_sequence_fused`].
+#[derive(Clone, Copy, Debug)]
+pub struct Targets<'a> {
+    /// `T`, the target positions of each sentence: the output's rows are `(b, i)` for `i < T`.
+    pub positions: usize,
+    /// The sentences' lengths (EOS included) when only the words' positions are to be computed (see
+    /// [`target_rows`]; the other output rows are then zero).
+    pub lengths: Option<&'a [usize]>,
+}
+
+/// Run the decoder over `T` target steps: word projections `wp` `[N, kH]` (`W e + b`), the gate's word term
+/// `wz` `[N, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the attention keys `ah`
+/// `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask `[B, S]` and the target side
+/// `targets`. The projections' rows are every position's, batch-major (`N = B·T`, row `b·T + i` for
+/// `(b, i)`), or, with lengths in decreasing order, the words' only (`N = Σ_b len_b`, row
+/// `Σ_{b' < b} len_b' + i`; see [`word_offsets`]). (cGRU: `wp` holds the word GRU's projections and `wz` row
+/// `(b, i)` reads `e(y_{i−1})`, zero at `i = 0`.) `gate` is `Some((src, tgt))` for a context gate (the scales
+/// as functions of `z`), `None` for no gate; `coverage` the coverage model's inputs when it is on (`C_0 = 0`;
+/// attention at step `i` reads `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a
+/// [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is `[t_{i−1} | s_i]`, what the
+/// fused readout reads in place, adding its gradient into the handle, so that the rows' gradient never
+/// enters candle's gradient store.
 #[allow(clippy::too_many_arguments)]
 pub fn decoder_sequence_fused<'a>(
     wp: impl Into<Input<'a>>,
@@ -105,7 +117,7 @@ pub fn decoder_sequence_fused<'a>(
     ah: &Shared,
     annotations: &Shared,
     mask_bias: &Tensor,
-    target_lengths: Option<&[usize]>,
+    targets: Targets,
     w: &DecoderWeights,
     gate: Option<((ZKind, f64), (ZKind, f64))>,
     coverage: Option<CoverageInputs>,
@@ -114,13 +126,12 @@ pub fn decoder_sequence_fused<'a>(
     let (rows, kh) = wp.tensor().dims2()?;
     let (b, h) = t0.dims2()?;
     let k = if w.u_ru.is_some() { 3 } else { 1 };
-    let tl = if b > 0 { rows / b } else { 0 };
+    let tl = targets.positions;
     let (b2, s, ad) = ah.tensor.dims3()?;
     let a2 = annotations.tensor.dim(2)?;
     let ok = kh == k * h
         && b2 == b
         && tl > 0
-        && rows == b * tl
         && annotations.tensor.dims3()? == (b, s, 2 * h)
         && a2 == 2 * h
         && mask_bias.dims2()? == (b, s)
@@ -132,7 +143,7 @@ pub fn decoder_sequence_fused<'a>(
         && w.u.dims2()? == (h, h)
         && wz
             .as_ref()
-            .map_or(Ok(true), |x| x.tensor().dims2().map(|d| d == (b * tl, h)))?
+            .map_or(Ok(true), |x| x.tensor().dims2().map(|d| d == (rows, h)))?
         && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
         && w.c_z
             .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
@@ -204,10 +215,11 @@ pub fn decoder_sequence_fused<'a>(
             })
         }
     };
-    let active = target_rows(target_lengths, b, tl)?;
+    let active = target_rows(targets.lengths, b, tl)?;
     let op = DecoderSequence {
         off: step_offsets(&active),
         active,
+        toff: word_offsets(rows, b, tl, targets.lengths)?,
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
@@ -299,6 +311,8 @@ struct DecoderSequence {
     active: Vec<usize>,
     /// Where step `i`'s rows start in the time-major buffers (see [`step_offsets`]).
     off: Vec<usize>,
+    /// Where sentence `b`'s rows start in `wp` and `wz` (see [`word_offsets`]).
+    toff: Vec<usize>,
     wp: Shared,
     wz: Option<Shared>,
     t0: Shared,
@@ -472,6 +486,34 @@ fn step_offsets(active: &[usize]) -> Vec<usize> {
     off
 }
 
+/// Where each sentence's rows start in the word projections `wp` (and `wz`) of `rows` rows: at `b·T` when
+/// they hold every position, or after the words of the sentences before it when they hold the words only
+/// (`rows = Σ len`), which needs the lengths in decreasing order: the op then reads no padded position.
+fn word_offsets(rows: usize, b: usize, tl: usize, lengths: Option<&[usize]>) -> Result<Vec<usize>> {
+    if rows == b * tl {
+        return Ok((0..b).map(|r| r * tl).collect());
+    }
+    match lengths {
+        Some(l)
+            if l.len() == b
+                && l.windows(2).all(|w| w[0] >= w[1])
+                && l.iter().sum::<usize>() == rows =>
+        {
+            Ok(l.iter()
+                .scan(0, |at, &n| {
+                    let o = *at;
+                    *at += n;
+                    Some(o)
+                })
+                .collect())
+        }
+        _ => candle_core::bail!(
+            "fused decoder sequence: {rows} word projection rows are neither B·T = {} nor the words' positions",
+            b * tl
+        ),
+    }
+}
+
 /// Each sentence's length from the additive padding mask `[B, S]` (0 on words): the positions the attention
 /// rows compute (`α` is exactly 0 on the rest). A mask that is not words then padding, or has no word, gives
 /// `S` (every position, under the mask).
@@ -503,9 +545,9 @@ struct Dims {
 
 impl DecoderSequence {
     fn dims(&self) -> Result<Dims> {
-        let (rows, kh) = self.wp.tensor.dims2()?;
+        let kh = self.wp.tensor.dim(1)?;
         let (b, h) = self.t0.tensor.dims2()?;
-        let tl = rows / b.max(1);
+        let tl = self.active.len();
         let (_, s, ad) = self.ah.tensor.dims3()?;
         Ok(Dims {
             tl,
@@ -627,7 +669,7 @@ impl DecoderSequence {
 
 #[cfg(test)]
 mod tests {
-    use super::{step_offsets, target_rows};
+    use super::{step_offsets, target_rows, word_offsets};
 
     #[test]
     fn steps_rows_and_offsets() {
@@ -641,5 +683,24 @@ mod tests {
         assert_eq!(step_offsets(&all), vec![0, 4, 8, 12]);
         assert!(target_rows(Some(&[4, 1]), 2, 3).is_err());
         assert!(target_rows(Some(&[2, 0]), 2, 3).is_err());
+    }
+
+    #[test]
+    fn word_projection_rows() {
+        // Every position: sentence b at b·T.
+        assert_eq!(word_offsets(12, 4, 3, None).unwrap(), vec![0, 3, 6, 9]);
+        assert_eq!(
+            word_offsets(12, 4, 3, Some(&[3, 3, 2, 1])).unwrap(),
+            vec![0, 3, 6, 9]
+        );
+        // The words only: after the words of the sentences before.
+        assert_eq!(
+            word_offsets(9, 4, 3, Some(&[3, 3, 2, 1])).unwrap(),
+            vec![0, 3, 6, 8]
+        );
+        // Rows that fit neither, words without lengths, or lengths out of order (padding would be read).
+        assert!(word_offsets(8, 4, 3, Some(&[3, 3, 2, 1])).is_err());
+        assert!(word_offsets(9, 4, 3, None).is_err());
+        assert!(word_offsets(9, 4, 3, Some(&[1, 3, 2, 3])).is_err());
     }
 }
