@@ -17,7 +17,8 @@ pub struct Attention {
 
 /// Per-sentence attention keys: `A h_j` and the additive padding mask.
 pub struct Keys {
-    /// `[B, S, Ad]`
+    /// `[B, S, Ad]` (for the fused decoder sequence op, the words' keys only when the mask is words then
+    /// padding: `[Σ len, Ad]`)
     pub ah: Tensor,
     /// `[B, S, 2H]`
     pub annotations: Tensor,

@@ -953,6 +953,13 @@ impl<O: FusedOutput> candle_core::CustomOp1 for OutputTap<O> {
 /// `W`) whose backward pass takes the gradient accumulated in the result's handle, adds `∂x = ∂y Wᵀ` into
 /// `x`'s handle and hands `∂W = xᵀ ∂y` over. Neither `[N, K]` nor `[N, M]` gradient enters candle's store.
 pub fn product_shared(x: &Shared, w: &Tensor) -> Result<Shared> {
+    product_shared_rows(x, w, None)
+}
+
+/// [`product_shared`] over rows `rows` of `x` viewed as `[N, K]` (`None`: all): the result is
+/// `[rows.len(), M]`, row `i` being `x`'s row `rows[i]` times `W` (for a consumer that reads some rows only,
+/// such as the words' positions of a padded batch); the other rows of `x` get no gradient from it.
+pub fn product_shared_rows(x: &Shared, w: &Tensor, rows: Option<Rows>) -> Result<Shared> {
     let w = w.contiguous()?;
     let (k, m) = w.dims2()?;
     let dims = x.tensor.dims();
@@ -960,29 +967,55 @@ pub fn product_shared(x: &Shared, w: &Tensor) -> Result<Shared> {
         candle_core::bail!("shared product: {:?} × [{k}, {m}]", dims);
     }
     let n = x.tensor.elem_count() / k.max(1);
-    let mut out_dims = dims.to_vec();
-    *out_dims.last_mut().expect("rank ≥ 1") = m;
-    fn run<T: Real>(x: &Shared, w: &Tensor, n: usize, k: usize, m: usize) -> Result<Vec<T>> {
+    if let Some(r) = &rows {
+        if r.windows(2).any(|p| p[0] >= p[1]) || r.last().is_some_and(|&l| l >= n) {
+            candle_core::bail!("shared product over rows: rows out of order or beyond {n}");
+        }
+    }
+    let out_dims = match &rows {
+        None => {
+            let mut d = dims.to_vec();
+            *d.last_mut().expect("rank ≥ 1") = m;
+            d
+        }
+        Some(r) => vec![r.len(), m],
+    };
+    fn run<T: Real>(x: &Shared, w: &Tensor, rows: Option<&[usize]>, n: usize) -> Result<Vec<T>> {
+        let (k, m) = w.dims2()?;
         let (ws, wl) = w.storage_and_layout();
         let wd = storage_slice::<T>(&ws, wl)?;
-        x.with_slice::<T, _>(|xd| Ok(product(n, m, k, Mat::rows(xd, k), Mat::rows(wd, m))))
+        x.with_slice::<T, _>(|xd| {
+            Ok(match rows {
+                None => product(n, m, k, Mat::rows(xd, k), Mat::rows(wd, m)),
+                Some(r) => {
+                    let xg = gather_rows(xd, k, r);
+                    product(r.len(), m, k, Mat::rows(&xg, k), Mat::rows(wd, m))
+                }
+            })
+        })
     }
     let tensor = crate::profile::timed("shared product forward", || match w.dtype() {
-        candle_core::DType::F32 => {
-            Tensor::from_vec(run::<f32>(x, &w, n, k, m)?, out_dims, w.device())
-        }
-        candle_core::DType::F64 => {
-            Tensor::from_vec(run::<f64>(x, &w, n, k, m)?, out_dims, w.device())
-        }
+        candle_core::DType::F32 => Tensor::from_vec(
+            run::<f32>(x, &w, rows.as_deref().map(|r| r.as_slice()), n)?,
+            out_dims,
+            w.device(),
+        ),
+        candle_core::DType::F64 => Tensor::from_vec(
+            run::<f64>(x, &w, rows.as_deref().map(|r| r.as_slice()), n)?,
+            out_dims,
+            w.device(),
+        ),
         _ => candle_core::bail!("fused kernels support f32 and f64"),
     })?;
     let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
+    let n_out = rows.as_ref().map_or(n, |r| r.len());
     let token = x.token.apply_op2(
         &w,
         ProductTap {
             x: x.clone(),
             acc: acc.clone(),
-            n,
+            n: n_out,
+            rows,
         },
     )?;
     Ok(Shared { tensor, token, acc })
@@ -991,8 +1024,10 @@ pub fn product_shared(x: &Shared, w: &Tensor) -> Result<Shared> {
 struct ProductTap {
     x: Shared,
     acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
-    /// Rows of `x` viewed as `[N, K]`.
+    /// Rows of the result (`x`'s, viewed as `[N, K]`, or `rows.len()`).
     n: usize,
+    /// The rows of `x` formed (see [`product_shared_rows`]).
+    rows: Option<Rows>,
 }
 
 impl ProductTap {
@@ -1003,12 +1038,33 @@ impl ProductTap {
         let wd = storage_slice::<T>(&ws, wl)?;
         let (gs, gl) = g.storage_and_layout();
         let gd = storage_slice::<T>(&gs, gl)?;
-        // ∂x += ∂y Wᵀ, in place in x's handle.
-        self.x
-            .accumulate::<T>(|dx| gemm_into(n, k, m, dx, k, true, Mat::rows(gd, m), Mat::t(wd, m)));
-        let dw = self
-            .x
-            .with_slice::<T, _>(|xd| Ok(product(k, m, n, Mat::t(xd, k), Mat::rows(gd, m))))?;
+        let Some(rows) = &self.rows else {
+            // ∂x += ∂y Wᵀ, in place in x's handle.
+            self.x.accumulate::<T>(|dx| {
+                gemm_into(n, k, m, dx, k, true, Mat::rows(gd, m), Mat::t(wd, m))
+            });
+            let dw = self
+                .x
+                .with_slice::<T, _>(|xd| Ok(product(k, m, n, Mat::t(xd, k), Mat::rows(gd, m))))?;
+            return Tensor::from_vec(dw, (k, m), w.device());
+        };
+        // The rows' ∂x = ∂y Wᵀ, added into theirs in x's handle; ∂W = x_rowsᵀ ∂y.
+        let dxr = product(n, k, m, Mat::rows(gd, m), Mat::t(wd, m));
+        self.x.accumulate::<T>(|dx| {
+            use rayon::prelude::*;
+            let dxw = RowsMut::new(dx, k);
+            rows.par_iter().enumerate().for_each(|(i, &r)| {
+                // SAFETY: the rows are distinct (checked increasing), one task each.
+                let d = unsafe { dxw.row(r) };
+                for (a, &x) in d.iter_mut().zip(&dxr[i * k..(i + 1) * k]) {
+                    *a = *a + x;
+                }
+            });
+        });
+        let dw = self.x.with_slice::<T, _>(|xd| {
+            let xg = gather_rows(xd, k, rows);
+            Ok(product(k, m, n, Mat::t(&xg, k), Mat::rows(gd, m)))
+        })?;
         Tensor::from_vec(dw, (k, m), w.device())
     }
 }
@@ -1599,6 +1655,12 @@ impl<T> RowsMut<T> {
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn row(&self, i: usize) -> &mut [T] {
         std::slice::from_raw_parts_mut(self.0.add(i * self.1), self.1)
+    }
+    /// Rows `at..at + n`.
+    /// SAFETY: they are in bounds and no other task touches them while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn rows(&self, at: usize, n: usize) -> &mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(at * self.1), n * self.1)
     }
 }
 

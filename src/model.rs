@@ -276,11 +276,23 @@ impl Model {
     /// read from it by ops that add their gradients into the handle — the annotations' and the keys'
     /// gradients never enter candle's gradient store (the decoder op takes both handles as they are).
     fn encode_shared(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
-        use crate::kernels::{product_shared, shared_rows};
+        use crate::kernels::{product_shared_rows, shared_rows};
         crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
         let ann = self.encoder.forward_shared(src, src_mask)?;
         let (b, s, a2) = ann.tensor.dims3()?;
-        let ah = product_shared(&ann, &self.attention.a)?;
+        // The keys of the words' positions only (`[Σ len, Ad]`, the decoder op reads no other) when the
+        // mask is words then padding; else `[B, S, Ad]`.
+        let word_rows = mask_lengths(src_mask)?
+            .filter(|l| l.iter().sum::<usize>() < b * s)
+            .map(|l| {
+                std::sync::Arc::new(
+                    l.iter()
+                        .enumerate()
+                        .flat_map(|(r, &n)| (0..n).map(move |j| r * s + j))
+                        .collect::<Vec<_>>(),
+                )
+            });
+        let ah = product_shared_rows(&ann, &self.attention.a, word_rows)?;
         let h = a2 / 2;
         let bwd_first = shared_rows(&ann, (0..b).map(|i| i * s).collect(), h..a2)?;
         let t0 = self.initial_state(&bwd_first)?;

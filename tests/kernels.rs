@@ -129,6 +129,35 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "linear over rows",
         );
+        // The shared product over some rows of a shared input (the words' keys from the annotations' handle):
+        // the reference's selected rows, and the product over all rows.
+        for rows in [Some(&picked[..]), None] {
+            compare(
+                dtype,
+                &vars[..2],
+                &|x| {
+                    let sx = cgnmt::kernels::Shared::new(&x[0]).unwrap();
+                    let y = cgnmt::kernels::product_shared_rows(
+                        &sx,
+                        &x[1],
+                        rows.map(|r| std::sync::Arc::new(r.to_vec())),
+                    )
+                    .unwrap();
+                    let n = y.tensor.dim(0).unwrap();
+                    vec![cgnmt::kernels::shared_rows(&y, (0..n).collect(), 0..21).unwrap()]
+                },
+                &|x| {
+                    let xr = match rows {
+                        Some(_) => x[0].index_select(&idx, 0).unwrap(),
+                        None => x[0].clone(),
+                    };
+                    vec![xr.matmul(&x[1]).unwrap()]
+                },
+                ft,
+                gt,
+                "shared product over rows",
+            );
+        }
         // The readout over the decoder op's rows against its composed form on the shifted embeddings (3
         // sentences of 4 steps; widths that leave remainders).
         let (nb, tl, h, ed) = (3usize, 4usize, 6usize, 5usize);

@@ -116,7 +116,7 @@ impl DecoderSequence {
         let mut du_rows = vec![T::zero(); b * uw];
         let mut duru_rows = vec![T::zero(); b * uruw];
 
-        let toff = &self.toff;
+        let (toff, koff) = (&self.toff, &self.koff);
         // (The projections' rows: see `word_offsets`.)
         let wp_rows = self.wp.tensor.dim(0)?;
         let mut dwp = crate::kernels::zeroed(wp_rows * kh);
@@ -375,7 +375,7 @@ impl DecoderSequence {
                 self.ah.with_slice::<T, _>(|ah| {
                     self.ann.with_slice::<T, _>(|ann| {
                         self.ah.accumulate::<T>(|d_ah| {
-                            let dahw = RowsMut::new(d_ah, s * ad);
+                            let dahw = RowsMut::new(d_ah, ad);
                             rows_par(m, m * s * ad, |r| unsafe {
                                 // The scores of the sentence's own positions (α is 0 on padding).
                                 let sr = lens[r];
@@ -388,7 +388,7 @@ impl DecoderSequence {
                                     &mut de[..sr],
                                 );
                                 let dq_row = dqw.row(r);
-                                let ah_r = &ah[r * s * ad..(r * s + sr) * ad];
+                                let ah_r = &ah[koff[r] * ad..(koff[r] + sr) * ad];
                                 let q_r = &q_i[r * wq..r * wq + ad];
                                 let (Some(cr), Some(cd)) = (cr, cd) else {
                                     let dq_r = &mut dq_row[..ad];
@@ -398,7 +398,7 @@ impl DecoderSequence {
                                         q_r,
                                         v,
                                         &de[..sr],
-                                        &mut dahw.row(r)[..sr * ad],
+                                        dahw.rows(koff[r], sr),
                                         dq_r,
                                         dvw.row(r),
                                         true,
@@ -446,7 +446,7 @@ impl DecoderSequence {
                                     q_r,
                                     v,
                                     &de[..sr],
-                                    &mut dahw.row(r)[..sr * ad],
+                                    dahw.rows(koff[r], sr),
                                     dq_r,
                                     dvw.row(r),
                                     &mut dc_r[..sr * cdim],
@@ -472,8 +472,11 @@ impl DecoderSequence {
             let active = &self.active;
             self.ann.accumulate::<T>(|d_ann| {
                 use rayon::prelude::*;
+                let lens = &lens;
                 d_ann.par_chunks_mut(s * a2).enumerate().for_each(|(r, d)| {
                     let steps = active.iter().take_while(|&&m| m > r).count();
+                    // (α is 0 on the padded positions: their rows get nothing.)
+                    let sr = lens[r];
                     let mut alpha = Vec::with_capacity(steps * s);
                     let mut dctx = Vec::with_capacity(steps * a2);
                     for &o in &off[..steps] {
@@ -483,10 +486,10 @@ impl DecoderSequence {
                     }
                     crate::kernels::serial(|| {
                         crate::kernels::gemm_into(
-                            s,
+                            sr,
                             a2,
                             steps,
-                            d,
+                            &mut d[..sr * a2],
                             a2,
                             true,
                             Mat::t(&alpha, s),

@@ -63,7 +63,7 @@ impl DecoderSequence {
         let cgru = cgru_v.as_ref().map(|v| CgruView::new(v, h));
         let bsd = b * s * cdim;
         // Step i's rows in the time-major buffers: `off[i]..off[i + 1]` (see `step_offsets`).
-        let (off, toff) = (&self.off, &self.toff);
+        let (off, toff, koff) = (&self.off, &self.toff, &self.koff);
         let mut covs = crate::kernels::zeroed(tl * bsd);
         let mut cacts = crate::kernels::zeroed(n * b * s * aw);
 
@@ -164,7 +164,7 @@ impl DecoderSequence {
                     // The sentence's own positions (α stays 0 on padding, as the mask makes it).
                     let sr = lens[r];
                     let mut e = vec![T::zero(); sr];
-                    let ah_r = &ah[r * s * ad..(r * s + sr) * ad];
+                    let ah_r = &ah[koff[r] * ad..(koff[r] + sr) * ad];
                     let q_r = &q_i[r * wq..(r + 1) * wq];
                     match cd {
                         Some(cd) => crate::coverage::scores_row(

@@ -127,12 +127,12 @@ pub fn decoder_sequence_fused<'a>(
     let (b, h) = t0.dims2()?;
     let k = if w.u_ru.is_some() { 3 } else { 1 };
     let tl = targets.positions;
-    let (b2, s, ad) = ah.tensor.dims3()?;
-    let a2 = annotations.tensor.dim(2)?;
+    let (b2, s, a2) = annotations.tensor.dims3()?;
+    let ad = *ah.tensor.dims().last().unwrap_or(&0);
     let ok = kh == k * h
         && b2 == b
         && tl > 0
-        && annotations.tensor.dims3()? == (b, s, 2 * h)
+        && a2 == 2 * h
         && a2 == 2 * h
         && mask_bias.dims2()? == (b, s)
         && w.b_att.dims2()? == (h, ad)
@@ -216,10 +216,23 @@ pub fn decoder_sequence_fused<'a>(
         }
     };
     let active = target_rows(targets.lengths, b, tl)?;
+    let koff = key_offsets(
+        ah.tensor.dims(),
+        (b, s, ad),
+        &source_lengths(
+            &mask_bias
+                .to_dtype(candle_core::DType::F64)?
+                .flatten_all()?
+                .to_vec1::<f64>()?,
+            b,
+            s,
+        ),
+    )?;
     let op = DecoderSequence {
         off: step_offsets(&active),
         active,
         toff: word_offsets(rows, b, tl, targets.lengths)?,
+        koff,
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
@@ -313,6 +326,8 @@ struct DecoderSequence {
     off: Vec<usize>,
     /// Where sentence `b`'s rows start in `wp` and `wz` (see [`word_offsets`]).
     toff: Vec<usize>,
+    /// Where sentence `b`'s keys start in `ah` (see [`key_offsets`]).
+    koff: Vec<usize>,
     wp: Shared,
     wz: Option<Shared>,
     t0: Shared,
@@ -514,6 +529,33 @@ fn word_offsets(rows: usize, b: usize, tl: usize, lengths: Option<&[usize]>) -> 
     }
 }
 
+/// Where each sentence's keys start in `ah` (in rows of `Ad`): at `b·S` when `ah` is `[B, S, Ad]`, or after
+/// the words of the sentences before it when `ah` holds the words' keys only, `[Σ len, Ad]` (the lengths
+/// `lens` read from the mask by [`source_lengths`]; the op reads the words' keys only).
+fn key_offsets(
+    dims: &[usize],
+    (b, s, ad): (usize, usize, usize),
+    lens: &[usize],
+) -> Result<Vec<usize>> {
+    if dims == [b, s, ad] {
+        return Ok((0..b).map(|r| r * s).collect());
+    }
+    if dims == [lens.iter().sum::<usize>(), ad] {
+        return Ok(lens
+            .iter()
+            .scan(0, |at, &n| {
+                let o = *at;
+                *at += n;
+                Some(o)
+            })
+            .collect());
+    }
+    candle_core::bail!(
+        "fused decoder sequence: keys {dims:?} are neither [B, S, Ad] = [{b}, {s}, {ad}] nor the words' [{}, {ad}]",
+        lens.iter().sum::<usize>()
+    )
+}
+
 /// Each sentence's length from the additive padding mask `[B, S]` (0 on words): the positions the attention
 /// rows compute (`α` is exactly 0 on the rest). A mask that is not words then padding, or has no word, gives
 /// `S` (every position, under the mask).
@@ -548,7 +590,8 @@ impl DecoderSequence {
         let kh = self.wp.tensor.dim(1)?;
         let (b, h) = self.t0.tensor.dims2()?;
         let tl = self.active.len();
-        let (_, s, ad) = self.ah.tensor.dims3()?;
+        let s = self.ann.tensor.dim(1)?;
+        let ad = *self.ah.tensor.dims().last().unwrap_or(&0);
         Ok(Dims {
             tl,
             b,
