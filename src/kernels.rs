@@ -834,12 +834,7 @@ pub fn linear_shared_rows(
     rows: Option<Rows>,
 ) -> Result<Shared> {
     let (x, w, b) = (x.contiguous()?, w.contiguous()?, b.contiguous()?);
-    let n = x.dims2()?.0;
-    if let Some(r) = &rows {
-        if r.windows(2).any(|p| p[0] >= p[1]) || r.last().is_some_and(|&l| l >= n) {
-            candle_core::bail!("linear over rows: rows out of order or beyond {n}");
-        }
-    }
+    check_rows(rows.as_ref(), x.dims2()?.0, "linear over rows")?;
     let tensor = match &rows {
         None => x
             .detach()
@@ -858,6 +853,16 @@ pub fn linear_shared_rows(
         },
     )?;
     Ok(Shared { tensor, token, acc })
+}
+
+/// `rows` must be increasing and below `n`.
+fn check_rows(rows: Option<&Rows>, n: usize, what: &str) -> Result<()> {
+    match rows {
+        Some(r) if r.windows(2).any(|p| p[0] >= p[1]) || r.last().is_some_and(|&l| l >= n) => {
+            candle_core::bail!("{what}: rows out of order or beyond {n}")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Rows `rows` of `x` `[N, w]`, gathered.
@@ -967,11 +972,7 @@ pub fn product_shared_rows(x: &Shared, w: &Tensor, rows: Option<Rows>) -> Result
         candle_core::bail!("shared product: {:?} × [{k}, {m}]", dims);
     }
     let n = x.tensor.elem_count() / k.max(1);
-    if let Some(r) = &rows {
-        if r.windows(2).any(|p| p[0] >= p[1]) || r.last().is_some_and(|&l| l >= n) {
-            candle_core::bail!("shared product over rows: rows out of order or beyond {n}");
-        }
-    }
+    check_rows(rows.as_ref(), n, "shared product over rows")?;
     let out_dims = match &rows {
         None => {
             let mut d = dims.to_vec();

@@ -94,6 +94,17 @@ pub fn mask_lengths(mask: &Tensor) -> Result<Option<Vec<usize>>> {
     Ok(words_then_padding.then_some(lens))
 }
 
+/// The words' rows `b·L + i` (`i` < `lengths[b]`) of a batch-major `[B·L, ·]` tensor, in order.
+fn word_rows(lengths: &[usize], l: usize) -> crate::kernels::Rows {
+    std::sync::Arc::new(
+        lengths
+            .iter()
+            .enumerate()
+            .flat_map(|(r, &n)| (0..n).map(move |i| r * l + i))
+            .collect(),
+    )
+}
+
 /// Pad sentences (each followed by EOS) to the longest; returns ids `[B, L]` and mask `[B, L]`.
 pub fn pad(seqs: &[Vec<u32>], eos: u32, dtype: DType, dev: &Device) -> Result<(Tensor, Tensor)> {
     let b = seqs.len();
@@ -282,17 +293,10 @@ impl Model {
         let (b, s, a2) = ann.tensor.dims3()?;
         // The keys of the words' positions only (`[Σ len, Ad]`, the decoder op reads no other) when the
         // mask is words then padding; else `[B, S, Ad]`.
-        let word_rows = mask_lengths(src_mask)?
+        let src_rows = mask_lengths(src_mask)?
             .filter(|l| l.iter().sum::<usize>() < b * s)
-            .map(|l| {
-                std::sync::Arc::new(
-                    l.iter()
-                        .enumerate()
-                        .flat_map(|(r, &n)| (0..n).map(move |j| r * s + j))
-                        .collect::<Vec<_>>(),
-                )
-            });
-        let ah = product_shared_rows(&ann, &self.attention.a, word_rows)?;
+            .map(|l| word_rows(&l, s));
+        let ah = product_shared_rows(&ann, &self.attention.a, src_rows)?;
         let h = a2 / 2;
         let bwd_first = shared_rows(&ann, (0..b).map(|i| i * s).collect(), h..a2)?;
         let t0 = self.initial_state(&bwd_first)?;
@@ -527,20 +531,13 @@ impl Model {
             // The word projections as shared inputs, batch-major rows `(b, i)`: the words' positions only
             // when the lengths come in decreasing order (as `Batch` puts them; see
             // `decoder_sequence::Targets`), else every position.
-            let word_rows = lengths
+            let tgt_rows = lengths
                 .as_ref()
                 .filter(|l| {
                     l.windows(2).all(|w| w[0] >= w[1]) && l.iter().sum::<usize>() < b * t_len
                 })
-                .map(|l| {
-                    std::sync::Arc::new(
-                        l.iter()
-                            .enumerate()
-                            .flat_map(|(r, &n)| (0..n).map(move |i| r * t_len + i))
-                            .collect::<Vec<_>>(),
-                    )
-                });
-            let wp = self.cell.project_words_shared(&e_all, word_rows.clone())?;
+                .map(|l| word_rows(l, t_len));
+            let wp = self.cell.project_words_shared(&e_all, tgt_rows.clone())?;
             // (The cGRU's gate reads the previous word e(y_{i−1}), zero at i = 0.)
             let wz = if self.is_conditional() {
                 let e_prev = Tensor::cat(
@@ -551,9 +548,9 @@ impl Model {
                     1,
                 )?
                 .reshape((b * t_len, e_dim))?;
-                self.gate.word_term_shared(&e_prev, word_rows)?
+                self.gate.word_term_shared(&e_prev, tgt_rows)?
             } else {
-                self.gate.word_term_shared(&e_all, word_rows)?
+                self.gate.word_term_shared(&e_all, tgt_rows)?
             };
             // Coverage's per-position inputs read from the annotations' handle: `h W_c` (neural), `h U_f`
             // (fertility; the op forms 1/Φ from it) or ones.

@@ -491,14 +491,21 @@ fn target_rows(lengths: Option<&[usize]>, b: usize, tl: usize) -> Result<Vec<usi
 /// steps, covers the words only. (Every row at every step: `off[i] = i·B`.) A buffer of the transitions,
 /// whose step `i` covers the rows of step `i + 1`, keeps the same blocks: the rows past those stay zero.
 fn step_offsets(active: &[usize]) -> Vec<usize> {
-    let mut off = Vec::with_capacity(active.len() + 1);
-    let mut at = 0;
-    off.push(0);
-    for &m in active {
-        at += m;
-        off.push(at);
-    }
+    let mut off = starts(active);
+    off.push(active.iter().sum());
     off
+}
+
+/// Where each of consecutive blocks of `counts` rows starts.
+fn starts(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |at, &n| {
+            let o = *at;
+            *at += n;
+            Some(o)
+        })
+        .collect()
 }
 
 /// Where each sentence's rows start in the word projections `wp` (and `wz`) of `rows` rows: at `b·T` when
@@ -514,13 +521,7 @@ fn word_offsets(rows: usize, b: usize, tl: usize, lengths: Option<&[usize]>) -> 
                 && l.windows(2).all(|w| w[0] >= w[1])
                 && l.iter().sum::<usize>() == rows =>
         {
-            Ok(l.iter()
-                .scan(0, |at, &n| {
-                    let o = *at;
-                    *at += n;
-                    Some(o)
-                })
-                .collect())
+            Ok(starts(l))
         }
         _ => candle_core::bail!(
             "fused decoder sequence: {rows} word projection rows are neither B·T = {} nor the words' positions",
@@ -541,14 +542,7 @@ fn key_offsets(
         return Ok((0..b).map(|r| r * s).collect());
     }
     if dims == [lens.iter().sum::<usize>(), ad] {
-        return Ok(lens
-            .iter()
-            .scan(0, |at, &n| {
-                let o = *at;
-                *at += n;
-                Some(o)
-            })
-            .collect());
+        return Ok(starts(lens));
     }
     candle_core::bail!(
         "fused decoder sequence: keys {dims:?} are neither [B, S, Ad] = [{b}, {s}, {ad}] nor the words' [{}, {ad}]",
