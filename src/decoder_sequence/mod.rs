@@ -133,7 +133,6 @@ pub fn decoder_sequence_fused<'a>(
         && b2 == b
         && tl > 0
         && a2 == 2 * h
-        && a2 == 2 * h
         && mask_bias.dims2()? == (b, s)
         && w.b_att.dims2()? == (h, ad)
         && w.v.elem_count() == ad
