@@ -5,7 +5,7 @@ use candle_core::{Result, Tensor};
 
 use super::gate_mix::bwd_mix_row_d;
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
-use super::{source_lengths, CgruView, DecoderSequence, Dims, Saved, ZPreOp};
+use super::{CgruView, DecoderSequence, Dims, Saved, ZPreOp};
 use crate::encoder::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
 
@@ -93,7 +93,7 @@ impl DecoderSequence {
             }
         ];
         let bsd = b * s * cdim;
-        let lens = source_lengths(&crate::kernels::to_vec::<T>(&self.mask)?, b, s);
+        let lens = &self.src_lens;
         // Coverage: ∂C_i carried from step i + 1 and ∂C_{i−1} formed at step i; per-sentence sums of the
         // coverage weights' gradients.
         let mut dcov = vec![T::zero(); bsd];
@@ -472,7 +472,6 @@ impl DecoderSequence {
             let active = &self.active;
             self.ann.accumulate::<T>(|d_ann| {
                 use rayon::prelude::*;
-                let lens = &lens;
                 d_ann.par_chunks_mut(s * a2).enumerate().for_each(|(r, d)| {
                     let steps = active.iter().take_while(|&&m| m > r).count();
                     // (α is 0 on the padded positions: their rows get nothing.)

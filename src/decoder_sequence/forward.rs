@@ -4,7 +4,7 @@ use candle_core::{CpuStorage, Result, Shape};
 
 use super::gate_mix::gate_mix_row_d;
 use super::transition::{paper_transition, vanilla_row_d};
-use super::{source_lengths, CgruView, DecoderSequence, Dims, Saved, ZConst};
+use super::{CgruView, DecoderSequence, Dims, Saved, ZConst};
 use crate::encoder::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
 
@@ -49,7 +49,7 @@ impl DecoderSequence {
         };
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
-        let lens = source_lengths(&mask, b, s);
+        let lens = &self.src_lens;
         let kinds = self.kinds::<T>();
         let cd = self.cov_data::<T>()?;
         let cr = cd.as_ref().map(|c| c.rows());
@@ -159,7 +159,6 @@ impl DecoderSequence {
                 );
                 let (cr, cd) = (&cr, &cd);
                 let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
-                let lens = &lens;
                 rows_par(m, m * s * ad, |r| {
                     // The sentence's own positions (α stays 0 on padding, as the mask makes it).
                     let sr = lens[r];

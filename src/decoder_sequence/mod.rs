@@ -99,7 +99,8 @@ pub struct Targets<'a> {
 
 /// Run the decoder over `T` target steps: word projections `wp` `[N, kH]` (`W e + b`), the gate's word term
 /// `wz` `[N, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the attention keys `ah`
-/// `[B, S, Ad]` and annotations `[B, S, 2H]` (shared), the additive padding mask `[B, S]` and the target side
+/// `[B, S, Ad]` (or the source words' only, `[Σ len, Ad]`; see [`key_offsets`]) and annotations `[B, S, 2H]`
+/// (shared), the additive padding mask `[B, S]` and the target side
 /// `targets`. The projections' rows are every position's, batch-major (`N = B·T`, row `b·T + i` for
 /// `(b, i)`), or, with lengths in decreasing order, the words' only (`N = Σ_b len_b`, row
 /// `Σ_{b' < b} len_b' + i`; see [`word_offsets`]). (cGRU: `wp` holds the word GRU's projections and `wz` row
@@ -215,23 +216,20 @@ pub fn decoder_sequence_fused<'a>(
         }
     };
     let active = target_rows(targets.lengths, b, tl)?;
-    let koff = key_offsets(
-        ah.tensor.dims(),
-        (b, s, ad),
-        &source_lengths(
-            &mask_bias
-                .to_dtype(candle_core::DType::F64)?
-                .flatten_all()?
-                .to_vec1::<f64>()?,
-            b,
-            s,
-        ),
-    )?;
+    let src_lens = source_lengths(
+        &mask_bias
+            .to_dtype(candle_core::DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()?,
+        b,
+        s,
+    );
     let op = DecoderSequence {
+        koff: key_offsets(ah.tensor.dims(), (b, s, ad), &src_lens)?,
+        src_lens,
         off: step_offsets(&active),
         active,
         toff: word_offsets(rows, b, tl, targets.lengths)?,
-        koff,
         wp: wp.into_shared()?,
         wz: wz.map(Input::into_shared).transpose()?,
         t0: sh(t0)?,
@@ -327,6 +325,8 @@ struct DecoderSequence {
     toff: Vec<usize>,
     /// Where sentence `b`'s keys start in `ah` (see [`key_offsets`]).
     koff: Vec<usize>,
+    /// Each sentence's source positions the attention rows compute (see [`source_lengths`]).
+    src_lens: Vec<usize>,
     wp: Shared,
     wz: Option<Shared>,
     t0: Shared,
