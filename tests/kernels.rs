@@ -597,16 +597,21 @@ fn assert_same(
     }
 }
 
+/// A tiny model's configuration (E 6, H 10, attention 7) with the overrides `sets`.
+fn tiny_model(sets: &[String]) -> cgnmt::config::ModelConfig {
+    let mut all = vec![
+        "model.embedding_dim=6".to_string(),
+        "model.hidden_dim=10".into(),
+        "model.attention_dim=7".into(),
+    ];
+    all.extend(sets.iter().cloned());
+    cgnmt::config::Config::load(None, &all).unwrap().model
+}
+
 #[test]
 fn whole_model_fused_equals_reference_for_every_variant() {
     for sets in variants() {
-        let mut all = vec![
-            "model.embedding_dim=6".to_string(),
-            "model.hidden_dim=10".into(),
-            "model.attention_dim=7".into(),
-        ];
-        all.extend(sets.iter().cloned());
-        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        let cfg = tiny_model(&sets);
         for (dtype, lt, gt) in [(DType::F64, 1e-12, 1e-9), (DType::F32, 1e-5, 2e-3)] {
             assert_same(
                 &format!("{sets:?} {dtype:?}"),
@@ -632,13 +637,7 @@ fn fused_path_takes_any_row_order_and_mask() {
         vec!["model.decoder=cgru".to_string()],
         vec!["model.coverage=neural".to_string()],
     ] {
-        let mut all = vec![
-            "model.embedding_dim=6".to_string(),
-            "model.hidden_dim=10".into(),
-            "model.attention_dim=7".into(),
-        ];
-        all.extend(sets.iter().cloned());
-        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        let cfg = tiny_model(&sets);
         let dtype = DType::F64;
         let sorted = Batch::new(&src, &tgt, 0, dtype, &Device::Cpu).unwrap();
         let lens: Vec<f64> = sorted.tgt_mask.sum(1).unwrap().to_vec1().unwrap();
