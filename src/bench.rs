@@ -31,6 +31,19 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// Minor page faults of this process so far (first touches of fresh pages), if known.
+pub fn minor_faults() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: getrusage only writes the struct it is given.
+        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut r) } == 0 {
+            return Some(r.ru_minflt as u64);
+        }
+    }
+    None
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = v.len();
@@ -412,23 +425,29 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     // just after it.
     let (mut tok_rates, mut gflop_rates) = (vec![], vec![]);
     let (mut step_vs_peak, mut peaks_between) = (vec![], vec![]);
+    // Each timed step's minor page faults: fresh pages cost a fault each, several microseconds here.
+    let mut faults = vec![];
     let mut phase_sums = [0.0f64; 3];
     for (bi, b) in batches.iter().enumerate() {
         let general = opts.compare_packed_gemm && bi % 2 == 1;
         crate::kernels::set_packed_gemm(!general);
         let padded = opts.compare_target_padding && bi % 2 == 1;
         crate::kernels::set_target_padding_skipped(!padded);
+        let f0 = minor_faults();
         let s = Instant::now();
         let p = step(b, &mut opt)?;
+        let took = s.elapsed().as_secs_f64();
+        if let (Some(a), Some(z)) = (f0, minor_faults()) {
+            faults.push((z - a) as f64);
+        }
         if general {
-            general_times.push(s.elapsed().as_secs_f64());
+            general_times.push(took);
             continue;
         }
         if padded {
-            padded_times.push(s.elapsed().as_secs_f64());
+            padded_times.push(took);
             continue;
         }
-        let took = s.elapsed().as_secs_f64();
         times.push(took);
         tok_rates.push(b.tgt_tokens as f64 / took);
         gflop_rates.push(batch_flops[bi] / took / 1e9);
@@ -451,6 +470,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     crate::kernels::set_target_padding_skipped(true);
     crate::profile::set_enabled(false);
     let step_s = median(&mut times);
+    let faults_per_step = (!faults.is_empty()).then(|| median(&mut faults));
     let op_profile = if opts.profile_ops {
         let n = batches.len().max(1) as f64;
         let rows = crate::profile::totals();
@@ -583,6 +603,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "decode_beam10_gflops_per_s": dec_flops(beam_rows) / beam_med / 1e9,
         "decode_greedy_gflops_per_s": dec_flops(greedy_rows) / greedy_med / 1e9,
         "peak_rss_mib": peak_rss_mib(),
+        "train_minor_faults_per_step_median": faults_per_step,
         "threads": threads,
         "gflops_per_s": gflops,
         "sgemm_peak_gflops": peak,
@@ -595,9 +616,9 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "target_padding_comparison": padding_comparison,
     });
     eprintln!(
-        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",
+        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}; {:.0} page faults per step); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",
         train_tps, step_s, fwd_s, bwd_s, opt_s, gflops, 100.0 * gflops / peak, peak,
-        100.0 * frac_between, peak_between,
+        100.0 * frac_between, peak_between, faults_per_step.unwrap_or(f64::NAN),
         rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
         rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
         peak_rss_mib().unwrap_or(0.0)

@@ -1749,8 +1749,7 @@ pub(crate) fn product_grads(x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tenso
             storage_slice::<T>(&ws, wl)?,
             storage_slice::<T>(&gs, gl)?,
         );
-        let dx = product(n, k, m, Mat::rows(gd, m), Mat::t(wd, m));
-        let dw = product(k, m, n, Mat::t(xd, k), Mat::rows(gd, m));
+        let (dx, dw) = product_grads_slices(n, k, m, xd, wd, gd);
         Ok((
             Tensor::from_vec(dx, (n, k), x.device())?,
             Tensor::from_vec(dw, (k, m), x.device())?,
@@ -1761,6 +1760,21 @@ pub(crate) fn product_grads(x: &Tensor, w: &Tensor, g: &Tensor) -> Result<(Tenso
         candle_core::DType::F64 => run::<f64>(x, w, g),
         _ => Ok((g.matmul(&w.t()?)?, x.t()?.matmul(g)?)),
     }
+}
+
+/// [`product_grads`] on row-major slices: `x` `[N, K]`, `W` `[K, M]`, `g` `[N, M]` give `(∂x, ∂W)`.
+pub(crate) fn product_grads_slices<T: Real>(
+    n: usize,
+    k: usize,
+    m: usize,
+    x: &[T],
+    w: &[T],
+    g: &[T],
+) -> (Vec<T>, Vec<T>) {
+    (
+        product(n, k, m, Mat::rows(g, m), Mat::t(w, m)),
+        product(k, m, n, Mat::t(x, k), Mat::rows(g, m)),
+    )
 }
 
 /// `x W + b` (`x` `[N, K]`, `W` `[K, M]`, `b` `[M]`): with fused kernels on the CPU one graph node whose
