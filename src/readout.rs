@@ -333,7 +333,7 @@ fn output_nll_fwd<T: Real>(
         candle_core::bail!("fused output layer: shape mismatch");
     }
     check_targets(&op.targets, v)?;
-    // The logits `[N, V]` into a buffer filled on both cores (candle's matmul zero-fills on one).
+    // The logits `[N, V]` into the kept buffer (or a fresh one filled on both cores), overwritten by the GEMM.
     let _t = crate::profile::Scope::new("  output nll fwd: logits GEMM");
     let mut buf = logits_buffer::<T>(n * v);
     crate::kernels::gemm_into(
