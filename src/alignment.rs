@@ -30,9 +30,9 @@ pub fn force_decode(
         let o = model.attend(&src, &t, cov.as_ref())?;
         cov = o.cov;
         alphas.push(o.alpha.to_dtype(DType::F32)?.to_vec2()?);
-        let (t_read, cond) = model.condition(&t, &o.ctx, &e_prev, (1.0, 1.0))?;
+        let (t_read, cond) = model.condition(&t, &(&o.ctx).into(), &e_prev, (1.0, 1.0))?;
         let e = model.embed(&t_ids.narrow(1, i, 1)?.squeeze(1)?)?;
-        let (tn, sc) = model.transition(&t_read, &e, &o.ctx, (1.0, 1.0))?;
+        let (tn, sc) = model.transition(&t_read, &e, &(&o.ctx).into(), (1.0, 1.0))?;
         e_prev = e;
         let gate = match cond {
             Some(c) => c.gate,

@@ -174,6 +174,148 @@ pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result
     }
 }
 
+/// An attention context `s_i` `[N, 2H]` as the decoder reads it: the context itself and, when decoding with
+/// fused kernels, its products `s_i W` with the weights that read it (the transition's `C`, the gate's `C_z`,
+/// the readout's `W_o`), formed by [`ContextProducts::context`]. A product that is not carried is formed from
+/// `s_i` by the part of the model that needs it.
+#[derive(Clone)]
+pub struct Context {
+    pub ctx: Tensor,
+    products: Vec<(candle_core::TensorId, Tensor)>,
+}
+
+impl From<&Tensor> for Context {
+    fn from(ctx: &Tensor) -> Self {
+        Context {
+            ctx: ctx.clone(),
+            products: vec![],
+        }
+    }
+}
+
+impl Context {
+    /// `s_i W` `[N, ·]` when it is carried.
+    pub fn formed(&self, w: &Tensor) -> Option<&Tensor> {
+        self.products
+            .iter()
+            .find(|(id, _)| *id == w.id())
+            .map(|(_, p)| p)
+    }
+
+    /// `s_i W`: the carried product, or a recurrent product of the context (see
+    /// [`crate::kernels::rec_matmul`]).
+    pub fn product(&self, k: Kernels, w: &Tensor) -> Result<Tensor> {
+        match self.formed(w) {
+            Some(p) => Ok(p.clone()),
+            None => crate::kernels::rec_matmul(k, &self.ctx, w),
+        }
+    }
+
+    /// Rows `idx` of the context and of every carried product (the parents of a beam's new hypotheses).
+    pub fn index_select(&self, idx: &Tensor) -> Result<Context> {
+        Ok(Context {
+            ctx: self.ctx.index_select(idx, 0)?,
+            products: self
+                .products
+                .iter()
+                .map(|(id, p)| Ok((*id, p.index_select(idx, 0)?)))
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// Decoding: each source position's products `h_j W` `[B, S, ·]` with the weights `W` that read the attention
+/// context, formed once per batch of sentences (one GEMM per weight over all positions). As `s_i = Σ_j α_ij
+/// h_j`, a step's products are `s_i W = Σ_j α_ij (h_j W)`: `S` multiply-adds per column for each hypothesis
+/// row instead of `2H`. Beam search computes about ten rows per sentence and step, so this takes the
+/// context's products — about a third of a decoder step's multiply-adds at the small and paper sizes — off
+/// the steps. The same numbers as the products of the context up to rounding (the decoding tests compare
+/// the translations with the reference kernels').
+pub struct ContextProducts {
+    per_position: Vec<(candle_core::TensorId, Tensor)>,
+}
+
+impl ContextProducts {
+    /// The products of the annotations `[B, S, 2H]` with `weights` (each `[2H, ·]`).
+    pub fn new(annotations: &Tensor, weights: &[&Tensor]) -> Result<ContextProducts> {
+        let (b, s, a2) = annotations.dims3()?;
+        let flat = annotations.reshape((b * s, a2))?;
+        Ok(ContextProducts {
+            per_position: weights
+                .iter()
+                .map(|w| {
+                    let p = flat.matmul(w)?;
+                    let width = p.dim(1)?;
+                    Ok((w.id(), p.reshape((b, s, width))?))
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// The context `ctx` `[N, 2H]` of attention weights `alpha` `[N, S]` with its products, row `i` reading
+    /// sentence `rows[i]`'s positions.
+    pub fn context(&self, ctx: &Tensor, alpha: &Tensor, rows: &[u32]) -> Result<Context> {
+        let alpha = alpha.contiguous()?;
+        let products = self
+            .per_position
+            .iter()
+            .map(|(id, p)| Ok((*id, weighted_rows(&alpha, rows, p)?)))
+            .collect::<Result<_>>()?;
+        Ok(Context {
+            ctx: ctx.clone(),
+            products,
+        })
+    }
+}
+
+/// `out_i = Σ_j α_ij p_{rows[i], j}` `[N, w]` for `α` `[N, S]` and per-sentence rows `p` `[B, S, w]`
+/// (inference only: no autodiff graph).
+fn weighted_rows(alpha: &Tensor, rows: &[u32], p: &Tensor) -> Result<Tensor> {
+    let (n, s) = alpha.dims2()?;
+    let (nsent, s2, w) = p.dims3()?;
+    if n != rows.len() || s != s2 || rows.iter().any(|&r| r as usize >= nsent) {
+        candle_core::bail!("context products: shape mismatch");
+    }
+    let p = p.contiguous()?;
+    fn run<T: Real>(
+        alpha: &Tensor,
+        rows: &[u32],
+        p: &Tensor,
+        (s, w): (usize, usize),
+    ) -> Result<Tensor> {
+        let (als, all) = alpha.storage_and_layout();
+        let (ps, pl) = p.storage_and_layout();
+        let al = crate::kernels::storage_slice::<T>(&als, all)?;
+        let pp = crate::kernels::storage_slice::<T>(&ps, pl)?;
+        let mut out = vec![T::zero(); rows.len() * w];
+        out.par_chunks_mut(w.max(1)).enumerate().for_each(|(i, o)| {
+            let k = rows[i] as usize;
+            weighted_row_d(&al[i * s..(i + 1) * s], &pp[k * s * w..(k + 1) * s * w], o)
+        });
+        Tensor::from_vec(out, (rows.len(), w), alpha.device())
+    }
+    match alpha.dtype() {
+        candle_core::DType::F32 => run::<f32>(&alpha, rows, &p, (s, w)),
+        candle_core::DType::F64 => run::<f64>(&alpha, rows, &p, (s, w)),
+        d => candle_core::bail!("context products: unsupported dtype {d:?}"),
+    }
+}
+
+/// `out += Σ_j α_j p_j` for `α` `[S]` and `p` `[S, w]`; positions with `α_j = 0` (padding) are skipped.
+#[inline(always)]
+fn weighted_row<T: Real>(alpha: &[T], p: &[T], out: &mut [T]) {
+    let w = out.len();
+    for (j, &a) in alpha.iter().enumerate() {
+        if a == T::zero() {
+            continue;
+        }
+        for (o, &x) in out.iter_mut().zip(&p[j * w..(j + 1) * w]) {
+            *o = *o + a * x;
+        }
+    }
+}
+simd_dispatch!(weighted_row_d, weighted_row_avx, weighted_row, (alpha: &[T], p: &[T], out: &mut [T]));
+
 /// The attention scores `e_bj = vᵀ tanh(pre_bj + bt_b)` `[B, S]` for `pre` `[B, S, Ad]` (`A h_j`, plus the
 /// coverage term when coverage is on), `bt` `[B, Ad]` (`B t_{i−1}`) and `v` `[Ad, 1]`, composed (reference).
 pub fn scores_reference(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor> {

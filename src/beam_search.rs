@@ -83,18 +83,62 @@ fn top_k(lp: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
     if k == 0 {
         return top;
     }
-    for (w, &x) in lp.iter().enumerate() {
-        if top.len() == k && x <= top[k - 1].0 {
+    // Once `top` is full, a block whose largest value does not beat the k-th best holds no candidate: its
+    // maximum (a vectorised pass) is all that is read of it.
+    for (c, block) in lp.chunks(TOP_K_BLOCK).enumerate() {
+        if top.len() == k && block_max(block) <= top[k - 1].0 {
             continue;
         }
-        if Some(w as u32) == skip {
-            continue;
+        for (j, &x) in block.iter().enumerate() {
+            let w = (c * TOP_K_BLOCK + j) as u32;
+            if top.len() == k && x <= top[k - 1].0 {
+                continue;
+            }
+            if Some(w) == skip {
+                continue;
+            }
+            let pos = top.partition_point(|y| y.0 >= x);
+            top.insert(pos, (x, w));
+            top.truncate(k);
         }
-        let pos = top.partition_point(|y| y.0 >= x);
-        top.insert(pos, (x, w as u32));
-        top.truncate(k);
     }
     top
+}
+
+/// Words per block of [`top_k`]'s scan.
+const TOP_K_BLOCK: usize = 64;
+
+/// The largest value of a block (`-∞` for an empty one; NaN is never the largest).
+fn block_max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 (checked at run time).
+        return unsafe { block_max_avx2(x) };
+    }
+    block_max_plain(x)
+}
+
+#[inline(always)]
+fn block_max_plain(x: &[f32]) -> f32 {
+    // Eight running maxima, so that the loop vectorises.
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (mi, &v) in m.iter_mut().zip(c) {
+            *mi = if v > *mi { v } else { *mi };
+        }
+    }
+    let mut best = f32::NEG_INFINITY;
+    for &v in m.iter().chain(chunks.remainder()) {
+        best = if v > best { v } else { best };
+    }
+    best
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_max_avx2(x: &[f32]) -> f32 {
+    block_max_plain(x)
 }
 
 struct Live {
@@ -119,6 +163,7 @@ pub fn beam_search(
     let beam = opts.beam.max(1);
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     let source = model.encode(&src_ids, &src_mask)?;
+    let products = model.context_products(&source)?;
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
     let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
 
@@ -140,34 +185,42 @@ pub fn beam_search(
     let mut e_prev = Tensor::zeros((nsent, e_dim), dtype, &dev)?;
 
     let mut step = 0usize;
+    // Each step's logits (or log-probabilities), one row per live hypothesis.
+    let mut scores: Vec<f32> = Vec::new();
     while !live.is_empty() {
         DECODER_ROWS.fetch_add(live.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        // Each live hypothesis's sentence.
+        let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
         let out = if row_keys {
-            let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
             model.attend_rows(&cur, &rows, &t)?
         } else {
             model.attend(&cur, &t, cov.as_ref())?
         };
-        let (t_read, cond) = model.condition(&t, &out.ctx, &e_prev, opts.context_scale)?;
+        let ctx = model.step_context(&out, products.as_ref(), &rows)?;
+        let (t_read, cond) = model.condition(&t, &ctx, &e_prev, opts.context_scale)?;
         let cond_gate = match cond.and_then(|c| c.gate) {
             Some(g) if opts.record => Some(mean_rows(&g)?),
             _ => None,
         };
         t = t_read;
-        let logits = model.logits(&out.ctx, &t, &e_prev)?;
         // With fused kernels the rows stay logits: the top-k of a row are the same words, and only the chosen
         // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
         let fused = model.kernels.fused_on(&dev);
-        let rows = if fused { logits } else { log_softmax(&logits)? };
-        let vocab = rows.dim(1)?;
-        let rows: Vec<f32> = rows
-            .to_dtype(candle_core::DType::F32)?
-            .flatten_all()?
-            .to_vec1()?;
+        let vocab = if fused {
+            model.logit_rows(&ctx, &t, &e_prev, &mut scores)?
+        } else {
+            let lp = log_softmax(&model.logits(&ctx, &t, &e_prev)?)?;
+            scores = lp
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1()?;
+            lp.dim(1)?
+        };
         // Top-k words of every row, in parallel (k = the row's sentence's remaining beam).
         let row_top: Vec<Vec<(f32, u32)>> = {
             use rayon::prelude::*;
-            rows.par_chunks(vocab.max(1))
+            scores
+                .par_chunks(vocab.max(1))
                 .enumerate()
                 .map(|(r, row)| {
                     let s = live[r].sent;
@@ -260,7 +313,7 @@ pub fn beam_search(
         let wids = Tensor::from_vec(words, parents.len(), &dev)?;
         let e = model.embed(&wids)?;
         let t_sel = t.index_select(&pidx, 0)?;
-        let ctx_sel = out.ctx.index_select(&pidx, 0)?;
+        let ctx_sel = ctx.index_select(&pidx)?;
         let (t_new, sc) = model.transition(&t_sel, &e, &ctx_sel, opts.context_scale)?;
         if opts.record {
             if let Some(g) = &sc.gate {
@@ -355,6 +408,8 @@ pub fn greedy(
     }
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     let source = model.encode(&src_ids, &src_mask)?;
+    let products = model.context_products(&source)?;
+    let rows: Vec<u32> = (0..n as u32).collect();
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
     let max_steps = limits.iter().map(|l| l.1).max().unwrap_or(0);
     let mut t = source.t0.clone();
@@ -362,22 +417,21 @@ pub fn greedy(
     let mut e_prev = Tensor::zeros((n, model.tgt_emb.dim(1)?), dtype, &dev)?;
     let mut out: Vec<Vec<u32>> = vec![vec![]; n];
     let mut done = vec![false; n];
+    let mut logits: Vec<f32> = Vec::new();
     for step in 0..max_steps {
         DECODER_ROWS.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
         let o = model.attend(&source, &t, cov.as_ref())?;
         cov = o.cov.clone();
-        t = model.condition(&t, &o.ctx, &e_prev, context_scale)?.0;
-        let logits: Vec<Vec<f32>> = model
-            .logits(&o.ctx, &t, &e_prev)?
-            .to_dtype(candle_core::DType::F32)?
-            .to_vec2()?;
+        let ctx = model.step_context(&o, products.as_ref(), &rows)?;
+        t = model.condition(&t, &ctx, &e_prev, context_scale)?.0;
+        let v = model.logit_rows(&ctx, &t, &e_prev, &mut logits)?;
         let mut words = vec![eos; n];
         for i in 0..n {
             if done[i] {
                 continue;
             }
             let mut best = (f32::NEG_INFINITY, eos);
-            for (w, &v) in logits[i].iter().enumerate() {
+            for (w, &v) in logits[i * v..(i + 1) * v].iter().enumerate() {
                 if w as u32 == eos && step < limits[i].0 {
                     continue;
                 }
@@ -399,7 +453,7 @@ pub fn greedy(
             break;
         }
         let e = model.embed(&Tensor::from_vec(words, n, &dev)?)?;
-        t = model.transition(&t, &e, &o.ctx, context_scale)?.0;
+        t = model.transition(&t, &e, &ctx, context_scale)?.0;
         e_prev = e;
     }
     Ok(out)
@@ -444,4 +498,55 @@ pub fn translate_ids(
             }
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k;
+
+    /// The `k` best by a full sort (ties: lower word id first), skipping `skip`.
+    fn sorted_top(x: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
+        let mut all: Vec<(f32, u32)> = x
+            .iter()
+            .enumerate()
+            .map(|(w, &v)| (v, w as u32))
+            .filter(|&(_, w)| Some(w) != skip)
+            .collect();
+        all.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+        all.truncate(k);
+        all
+    }
+
+    #[test]
+    fn top_k_equals_a_full_sort() {
+        // Rows longer and shorter than a block, with repeated values (ties across blocks), the best word
+        // skipped, and k from 0 to more than the row holds.
+        let mut seed = 7u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in [1usize, 5, 63, 64, 65, 200, 1000] {
+            for k in [0usize, 1, 3, 10, 70] {
+                let x: Vec<f32> = (0..len)
+                    .map(|_| (next() % 50) as f32 * 0.25 - 6.0)
+                    .collect();
+                let best = sorted_top(&x, 1, None).first().map(|b| b.1);
+                for skip in [None, best, Some(0)] {
+                    assert_eq!(
+                        top_k(&x, k, skip),
+                        sorted_top(&x, k, skip),
+                        "len {len}, k {k}, skip {skip:?}"
+                    );
+                }
+            }
+        }
+        // The best values late in the row (every block before them is passed over once `top` is full).
+        let mut x = vec![-1.0f32; 300];
+        x[299] = 5.0;
+        x[250] = 4.0;
+        assert_eq!(top_k(&x, 2, None), vec![(5.0, 299), (4.0, 250)]);
+    }
 }

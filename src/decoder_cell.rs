@@ -11,6 +11,7 @@
 use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
+use crate::attention::Context;
 use crate::config::{DecoderKind, GateForm};
 use crate::encoder::{gru_update, Gru};
 use crate::gate::{mix_fused, Scales};
@@ -112,10 +113,10 @@ impl DecoderCell {
 
     /// cGRU: the context GRU `t = GRU_ctx(t_prev, s)` with the gate's scales (source scale on the context
     /// terms and their bias, target scale on the state; reference or paper form as the other cells).
-    pub fn context_step(&self, t_prev: &Tensor, ctx: &Tensor, sc: &Scales) -> Result<Tensor> {
+    pub fn context_step(&self, t_prev: &Tensor, ctx: &Context, sc: &Scales) -> Result<Tensor> {
         let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
         let h = self.hidden;
-        let cp = self.mm(ctx, &g.c)?;
+        let cp = ctx.product(self.kernels, &g.c)?;
         let (c_ru, c_c) = (
             cp.narrow(1, 0, 2 * h)?,
             cp.narrow(1, 2 * h, h)?.broadcast_add(&g.b)?,
@@ -176,14 +177,15 @@ impl DecoderCell {
         Tensor::cat(&[&zeros, &self.b], 0)
     }
 
-    /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]`.
-    pub fn step(&self, t_prev: &Tensor, wp: &Tensor, ctx: &Tensor, sc: &Scales) -> Result<Tensor> {
+    /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]` (with
+    /// its product `s C` when carried).
+    pub fn step(&self, t_prev: &Tensor, wp: &Tensor, ctx: &Context, sc: &Scales) -> Result<Tensor> {
         let h = self.hidden;
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: no context and no gate here.
             return word.step(wp, t_prev);
         }
-        let cp = self.mm(ctx, &self.c)?;
+        let cp = ctx.product(self.kernels, &self.c)?;
         if let Some(m) = sc.mix.as_ref() {
             if self.form == GateForm::Reference && self.kernels.fused_on(wp.device()) {
                 // Fused: the gate's scales applied to the word and context terms of all blocks at once.

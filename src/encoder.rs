@@ -37,7 +37,7 @@ impl Gru {
     pub fn project(&self, x: &Tensor) -> Result<Tensor> {
         let zeros = Tensor::zeros(2 * self.hidden, self.b.dtype(), self.b.device())?;
         let bias = Tensor::cat(&[&zeros, &self.b], 0)?;
-        x.matmul(&self.w)?.broadcast_add(&bias)
+        crate::kernels::linear(self.kernels, x, &self.w, &bias)
     }
 
     /// One step from a projected input `[B, 3H]` and the previous state `[B, H]`.

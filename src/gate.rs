@@ -187,9 +187,15 @@ impl Gate {
     }
 
     /// `W_z e` for a batch of word embeddings `[N, E]` (computed once for all time steps in training).
-    pub fn word_term(&self, e: &Tensor) -> Result<Option<Tensor>> {
+    pub fn word_term(
+        &self,
+        kernels: crate::kernels::Kernels,
+        e: &Tensor,
+    ) -> Result<Option<Tensor>> {
         match self {
-            Gate::Context { w_z: Some(w), .. } => Ok(Some(e.matmul(w)?)),
+            Gate::Context { w_z: Some(w), .. } => {
+                Ok(Some(crate::kernels::rec_matmul(kernels, e, w)?))
+            }
             _ => Ok(None),
         }
     }
@@ -218,7 +224,7 @@ impl Gate {
         kernels: crate::kernels::Kernels,
         wz_e: Option<&Tensor>,
         t_prev: &Tensor,
-        ctx: &Tensor,
+        ctx: &crate::attention::Context,
         context_scale: (f64, f64),
     ) -> Result<Scales> {
         let (a, b) = context_scale;
@@ -252,7 +258,7 @@ impl Gate {
                     add(crate::kernels::rec_matmul(kernels, t_prev, u)?)?;
                 }
                 if let Some(c) = c_z {
-                    add(crate::kernels::rec_matmul(kernels, ctx, c)?)?;
+                    add(ctx.product(kernels, c)?)?;
                 }
                 let z = candle_nn::ops::sigmoid(&pre.expect("a gate has at least one input"))?;
                 let kinds = strategy_kinds(*strategy);

@@ -340,19 +340,38 @@ mod tests {
 /// ones plus T accumulations. Otherwise (reference kernels, a weight not prepared) it is a plain `matmul`.
 pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if k.fused_on(x.device()) && x.rank() == 2 {
-        let prepared = PASS.with(|p| {
-            p.borrow()
-                .iter()
-                .find(|e| e.0 == w.id())
-                .map(|e| e.1.clone())
-        });
-        if let Some(rw) = prepared {
+        if let Some(rw) = prepared(w) {
             return x
                 .contiguous()?
                 .apply_op2(&rw.token.clone(), RecMatmulT { rw });
         }
     }
     x.matmul(w)
+}
+
+/// `dst = (accumulate ? dst : 0) + x W` for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`
+/// with the packed `W` of this thread's pass (see [`begin_pass`]; decoding prepares the output layer's `W_2`
+/// too). `false` when `W` has no packed form here (not prepared, not f32, no micro-kernel): nothing is
+/// written then.
+pub fn prepared_mul_into(
+    w: &Tensor,
+    m: usize,
+    x: &[f32],
+    dst: &mut [f32],
+    accumulate: bool,
+) -> Result<bool> {
+    let Some(rw) = prepared(w) else {
+        return Ok(false);
+    };
+    let Some(p) = rw.packed()? else {
+        return Ok(false);
+    };
+    let (k, n) = p.dims();
+    if x.len() < m * k || dst.len() < m * n {
+        candle_core::bail!("prepared product: [{m}, {k}] × [{k}, {n}] does not fit its buffers");
+    }
+    p.mul_into(m, x, k, dst, n, accumulate, gemm_threads());
+    Ok(true)
 }
 
 /// A recurrent weight `W` `[K, N]` prepared for one forward pass. Each step's products, `x W` forward and
@@ -365,11 +384,42 @@ pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub struct RecWeight {
     w: Tensor,
     wt: std::sync::Arc<std::sync::Mutex<Option<Tensor>>>,
+    /// f32 on a CPU with a packed micro-kernel: `W` packed for it, made on first use (`None`: no kernel).
+    packed: std::sync::Arc<std::sync::OnceLock<Option<crate::packed_gemm::Packed>>>,
     token: Tensor,
     records: std::sync::Arc<std::sync::Mutex<Vec<(Tensor, Tensor)>>>,
 }
 
 impl RecWeight {
+    /// `W` packed for [`crate::packed_gemm`] (f32 weights on a CPU with a packed micro-kernel, while
+    /// [`set_packed_gemm`] leaves it on), made on first use: every product of the pass then streams the same
+    /// panels instead of the general GEMM packing `W` again at each call.
+    fn packed(&self) -> Result<Option<&crate::packed_gemm::Packed>> {
+        if self.w.dtype() != candle_core::DType::F32 || !packed_gemm_on() {
+            return Ok(None);
+        }
+        if let Some(p) = self.packed.get() {
+            return Ok(p.as_ref());
+        }
+        let p = match crate::packed_gemm::Isa::detect() {
+            Some(isa) => {
+                let (k, n) = self.w.dims2()?;
+                let w = self.w.contiguous()?;
+                let (st, l) = w.storage_and_layout();
+                Some(crate::packed_gemm::Packed::new(
+                    isa,
+                    storage_slice::<f32>(&st, l)?,
+                    k,
+                    n,
+                    n,
+                    1,
+                ))
+            }
+            None => None,
+        };
+        Ok(self.packed.get_or_init(|| p).as_ref())
+    }
+
     /// The contiguous `Wᵀ` `[N, K]` (outside the graph), made on first use.
     fn wt(&self) -> Result<Tensor> {
         let mut slot = self.wt.lock().expect("prepared weight");
@@ -449,6 +499,7 @@ pub fn begin_pass(k: Kernels, weights: &[&Tensor]) -> Result<()> {
             RecWeight {
                 w: (*w).clone(),
                 wt: Default::default(),
+                packed: Default::default(),
                 token,
                 records,
             },
@@ -571,6 +622,19 @@ fn rec_matmul_t_fwd(rw: &RecWeight, s1: &CpuStorage, l1: &Layout) -> Result<(Cpu
     let (k2, n) = rw.w.dims2()?;
     if k != k2 {
         candle_core::bail!("recurrent matmul: [{b}, {k}] × [{k2}, {n}]");
+    }
+    if let (CpuStorage::F32(_), Some(p)) = (s1, rw.packed()?) {
+        let mut y = vec![0f32; b * n];
+        p.mul_into(
+            b,
+            slice::<f32>(s1, l1)?,
+            k,
+            &mut y,
+            n,
+            false,
+            gemm_threads(),
+        );
+        return Ok((CpuStorage::F32(y), Shape::from((b, n))));
     }
     let right = rw.right(b)?;
     let (ws, wl) = right.storage_and_layout();
@@ -838,10 +902,10 @@ pub fn linear_shared_rows(
     let tensor = match &rows {
         None => x
             .detach()
-            .apply_op3(&w.detach(), &b.detach(), Linear(None))?,
+            .apply_op3(&w.detach(), &b.detach(), Linear(None, None))?,
         Some(r) => x
             .detach()
-            .apply_op3(&w.detach(), &b.detach(), Linear(Some(r.clone())))?,
+            .apply_op3(&w.detach(), &b.detach(), Linear(Some(r.clone()), None))?,
     };
     let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
     let token = x.apply_op3(
@@ -1789,13 +1853,27 @@ pub fn linear(k: Kernels, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> 
     {
         return x.matmul(w)?.broadcast_add(b);
     }
-    x.contiguous()?
-        .apply_op3(&w.contiguous()?, &b.contiguous()?, Linear(None))
+    x.contiguous()?.apply_op3(
+        &w.contiguous()?,
+        &b.contiguous()?,
+        Linear(None, prepared(w)),
+    )
 }
 
 /// `x W + b`, over rows `.0` of `x` only (a compact result) when given; with rows it has no backward pass
-/// (see [`linear_shared_rows`], whose token carries it).
-struct Linear(Option<Rows>);
+/// (see [`linear_shared_rows`], whose token carries it). `.1`: `W` as this thread's pass prepared it (see
+/// [`begin_pass`]), whose packed form the forward GEMM then reads.
+struct Linear(Option<Rows>, Option<RecWeight>);
+
+/// `w` as this thread's pass prepared it, if it did.
+fn prepared(w: &Tensor) -> Option<RecWeight> {
+    PASS.with(|p| {
+        p.borrow()
+            .iter()
+            .find(|e| e.0 == w.id())
+            .map(|e| e.1.clone())
+    })
+}
 
 fn linear_fwd<T: Real>(
     op: &Linear,
@@ -1828,6 +1906,16 @@ fn linear_fwd<T: Real>(
         }
     };
     let mut out = tiled(n, b);
+    if let (Some(p), Some(xf), Some(o)) = (
+        op.1.as_ref().map(|rw| rw.packed()).transpose()?.flatten(),
+        as_f32(x),
+        as_f32_mut(&mut out),
+    ) {
+        if p.dims() == (k, m) {
+            p.mul_into(n, xf, k, o, m, true, gemm_threads());
+            return Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))));
+        }
+    }
     gemm_into(n, m, k, &mut out, m, true, Mat::rows(x, k), Mat::rows(w, m));
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
 }

@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
-use crate::attention::{Attention, Keys};
+use crate::attention::{Attention, Context, ContextProducts, Keys};
 use crate::config::ModelConfig;
 use crate::coverage::{CovKeys, Coverage};
 use crate::decoder_cell::DecoderCell;
@@ -263,7 +263,20 @@ impl Model {
     /// Encode a batch; every forward pass (training or decoding) starts here, so this is also where the
     /// fused kernels prepare the recurrent weights for the pass.
     pub fn encode(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
-        crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
+        // (Training with fused kernels encodes with `encode_shared`; here the pass also prepares the readout's
+        // and the output layer's weights for decoding's per-step products, see `Readout::logit_rows`.)
+        let mut weights = self.recurrent_weights();
+        let r = &self.readout;
+        weights.extend([&r.u_o, &r.v_o, &r.w_1, &r.w_2]);
+        // (and the word projections' `W`, the gate's `W_z`)
+        weights.push(match &self.cell.cgru {
+            Some((word, _)) => &word.w,
+            None => &self.cell.w,
+        });
+        if let Gate::Context { w_z: Some(w_z), .. } = &self.gate {
+            weights.push(w_z);
+        }
+        crate::kernels::begin_pass(self.kernels, &weights)?;
         let enc = self.encoder.forward(src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;
@@ -338,6 +351,36 @@ impl Model {
         self.coverage.is_none() && self.kernels.fused_on(dev)
     }
 
+    /// Decoding with fused kernels on the CPU: each source position's products with the weights that read the
+    /// attention context (see [`ContextProducts`]); `None` otherwise (the steps then form the products from
+    /// the context).
+    pub fn context_products(&self, src: &Source) -> Result<Option<ContextProducts>> {
+        let ann = &src.keys.annotations;
+        if !self.kernels.fused_on(ann.device()) || !matches!(ann.dtype(), DType::F32 | DType::F64) {
+            return Ok(None);
+        }
+        // The transition's `C` (the cGRU's context GRU's), the gate's `C_z`, the readout's `W_o`.
+        let mut weights = vec![&self.cell.c, &self.readout.w_o];
+        if let Gate::Context { c_z: Some(c_z), .. } = &self.gate {
+            weights.push(c_z);
+        }
+        Ok(Some(ContextProducts::new(ann, &weights)?))
+    }
+
+    /// A step's context `out.ctx` as the decoder reads it: with its products from `products` (hypothesis row
+    /// `i` reading sentence `rows[i]`) when there are any.
+    pub fn step_context(
+        &self,
+        out: &StepOut,
+        products: Option<&ContextProducts>,
+        rows: &[u32],
+    ) -> Result<Context> {
+        match products {
+            Some(p) => p.context(&out.ctx, &out.alpha, rows),
+            None => Ok((&out.ctx).into()),
+        }
+    }
+
     /// Inference, where [`Model::attends_by_rows`]: [`Model::attend`] for hypothesis rows that read the keys
     /// of sentence `rows[i]` of `src` in place (see [`crate::attention::attend_rows`]).
     pub fn attend_rows(&self, src: &Source, rows: &[u32], t_prev: &Tensor) -> Result<StepOut> {
@@ -381,14 +424,14 @@ impl Model {
     pub fn condition(
         &self,
         t_prev: &Tensor,
-        ctx: &Tensor,
+        ctx: &Context,
         e_prev: &Tensor,
         context_scale: (f64, f64),
     ) -> Result<(Tensor, Option<Scales>)> {
         if !self.is_conditional() {
             return Ok((t_prev.clone(), None));
         }
-        let wz = self.gate.word_term(e_prev)?;
+        let wz = self.gate.word_term(self.kernels, e_prev)?;
         let sc = self
             .gate
             .scales(self.kernels, wz.as_ref(), t_prev, ctx, context_scale)?;
@@ -411,8 +454,19 @@ impl Model {
         self.tgt_emb.embedding(ids)
     }
 
-    pub fn logits(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+    pub fn logits(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
         self.readout.logits(ctx, t_prev, e_prev)
+    }
+
+    /// Decoding: the logits as f32 rows in `buf` (see [`Readout::logit_rows`]); returns the vocabulary size.
+    pub fn logit_rows(
+        &self,
+        ctx: &Context,
+        t_prev: &Tensor,
+        e_prev: &Tensor,
+        buf: &mut Vec<f32>,
+    ) -> Result<usize> {
+        self.readout.logit_rows(ctx, t_prev, e_prev, buf)
     }
 
     /// The recurrent transition with the emitted word's embedding `e` `[N, E]`; returns the new state and the
@@ -421,11 +475,11 @@ impl Model {
         &self,
         t_prev: &Tensor,
         e: &Tensor,
-        ctx: &Tensor,
+        ctx: &Context,
         context_scale: (f64, f64),
     ) -> Result<(Tensor, Scales)> {
         let wp = self.cell.project_words(e)?;
-        let wz = self.gate.word_term(e)?;
+        let wz = self.gate.word_term(self.kernels, e)?;
         self.transition_projected(t_prev, &wp, wz.as_ref(), ctx, context_scale)
     }
 
@@ -434,7 +488,7 @@ impl Model {
         t_prev: &Tensor,
         wp: &Tensor,
         wz: Option<&Tensor>,
-        ctx: &Tensor,
+        ctx: &Context,
         context_scale: (f64, f64),
     ) -> Result<(Tensor, Scales)> {
         if self.is_conditional() {
@@ -605,7 +659,7 @@ impl Model {
         } else {
             // Batch-major rows `(b, i)`; the steps take time-major copies.
             let wp = self.cell.project_words(&e_all)?;
-            let wz = self.gate.word_term(&e_all)?;
+            let wz = self.gate.word_term(self.kernels, &e_all)?;
             // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
             let fused = self.kernels.fused_on(wp.device());
             let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
@@ -646,14 +700,22 @@ impl Model {
                     } else {
                         e_steps[i - 1].clone()
                     };
-                    t = self.condition(&t, &out.ctx, &e_prev, (1.0, 1.0))?.0;
+                    t = self
+                        .condition(&t, &(&out.ctx).into(), &e_prev, (1.0, 1.0))?
+                        .0;
                 }
                 states.push(t.clone());
                 ctxs.push(out.ctx.clone());
                 if i + 1 < t_len {
                     let wz_i = wz_steps.as_ref().map(|w| &w[i]);
                     t = self
-                        .transition_projected(&t, &wp_steps[i], wz_i, &out.ctx, (1.0, 1.0))?
+                        .transition_projected(
+                            &t,
+                            &wp_steps[i],
+                            wz_i,
+                            &(&out.ctx).into(),
+                            (1.0, 1.0),
+                        )?
                         .0;
                 }
             }
@@ -681,7 +743,9 @@ impl Model {
                 t_len,
                 lengths.as_deref(),
             )?,
-            Readin::Split { states, ctxs } => self.readout.hidden(&ctxs, &states, &e_prev()?)?,
+            Readin::Split { states, ctxs } => {
+                self.readout.hidden(&(&ctxs).into(), &states, &e_prev()?)?
+            }
         };
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
         if let Some(lens) = &lengths {

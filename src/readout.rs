@@ -4,6 +4,7 @@
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
+use crate::attention::Context;
 use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real};
 use candle_nn::VarBuilder;
 
@@ -36,9 +37,14 @@ impl Readout {
 
     /// The readout's hidden layer `W_1 maxout(r~)` `[N, E]` from contexts `[N, 2H]`, previous states `[N, H]`
     /// and previous-word embeddings `[N, E]`.
-    pub fn hidden(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        let r = (ctx.matmul(&self.w_o)? + t_prev.matmul(&self.u_o)? + e_prev.matmul(&self.v_o)?)?
-            .broadcast_add(&self.b_o)?;
+    pub fn hidden(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+        let s_w = match ctx.formed(&self.w_o) {
+            Some(p) => p.clone(),
+            None => ctx.ctx.matmul(&self.w_o)?,
+        };
+        let mm = |x: &Tensor, w: &Tensor| crate::kernels::rec_matmul(self.kernels, x, w);
+        let r =
+            (s_w + mm(t_prev, &self.u_o)? + mm(e_prev, &self.v_o)?)?.broadcast_add(&self.b_o)?;
         self.hidden_from(&r)
     }
 
@@ -58,14 +64,62 @@ impl Readout {
         } else {
             maxout_reference(r)?
         };
-        m.matmul(&self.w_1)
+        crate::kernels::rec_matmul(self.kernels, &m, &self.w_1)
     }
 
     /// Logits `[N, V]` from contexts `[N, 2H]`, previous states `[N, H]` and previous-word embeddings `[N, E]`.
-    pub fn logits(&self, ctx: &Tensor, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+    pub fn logits(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
         self.hidden(ctx, t_prev, e_prev)?
             .matmul(&self.w_2)?
             .broadcast_add(&self.b)
+    }
+
+    /// Decoding: [`Readout::logits`] as f32 rows `[N, V]` in `buf` (its allocation kept from step to step);
+    /// returns `V`. With fused kernels and an f32 model, one GEMM adds `x W_2` into rows that already hold the
+    /// bias — with `W_2` packed once per decoding call where [`crate::kernels::prepared_mul_into`] has it — so
+    /// no `[N, V]` tensor is made, added to or copied.
+    pub fn logit_rows(
+        &self,
+        ctx: &Context,
+        t_prev: &Tensor,
+        e_prev: &Tensor,
+        buf: &mut Vec<f32>,
+    ) -> Result<usize> {
+        let x = self.hidden(ctx, t_prev, e_prev)?;
+        let (n, e) = x.dims2()?;
+        let v = self.w_2.dim(1)?;
+        if !self.kernels.fused_on(x.device()) || x.dtype() != DType::F32 {
+            let logits = x.matmul(&self.w_2)?.broadcast_add(&self.b)?;
+            *buf = logits
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            return Ok(v);
+        }
+        // Every row is overwritten with the bias (on both cores), so only a larger buffer is filled first.
+        buf.resize(n * v, 0.0);
+        let bias = self.b.to_vec1::<f32>()?;
+        buf.par_chunks_mut(v.max(1))
+            .for_each(|row| row.copy_from_slice(&bias));
+        let x = x.contiguous()?;
+        let (xs, xl) = x.storage_and_layout();
+        let xv = crate::kernels::storage_slice::<f32>(&xs, xl)?;
+        if !crate::kernels::prepared_mul_into(&self.w_2, n, xv, buf, true)? {
+            let w2 = self.w_2.contiguous()?;
+            let (ws, wl) = w2.storage_and_layout();
+            let wv = crate::kernels::storage_slice::<f32>(&ws, wl)?;
+            crate::kernels::gemm_into(
+                n,
+                v,
+                e,
+                buf,
+                v,
+                true,
+                crate::kernels::Mat::rows(xv, e),
+                crate::kernels::Mat::rows(wv, v),
+            );
+        }
+        Ok(v)
     }
 }
 

@@ -4,6 +4,7 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
+use cgnmt::attention::Context;
 use cgnmt::config::{Config, ModelConfig, OptimizerKind, TrainConfig};
 use cgnmt::model::{Batch, Model};
 use cgnmt::optim::Optimizer;
@@ -124,7 +125,7 @@ fn states(model: &Model, batch: &Batch, scale: (f64, f64)) -> Vec<Tensor> {
         let e = model
             .embed(&batch.tgt.narrow(1, i, 1).unwrap().squeeze(1).unwrap())
             .unwrap();
-        t = model.transition(&t, &e, &o.ctx, scale).unwrap().0;
+        t = model.transition(&t, &e, &(&o.ctx).into(), scale).unwrap().0;
         out.push(t.clone());
     }
     out
@@ -233,8 +234,9 @@ fn context_scale_one_one_changes_nothing_and_zero_removes_the_source_context() {
             let e = Tensor::randn(0.0f64, 1.0, (3, 3), &Device::Cpu).unwrap();
             let c1 = Tensor::randn(0.0f64, 1.0, (3, 8), &Device::Cpu).unwrap();
             let c2 = Tensor::randn(0.0f64, 1.0, (3, 8), &Device::Cpu).unwrap();
+            let (c1, c2): (Context, Context) = ((&c1).into(), (&c2).into());
             let wp = m.cell.project_words(&e).unwrap();
-            let wz = m.gate.word_term(&e).unwrap();
+            let wz = m.gate.word_term(m.kernels, &e).unwrap();
             let x = m
                 .transition_projected(&t_prev, &wp, wz.as_ref(), &c1, (1.0, 1.0))
                 .unwrap()
