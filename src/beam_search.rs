@@ -154,6 +154,17 @@ pub fn beam_search(
     eos: u32,
     opts: &DecodeOptions,
 ) -> Result<Vec<Vec<Hypothesis>>> {
+    beam_search_prepared(model, srcs, eos, opts, None)
+}
+
+/// [`beam_search`] with decoding's weights prepared earlier (see [`Model::prepare_decoding`]).
+fn beam_search_prepared(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+    prepared: Option<&crate::kernels::Prepared>,
+) -> Result<Vec<Vec<Hypothesis>>> {
     let dev: Device = model.tgt_emb.device().clone();
     let dtype = model.tgt_emb.dtype();
     let nsent = srcs.len();
@@ -162,7 +173,7 @@ pub fn beam_search(
     }
     let beam = opts.beam.max(1);
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
-    let source = model.encode(&src_ids, &src_mask)?;
+    let source = model.encode_prepared(&src_ids, &src_mask, prepared)?;
     let products = model.context_products(&source)?;
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
     let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
@@ -462,7 +473,7 @@ pub fn greedy(
 /// [`beam_search`] over several batches, decoded concurrently, one per thread of the pool: each decoder's
 /// serial work (beam bookkeeping, small ops) overlaps the others', and their matrix products share the
 /// pool. Results are those of decoding the batches one after the other. `done(n)` is called as each batch
-/// of `n` sentences finishes.
+/// of `n` sentences finishes. The weights are prepared (transposed, packed) once for all the batches.
 pub fn beam_search_batches(
     model: &Model,
     batches: &[Vec<Vec<u32>>],
@@ -471,10 +482,11 @@ pub fn beam_search_batches(
     done: impl Fn(usize) + Sync,
 ) -> Result<Vec<Vec<Vec<Hypothesis>>>> {
     use rayon::prelude::*;
+    let prepared = model.prepare_decoding()?;
     batches
         .par_iter()
         .map(|b| {
-            let h = beam_search(model, b, eos, opts)?;
+            let h = beam_search_prepared(model, b, eos, opts, prepared.as_ref())?;
             done(b.len());
             Ok(h)
         })

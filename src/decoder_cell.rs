@@ -123,12 +123,16 @@ impl DecoderCell {
         );
         let (ru, base, cand_pre) = if self.form == GateForm::Reference {
             let ts = sc.tgt.apply(t_prev, 1)?;
-            let ru = candle_nn::ops::sigmoid(&(sc.src.apply(&c_ru, 2)? + self.mm(&ts, &g.u_ru)?)?)?;
+            let ru = crate::kernels::sigmoid(
+                self.kernels,
+                &(sc.src.apply(&c_ru, 2)? + self.mm(&ts, &g.u_ru)?)?,
+            )?;
             let r = ru.narrow(1, 0, h)?;
             let cand = (sc.src.apply(&c_c, 1)? + self.mm(&(r * &ts)?, &g.u)?)?;
             (ru, ts, cand)
         } else {
-            let ru = candle_nn::ops::sigmoid(
+            let ru = crate::kernels::sigmoid(
+                self.kernels,
                 &(sc.tgt.apply(&self.mm(t_prev, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
@@ -195,8 +199,10 @@ impl DecoderCell {
                     return (pre + self.mm(&ts, &self.u)?)?.tanh();
                 }
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
-                let ru =
-                    candle_nn::ops::sigmoid(&(pre.narrow(1, 0, 2 * h)? + self.mm(&ts, u_ru)?)?)?;
+                let ru = crate::kernels::sigmoid(
+                    self.kernels,
+                    &(pre.narrow(1, 0, 2 * h)? + self.mm(&ts, u_ru)?)?,
+                )?;
                 let r = ru.narrow(1, 0, h)?;
                 let cand = (pre.narrow(1, 2 * h, h)? + self.mm(&(r * &ts)?, &self.u)?)?;
                 return gru_update(self.kernels, &ru, &cand, &ts, None);
@@ -218,7 +224,8 @@ impl DecoderCell {
                 let (c_ru, c_c) = (cp.narrow(1, 0, 2 * h)?, cp.narrow(1, 2 * h, h)?);
                 let (ru, base, cand_pre) = if form == GateForm::Reference {
                     let ts = sc.tgt.apply(t_prev, 1)?;
-                    let ru = candle_nn::ops::sigmoid(
+                    let ru = crate::kernels::sigmoid(
+                        self.kernels,
                         &(sc.tgt.apply(&w_ru, 2)?
                             + sc.src.apply(&c_ru, 2)?
                             + self.mm(&ts, u_ru)?)?,
@@ -229,7 +236,8 @@ impl DecoderCell {
                         + self.mm(&(r * &ts)?, &self.u)?)?;
                     (ru, ts, cand)
                 } else {
-                    let ru = candle_nn::ops::sigmoid(
+                    let ru = crate::kernels::sigmoid(
+                        self.kernels,
                         &(sc.tgt.apply(&(w_ru + self.mm(t_prev, u_ru)?)?, 2)?
                             + sc.src.apply(&c_ru, 2)?)?,
                     )?;

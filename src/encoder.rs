@@ -49,8 +49,10 @@ impl Gru {
     pub fn step_masked(&self, xp: &Tensor, h: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let hd = self.hidden;
         let k = self.kernels;
-        let ru =
-            candle_nn::ops::sigmoid(&(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, h, &self.u_ru)?)?)?;
+        let ru = crate::kernels::sigmoid(
+            k,
+            &(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, h, &self.u_ru)?)?,
+        )?;
         let r = ru.narrow(1, 0, hd)?;
         let pre_c = (xp.narrow(1, 2 * hd, hd)? + rec_matmul(k, &(r * h)?, &self.u)?)?;
         // u∘h~ + (1−u)∘h

@@ -260,7 +260,8 @@ impl Gate {
                 if let Some(c) = c_z {
                     add(ctx.product(kernels, c)?)?;
                 }
-                let z = candle_nn::ops::sigmoid(&pre.expect("a gate has at least one input"))?;
+                let z =
+                    crate::kernels::sigmoid(kernels, &pre.expect("a gate has at least one input"))?;
                 let kinds = strategy_kinds(*strategy);
                 mix = Some(GateMix {
                     z: z.clone(),

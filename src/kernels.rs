@@ -474,12 +474,28 @@ thread_local! {
 /// Start a forward pass (training batch or decoding call): prepare `weights` for [`rec_matmul`] with fused
 /// kernels, dropping what an earlier pass prepared (the optimiser may have changed the weights since).
 pub fn begin_pass(k: Kernels, weights: &[&Tensor]) -> Result<()> {
-    PASS.with(|p| p.borrow_mut().clear());
+    let prepared = prepare(k, weights)?;
+    PASS.with(|p| *p.borrow_mut() = prepared.map(|p| (*p.0).clone()).unwrap_or_default());
+    Ok(())
+}
+
+/// Weights prepared for [`rec_matmul`] once for several passes over unchanged weights (decoding: every batch of
+/// one `translate` call, on whichever thread decodes it), so that each is transposed or packed once.
+#[derive(Clone)]
+pub struct Prepared(std::sync::Arc<Vec<(candle_core::TensorId, RecWeight)>>);
+
+/// Start a forward pass with weights prepared earlier (see [`Prepared`]).
+pub fn begin_prepared_pass(p: &Prepared) {
+    PASS.with(|x| *x.borrow_mut() = (*p.0).clone());
+}
+
+/// `weights` prepared for [`rec_matmul`] (`None` without fused kernels on their device).
+pub fn prepare(k: Kernels, weights: &[&Tensor]) -> Result<Option<Prepared>> {
     let Some(first) = weights.first() else {
-        return Ok(());
+        return Ok(None);
     };
     if !k.fused_on(first.device()) {
-        return Ok(());
+        return Ok(None);
     }
     let mut prepared = Vec::with_capacity(weights.len());
     for w in weights {
@@ -505,8 +521,7 @@ pub fn begin_pass(k: Kernels, weights: &[&Tensor]) -> Result<()> {
             },
         ));
     }
-    PASS.with(|p| *p.borrow_mut() = prepared);
-    Ok(())
+    Ok(Some(Prepared(std::sync::Arc::new(prepared))))
 }
 
 /// `xᵀ` as a contiguous tensor (a graph node: its gradient is the transposed gradient). On the CPU a
@@ -1858,6 +1873,49 @@ pub fn linear(k: Kernels, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> 
         &b.contiguous()?,
         Linear(None, prepared(w)),
     )
+}
+
+/// `σ(x)`: with fused kernels on the CPU one op whose rows vectorise ([`Real::sigmoid_v`]; candle's runs a
+/// libm `exp` per element), its backward pass `g σ (1 − σ)` composed; otherwise candle's.
+pub fn sigmoid(k: Kernels, x: &Tensor) -> Result<Tensor> {
+    if !k.fused_on(x.device())
+        || !matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
+    {
+        return candle_nn::ops::sigmoid(x);
+    }
+    x.contiguous()?.apply_op1(Sigmoid)
+}
+
+struct Sigmoid;
+
+#[inline(always)]
+fn sigmoid_rows<T: Real>(x: &[T], y: &mut [T]) {
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = v.sigmoid_v();
+    }
+}
+simd_dispatch!(sigmoid_rows_d, sigmoid_rows_avx, sigmoid_rows, (x: &[T], y: &mut [T]));
+
+fn sigmoid_fwd<T: Real>(s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+    use rayon::prelude::*;
+    let x = slice::<T>(s, l)?;
+    let mut y = vec![T::zero(); x.len()];
+    y.par_chunks_mut(PAR_FILL)
+        .zip(x.par_chunks(PAR_FILL))
+        .for_each(|(y, x)| sigmoid_rows_d(x, y));
+    Ok((T::to_cpu_storage_owned(y), l.shape().clone()))
+}
+
+impl candle_core::CustomOp1 for Sigmoid {
+    fn name(&self) -> &'static str {
+        "fused-sigmoid"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s, sigmoid_fwd, s, l)
+    }
+    fn bwd(&self, _x: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some((grad * (res * res.affine(-1.0, 1.0)?)?)?))
+    }
 }
 
 /// `x W + b`, over rows `.0` of `x` only (a compact result) when given; with rows it has no backward pass

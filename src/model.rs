@@ -263,12 +263,16 @@ impl Model {
     /// Encode a batch; every forward pass (training or decoding) starts here, so this is also where the
     /// fused kernels prepare the recurrent weights for the pass.
     pub fn encode(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
-        // (Training with fused kernels encodes with `encode_shared`; here the pass also prepares the readout's
-        // and the output layer's weights for decoding's per-step products, see `Readout::logit_rows`.)
+        self.encode_prepared(src, src_mask, None)
+    }
+
+    /// The weights that decoding's steps multiply with: the recurrent ones, the readout's, the output
+    /// layer's, the word projections' `W` and the gate's `W_z` (training with fused kernels encodes with
+    /// `encode_shared`, whose pass prepares the recurrent ones only).
+    fn decoding_weights(&self) -> Vec<&Tensor> {
         let mut weights = self.recurrent_weights();
         let r = &self.readout;
         weights.extend([&r.u_o, &r.v_o, &r.w_1, &r.w_2]);
-        // (and the word projections' `W`, the gate's `W_z`)
         weights.push(match &self.cell.cgru {
             Some((word, _)) => &word.w,
             None => &self.cell.w,
@@ -276,7 +280,27 @@ impl Model {
         if let Gate::Context { w_z: Some(w_z), .. } = &self.gate {
             weights.push(w_z);
         }
-        crate::kernels::begin_pass(self.kernels, &weights)?;
+        weights
+    }
+
+    /// Decoding's weights prepared once for several batches (see [`crate::kernels::Prepared`]; `None`
+    /// without fused kernels). The weights must not change while it is in use.
+    pub fn prepare_decoding(&self) -> Result<Option<crate::kernels::Prepared>> {
+        crate::kernels::prepare(self.kernels, &self.decoding_weights())
+    }
+
+    /// [`Model::encode`] with decoding's weights prepared earlier ([`Model::prepare_decoding`]), or prepared
+    /// for this pass when `None`.
+    pub fn encode_prepared(
+        &self,
+        src: &Tensor,
+        src_mask: &Tensor,
+        prepared: Option<&crate::kernels::Prepared>,
+    ) -> Result<Source> {
+        match prepared {
+            Some(p) => crate::kernels::begin_prepared_pass(p),
+            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights())?,
+        }
         let enc = self.encoder.forward(src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;

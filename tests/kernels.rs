@@ -396,6 +396,17 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "maxout",
         );
+        // The sigmoid over a row count and width that leave remainders after the 8-lane loops.
+        let x = rand_var(&mut rng, &[13, 37], 6.0, dtype);
+        compare(
+            dtype,
+            &[x],
+            &|x| vec![cgnmt::kernels::sigmoid(Kernels::Fused, &x[0]).unwrap()],
+            &|x| vec![candle_nn::ops::sigmoid(&x[0]).unwrap()],
+            ft,
+            gt,
+            "sigmoid",
+        );
         // Beam search's normaliser: logit − log Σ exp equals the reference log-softmax.
         if dtype == DType::F32 {
             let x = vars[0].as_tensor();
