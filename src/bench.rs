@@ -600,6 +600,9 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "decode_beam10_sent_per_s": n / beam_med,
         "decode_greedy_sent_per_s": n / greedy_med,
         "decode_beam10_hyp_steps": beam_rows,
+        "decode_greedy_hyp_steps": greedy_rows,
+        "decode_beam10_hyp_steps_per_s": beam_rows as f64 / beam_med,
+        "decode_greedy_hyp_steps_per_s": greedy_rows as f64 / greedy_med,
         "decode_beam10_gflops_per_s": dec_flops(beam_rows) / beam_med / 1e9,
         "decode_greedy_gflops_per_s": dec_flops(greedy_rows) / greedy_med / 1e9,
         "peak_rss_mib": peak_rss_mib(),
@@ -616,11 +619,11 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "target_padding_comparison": padding_comparison,
     });
     eprintln!(
-        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}; {:.0} page faults per step); decode: beam 10 {:.1} sent/s ({:.1} GFLOP/s), greedy {:.1} sent/s ({:.1} GFLOP/s); peak RSS {:.0} MiB",
+        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}; {:.0} page faults per step); decode: beam 10 {:.1} sent/s ({:.0} hypothesis steps/s, {:.1} GFLOP/s), greedy {:.1} sent/s ({:.0} steps/s, {:.1} GFLOP/s); peak RSS {:.0} MiB",
         train_tps, step_s, fwd_s, bwd_s, opt_s, gflops, 100.0 * gflops / peak, peak,
         100.0 * frac_between, peak_between, faults_per_step.unwrap_or(f64::NAN),
-        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
-        rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
+        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
+        rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
         peak_rss_mib().unwrap_or(0.0)
     );
     Ok(rec)

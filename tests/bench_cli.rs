@@ -62,6 +62,15 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
         assert!((r["peak_fraction"].as_f64().unwrap() - g / peak).abs() < 1e-9 * (g / peak));
         assert!(r["threads"].as_u64().unwrap() >= 1);
         assert!(r["decode_beam10_hyp_steps"].as_u64().unwrap() >= 4);
+        // Greedy decodes each of the 4 sentences for at least one step, and both rates are over the same
+        // seconds: steps/s over sentences/s is the steps per sentence.
+        let greedy_steps = r["decode_greedy_hyp_steps"].as_u64().unwrap() as f64;
+        assert!(greedy_steps >= 4.0);
+        let (sps, sent) = (
+            r["decode_greedy_hyp_steps_per_s"].as_f64().unwrap(),
+            r["decode_greedy_sent_per_s"].as_f64().unwrap(),
+        );
+        assert!((sps / sent - greedy_steps / 4.0).abs() < 1e-9 * greedy_steps);
         let p = &r["train_phase_s_median"];
         assert!(p["forward"].as_f64().unwrap() > 0.0 && p["backward"].as_f64().unwrap() > 0.0);
     }
