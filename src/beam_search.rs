@@ -23,6 +23,10 @@ pub struct DecodeOptions {
     pub context_scale: (f64, f64),
     /// Record attention weights, gate values and final coverage.
     pub record: bool,
+    /// Stop decoding a sentence once no live hypothesis can enter its `nbest` any more (ranking by total
+    /// log-probability; with `length_norm` every hypothesis runs to its end). The results are those of
+    /// decoding on until the beam has shrunk to nothing (tested); `false` does that.
+    pub settle: bool,
 }
 
 impl Default for DecodeOptions {
@@ -33,6 +37,7 @@ impl Default for DecodeOptions {
             nbest: 1,
             context_scale: (1.0, 1.0),
             record: false,
+            settle: true,
         }
     }
 }
@@ -196,6 +201,9 @@ fn beam_search_prepared(
     let mut e_prev = Tensor::zeros((nsent, e_dim), dtype, &dev)?;
 
     let mut step = 0usize;
+    // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
+    let nbest = opts.nbest.clamp(1, beam);
+    let settle = opts.settle && !opts.length_norm;
     // Each step's logits (or log-probabilities), one row per live hypothesis.
     let mut scores: Vec<f32> = Vec::new();
     while !live.is_empty() {
@@ -362,6 +370,36 @@ fn beam_search_prepared(
             } else {
                 keep.push(i as u32);
                 kept.push(l);
+            }
+        }
+        if settle {
+            // A sentence whose `nbest`-th best finished hypothesis scores at least as high as its best live
+            // one is settled: log-probabilities are ≤ 0, so a live hypothesis only loses score as it grows,
+            // and none of them could enter the result any more (a later one of equal score ranks after).
+            // Decoding it on (as GroundHog does, until the beam has shrunk to nothing) only costs steps.
+            let mut best_live = vec![f64::NEG_INFINITY; nsent];
+            for l in &kept {
+                best_live[l.sent] = best_live[l.sent].max(l.hyp.score);
+            }
+            let settled: Vec<bool> = (0..nsent)
+                .map(|s| {
+                    let f = &finished[s];
+                    f.len() >= nbest && {
+                        let mut scores: Vec<f64> = f.iter().map(|h| h.score).collect();
+                        scores
+                            .sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
+                        scores[nbest - 1] >= best_live[s]
+                    }
+                })
+                .collect();
+            if kept.iter().any(|l| settled[l.sent]) {
+                let (k2, l2): (Vec<u32>, Vec<Live>) = keep
+                    .into_iter()
+                    .zip(kept)
+                    .filter(|(_, l)| !settled[l.sent])
+                    .unzip();
+                keep = k2;
+                kept = l2;
             }
         }
         if kept.len() != parents.len() {

@@ -102,6 +102,10 @@ struct TranslateArgs {
     /// Rank hypotheses by log-probability per word instead of the total.
     #[arg(long)]
     length_norm: bool,
+    /// Decode every sentence until its beam has shrunk to nothing, as GroundHog does, instead of stopping
+    /// once no live hypothesis can enter the N best (same output, more hypothesis steps).
+    #[arg(long)]
+    full_beam: bool,
     /// Decode-time context scaling `a,b`: source-context terms × a, target-side terms × b.
     #[arg(long, value_name = "A,B", value_parser = parse_pair)]
     context_scale: Option<(f64, f64)>,
@@ -385,6 +389,7 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         nbest: a.nbest,
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
+        settle: !a.full_beam,
     };
     let model = lm.model.frozen(&lm.varmap)?;
     let tr = Translator {

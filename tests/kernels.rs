@@ -843,6 +843,50 @@ fn fused_and_reference_decoding_agree() {
 
 /// Decoding's context products `Σ_j α_ij (h_j W)` against the products of the contexts `s_i W`, for
 /// hypothesis rows that read their sentences out of order, with padding (α = 0 there).
+/// Stopping a sentence once its `nbest` is decided gives the hypotheses (tokens and scores) of decoding on
+/// until the beam has shrunk to nothing, for every variant, 1-best and n-best.
+#[test]
+fn settled_beam_search_equals_the_full_beam() {
+    for sets in variants() {
+        let mut all = vec![
+            "model.embedding_dim=16".to_string(),
+            "model.hidden_dim=24".into(),
+            "model.attention_dim=20".into(),
+        ];
+        all.extend(sets.iter().cloned());
+        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
+        randomize(&varmap, 5, 0.5);
+        let m = model.frozen(&varmap).unwrap();
+        let mut rng = StdRng::seed_from_u64(8);
+        let srcs = random_seqs(&mut rng, 9, 30, 1, 9);
+        for nbest in [1usize, 3, 5] {
+            let run = |settle: bool| {
+                let opts = DecodeOptions {
+                    beam: 5,
+                    nbest,
+                    settle,
+                    ..Default::default()
+                };
+                beam_search(&m, &srcs, 0, &opts).unwrap()
+            };
+            let (settled, full) = (run(true), run(false));
+            for (a, b) in settled.iter().zip(&full) {
+                assert_eq!(a.len(), b.len(), "{sets:?}, nbest {nbest}: hypotheses");
+                for (x, y) in a.iter().zip(b) {
+                    assert_eq!(x.tokens, y.tokens, "{sets:?}, nbest {nbest}: tokens");
+                    assert!(
+                        (x.score - y.score).abs() < 1e-5 * y.score.abs().max(1.0),
+                        "{sets:?}, nbest {nbest}: scores {} and {}",
+                        x.score,
+                        y.score
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn context_products_equal_products_of_the_context() {
     use cgnmt::attention::ContextProducts;
