@@ -5,7 +5,7 @@
 
 use candle_core::{Device, IndexOp, Result, Tensor};
 
-use crate::model::{pad, Model};
+use crate::model::{pad, Model, WordTable};
 use crate::readout::{log_normaliser, log_softmax};
 
 /// Decoder steps computed so far in this process, counted per hypothesis (`cgnmt bench` turns this into
@@ -27,7 +27,16 @@ pub struct DecodeOptions {
     /// log-probability; with `length_norm` every hypothesis runs to its end). The results are those of
     /// decoding on until the beam has shrunk to nothing (tested); `false` does that.
     pub settle: bool,
+    /// In [`beam_search_batches`], gather the words' terms from a table of every target word's, formed once
+    /// for the call ([`Model::word_table`]), when the call decodes enough words for it to pay and the table
+    /// takes at most [`WORD_TABLE_MAX_BYTES`]. The results are the same (tested); `false` forms the terms at
+    /// every step.
+    pub word_table: bool,
 }
+
+/// The largest word table [`beam_search_batches`] forms (see [`DecodeOptions::word_table`]): 512 MiB (a
+/// small model's, 8000 words × 2560 columns, takes 78 MiB; the paper-size model's, 30000 × 5000, 572 MiB).
+pub const WORD_TABLE_MAX_BYTES: usize = 512 << 20;
 
 impl Default for DecodeOptions {
     fn default() -> Self {
@@ -38,6 +47,7 @@ impl Default for DecodeOptions {
             context_scale: (1.0, 1.0),
             record: false,
             settle: true,
+            word_table: true,
         }
     }
 }
@@ -159,16 +169,19 @@ pub fn beam_search(
     eos: u32,
     opts: &DecodeOptions,
 ) -> Result<Vec<Vec<Hypothesis>>> {
-    beam_search_prepared(model, srcs, eos, opts, None)
+    beam_search_with(model, srcs, eos, opts, None, None)
 }
 
-/// [`beam_search`] with decoding's weights prepared earlier (see [`Model::prepare_decoding`]).
-fn beam_search_prepared(
+/// [`beam_search`] with decoding's weights prepared earlier (see [`Model::prepare_decoding`]) and, when
+/// given, the words' terms gathered from the word table (see [`Model::word_table`]) instead of formed at
+/// each step. Either way the results are the same.
+pub fn beam_search_with(
     model: &Model,
     srcs: &[Vec<u32>],
     eos: u32,
     opts: &DecodeOptions,
     prepared: Option<&crate::kernels::Prepared>,
+    table: Option<&WordTable>,
 ) -> Result<Vec<Vec<Hypothesis>>> {
     let dev: Device = model.tgt_emb.device().clone();
     let dtype = model.tgt_emb.dtype();
@@ -198,7 +211,8 @@ fn beam_search_prepared(
     let mut t = cur.t0.clone();
     let mut cov = model.initial_coverage(&cur)?;
     let e_dim = model.tgt_emb.dim(1)?;
-    let mut e_prev = Tensor::zeros((nsent, e_dim), dtype, &dev)?;
+    // The terms of the words fed to the next step (none yet: those of a zero embedding).
+    let mut w_prev = model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, &dev)?)?;
 
     let mut step = 0usize;
     // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
@@ -216,7 +230,8 @@ fn beam_search_prepared(
             model.attend(&cur, &t, cov.as_ref())?
         };
         let ctx = model.step_context(&out, products.as_ref(), &rows)?;
-        let (t_read, cond) = model.condition(&t, &ctx, &e_prev, opts.context_scale)?;
+        let (t_read, cond) =
+            model.condition_term(&t, &ctx, w_prev.gate.as_ref(), opts.context_scale)?;
         let cond_gate = match cond.and_then(|c| c.gate) {
             Some(g) if opts.record => Some(mean_rows(&g)?),
             _ => None,
@@ -226,9 +241,9 @@ fn beam_search_prepared(
         // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
         let fused = model.kernels.fused_on(&dev);
         let vocab = if fused {
-            model.logit_rows(&ctx, &t, &e_prev, &mut scores)?
+            model.logit_rows_term(&ctx, &t, &w_prev.readout, &mut scores)?
         } else {
-            let lp = log_softmax(&model.logits(&ctx, &t, &e_prev)?)?;
+            let lp = log_softmax(&model.logits_term(&ctx, &t, &w_prev.readout)?)?;
             scores = lp
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
@@ -330,10 +345,19 @@ fn beam_search_prepared(
         }
         let pidx = Tensor::from_vec(parents.clone(), parents.len(), &dev)?;
         let wids = Tensor::from_vec(words, parents.len(), &dev)?;
-        let e = model.embed(&wids)?;
+        let w = match table {
+            Some(table) => table.rows(&wids)?,
+            None => model.word_terms(&model.embed(&wids)?)?,
+        };
         let t_sel = t.index_select(&pidx, 0)?;
         let ctx_sel = ctx.index_select(&pidx)?;
-        let (t_new, sc) = model.transition(&t_sel, &e, &ctx_sel, opts.context_scale)?;
+        let (t_new, sc) = model.transition_projected(
+            &t_sel,
+            &w.proj,
+            w.gate.as_ref(),
+            &ctx_sel,
+            opts.context_scale,
+        )?;
         if opts.record {
             if let Some(g) = &sc.gate {
                 let means = mean_rows(g)?;
@@ -352,7 +376,7 @@ fn beam_search_prepared(
             cur = cur.select(&pidx)?;
         }
         t = t_new;
-        e_prev = e;
+        w_prev = w;
         // Hypotheses that reached the maximum length finish without EOS.
         let mut keep: Vec<u32> = Vec::new();
         let mut kept: Vec<Live> = Vec::new();
@@ -408,7 +432,7 @@ fn beam_search_prepared(
             }
             let kidx = Tensor::from_vec(keep.clone(), keep.len(), &dev)?;
             t = t.index_select(&kidx, 0)?;
-            e_prev = e_prev.index_select(&kidx, 0)?;
+            w_prev = w_prev.select(&kidx)?;
             cov = match &cov {
                 Some(c) => Some(c.index_select(&kidx, 0)?),
                 None => None,
@@ -521,10 +545,22 @@ pub fn beam_search_batches(
 ) -> Result<Vec<Vec<Vec<Hypothesis>>>> {
     use rayon::prelude::*;
     let prepared = model.prepare_decoding()?;
+    // The table costs a product of each of its weights over the vocabulary, the steps' would cover about
+    // beam × (length + 1) words per sentence: form it when those are at least twice the vocabulary.
+    let words: usize = batches.iter().flatten().map(|s| s.len() + 1).sum();
+    let table = if opts.word_table
+        && prepared.is_some()
+        && model.word_table_bytes() <= WORD_TABLE_MAX_BYTES
+        && opts.beam.max(1) * words >= 2 * model.tgt_vocab
+    {
+        Some(model.word_table(prepared.as_ref())?)
+    } else {
+        None
+    };
     batches
         .par_iter()
         .map(|b| {
-            let h = beam_search_prepared(model, b, eos, opts, prepared.as_ref())?;
+            let h = beam_search_with(model, b, eos, opts, prepared.as_ref(), table.as_ref())?;
             done(b.len());
             Ok(h)
         })

@@ -106,6 +106,11 @@ struct TranslateArgs {
     /// once no live hypothesis can enter the N best (same output, more hypothesis steps).
     #[arg(long)]
     full_beam: bool,
+    /// Multiply the emitted words' embeddings at every step instead of gathering their products from a
+    /// table of every target word's, formed once when the input is long enough for it to pay (same output;
+    /// for measurements and debugging).
+    #[arg(long)]
+    no_word_table: bool,
     /// Decode-time context scaling `a,b`: source-context terms × a, target-side terms × b.
     #[arg(long, value_name = "A,B", value_parser = parse_pair)]
     context_scale: Option<(f64, f64)>,
@@ -390,6 +395,7 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
         settle: !a.full_beam,
+        word_table: !a.no_word_table,
     };
     let model = lm.model.frozen(&lm.varmap)?;
     let tr = Translator {

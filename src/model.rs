@@ -149,6 +149,40 @@ impl Source {
     }
 }
 
+/// What the decoder's steps read of the words `y` fed to them, `[N, ·]` each: the transition's word
+/// projection `W e(y) + b` (the cGRU's word GRU's `[e W_r, e W_u, e W + b]`), the context gate's word term
+/// `W_z e(y)` (`None` without one) and the readout's `V_o e(y)`.
+#[derive(Clone)]
+pub struct WordTerms {
+    pub proj: Tensor,
+    pub gate: Option<Tensor>,
+    pub readout: Tensor,
+}
+
+impl WordTerms {
+    /// Rows `idx` (`[N]`, u32).
+    pub fn select(&self, idx: &Tensor) -> Result<WordTerms> {
+        Ok(WordTerms {
+            proj: self.proj.index_select(idx, 0)?,
+            gate: match &self.gate {
+                Some(g) => Some(g.index_select(idx, 0)?),
+                None => None,
+            },
+            readout: self.readout.index_select(idx, 0)?,
+        })
+    }
+}
+
+/// Every target word's [`WordTerms`] (`[V, ·]` each; see [`Model::word_table`]).
+pub struct WordTable(WordTerms);
+
+impl WordTable {
+    /// The terms of words `ids` (`[N]`, u32).
+    pub fn rows(&self, ids: &Tensor) -> Result<WordTerms> {
+        self.0.select(ids)
+    }
+}
+
 /// What one decoder step returns besides the new state.
 pub struct StepOut {
     pub alpha: Tensor,
@@ -456,11 +490,76 @@ impl Model {
             return Ok((t_prev.clone(), None));
         }
         let wz = self.gate.word_term(self.kernels, e_prev)?;
+        self.condition_term(t_prev, ctx, wz.as_ref(), context_scale)
+    }
+
+    /// [`Model::condition`] with the gate's word term `W_z e(y_{i−1})` given (see [`WordTerms`]).
+    pub fn condition_term(
+        &self,
+        t_prev: &Tensor,
+        ctx: &Context,
+        wz_prev: Option<&Tensor>,
+        context_scale: (f64, f64),
+    ) -> Result<(Tensor, Option<Scales>)> {
+        if !self.is_conditional() {
+            return Ok((t_prev.clone(), None));
+        }
         let sc = self
             .gate
-            .scales(self.kernels, wz.as_ref(), t_prev, ctx, context_scale)?;
+            .scales(self.kernels, wz_prev, t_prev, ctx, context_scale)?;
         let t = self.cell.context_step(t_prev, ctx, &sc)?;
         Ok((t, Some(sc)))
+    }
+
+    /// The products of the words' embeddings `e` `[N, E]` that the decoder's steps read (see
+    /// [`WordTerms`]).
+    pub fn word_terms(&self, e: &Tensor) -> Result<WordTerms> {
+        Ok(WordTerms {
+            proj: self.cell.project_words(e)?,
+            gate: self.gate.word_term(self.kernels, e)?,
+            readout: self.readout.word_term(e)?,
+        })
+    }
+
+    /// The size in bytes of decoding's word table (see [`Model::word_table`]).
+    pub fn word_table_bytes(&self) -> usize {
+        let width = |t: &Tensor| t.dims().last().copied().unwrap_or(0);
+        let mut cols = width(match &self.cell.cgru {
+            Some((word, _)) => &word.w,
+            None => &self.cell.w,
+        }) + width(&self.readout.v_o);
+        if let Gate::Context { w_z: Some(w_z), .. } = &self.gate {
+            cols += width(w_z);
+        }
+        self.tgt_vocab * cols * self.tgt_emb.dtype().size_in_bytes()
+    }
+
+    /// Decoding's word table: every target word's [`WordTerms`], formed once (three products over the
+    /// embedding table), so that each step gathers the rows of the words its hypotheses emitted instead of
+    /// multiplying their embeddings. The products run with the weights as the steps' do (`prepared`, or
+    /// prepared here), so the rows are those the steps would form.
+    pub fn word_table(&self, prepared: Option<&crate::kernels::Prepared>) -> Result<WordTable> {
+        match prepared {
+            Some(p) => crate::kernels::begin_prepared_pass(p),
+            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights())?,
+        }
+        Ok(WordTable(self.word_terms(&self.tgt_emb)?))
+    }
+
+    /// [`Model::logit_rows`] with the readout's word term given (see [`WordTerms`]).
+    pub fn logit_rows_term(
+        &self,
+        ctx: &Context,
+        t_prev: &Tensor,
+        ve_prev: &Tensor,
+        buf: &mut Vec<f32>,
+    ) -> Result<usize> {
+        self.readout.logit_rows_term(ctx, t_prev, ve_prev, buf)
+    }
+
+    /// [`Model::logits`] with the readout's word term given (see [`WordTerms`]).
+    pub fn logits_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
+        self.readout.logits_term(ctx, t_prev, ve_prev)
     }
 
     pub fn initial_coverage(&self, src: &Source) -> Result<Option<Tensor>> {

@@ -38,13 +38,23 @@ impl Readout {
     /// The readout's hidden layer `W_1 maxout(r~)` `[N, E]` from contexts `[N, 2H]`, previous states `[N, H]`
     /// and previous-word embeddings `[N, E]`.
     pub fn hidden(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+        self.hidden_term(ctx, t_prev, &self.word_term(e_prev)?)
+    }
+
+    /// The readout's word term `V_o e(y_{i−1})` `[N, H]` of embeddings `[N, E]`.
+    pub fn word_term(&self, e: &Tensor) -> Result<Tensor> {
+        crate::kernels::rec_matmul(self.kernels, e, &self.v_o)
+    }
+
+    /// [`Readout::hidden`] with the word term `V_o e(y_{i−1})` given ([`Readout::word_term`], or its rows of
+    /// decoding's word table).
+    pub fn hidden_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
         let s_w = match ctx.formed(&self.w_o) {
             Some(p) => p.clone(),
             None => ctx.ctx.matmul(&self.w_o)?,
         };
-        let mm = |x: &Tensor, w: &Tensor| crate::kernels::rec_matmul(self.kernels, x, w);
-        let r =
-            (s_w + mm(t_prev, &self.u_o)? + mm(e_prev, &self.v_o)?)?.broadcast_add(&self.b_o)?;
+        let r = (s_w + crate::kernels::rec_matmul(self.kernels, t_prev, &self.u_o)? + ve_prev)?
+            .broadcast_add(&self.b_o)?;
         self.hidden_from(&r)
     }
 
@@ -69,7 +79,12 @@ impl Readout {
 
     /// Logits `[N, V]` from contexts `[N, 2H]`, previous states `[N, H]` and previous-word embeddings `[N, E]`.
     pub fn logits(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        self.hidden(ctx, t_prev, e_prev)?
+        self.logits_term(ctx, t_prev, &self.word_term(e_prev)?)
+    }
+
+    /// [`Readout::logits`] with the word term given (see [`Readout::hidden_term`]).
+    pub fn logits_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
+        self.hidden_term(ctx, t_prev, ve_prev)?
             .matmul(&self.w_2)?
             .broadcast_add(&self.b)
     }
@@ -85,7 +100,18 @@ impl Readout {
         e_prev: &Tensor,
         buf: &mut Vec<f32>,
     ) -> Result<usize> {
-        let x = self.hidden(ctx, t_prev, e_prev)?;
+        self.logit_rows_term(ctx, t_prev, &self.word_term(e_prev)?, buf)
+    }
+
+    /// [`Readout::logit_rows`] with the word term given (see [`Readout::hidden_term`]).
+    pub fn logit_rows_term(
+        &self,
+        ctx: &Context,
+        t_prev: &Tensor,
+        ve_prev: &Tensor,
+        buf: &mut Vec<f32>,
+    ) -> Result<usize> {
+        let x = self.hidden_term(ctx, t_prev, ve_prev)?;
         let (n, e) = x.dims2()?;
         let v = self.w_2.dim(1)?;
         if !self.kernels.fused_on(x.device()) || x.dtype() != DType::F32 {

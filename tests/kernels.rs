@@ -841,8 +841,6 @@ fn fused_and_reference_decoding_agree() {
     }
 }
 
-/// Decoding's context products `Σ_j α_ij (h_j W)` against the products of the contexts `s_i W`, for
-/// hypothesis rows that read their sentences out of order, with padding (α = 0 there).
 /// Stopping a sentence once its `nbest` is decided gives the hypotheses (tokens and scores) of decoding on
 /// until the beam has shrunk to nothing, for every variant, 1-best and n-best.
 #[test]
@@ -887,6 +885,56 @@ fn settled_beam_search_equals_the_full_beam() {
     }
 }
 
+/// Gathering the words' terms from decoding's word table gives the hypotheses of forming them at each step,
+/// exactly (the table's rows are the steps' products), for every variant, with n-best and recording on.
+#[test]
+fn word_table_decoding_equals_per_step_products() {
+    use cgnmt::beam_search::beam_search_with;
+    for sets in variants() {
+        let mut all = vec![
+            "model.embedding_dim=16".to_string(),
+            "model.hidden_dim=24".into(),
+            "model.attention_dim=20".into(),
+        ];
+        all.extend(sets.iter().cloned());
+        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+        let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
+        randomize(&varmap, 6, 0.5);
+        let m = model.frozen(&varmap).unwrap();
+        let mut rng = StdRng::seed_from_u64(9);
+        let srcs = random_seqs(&mut rng, 7, 30, 1, 9);
+        let prepared = m.prepare_decoding().unwrap();
+        assert!(prepared.is_some(), "{sets:?}: no prepared weights");
+        let table = m.word_table(prepared.as_ref()).unwrap();
+        let terms = m.word_terms(&m.tgt_emb).unwrap();
+        let cols = terms.proj.dim(1).unwrap()
+            + terms.readout.dim(1).unwrap()
+            + terms.gate.map_or(0, |g| g.dim(1).unwrap());
+        assert_eq!(m.word_table_bytes(), 25 * cols * 4, "{sets:?}: table size");
+        for beam in [1usize, 5] {
+            let opts = DecodeOptions {
+                beam,
+                nbest: beam.min(3),
+                record: true,
+                ..Default::default()
+            };
+            let run = |t| beam_search_with(&m, &srcs, 0, &opts, prepared.as_ref(), t).unwrap();
+            let (tabled, formed) = (run(Some(&table)), run(None));
+            for (a, b) in tabled.iter().zip(&formed) {
+                assert_eq!(a.len(), b.len(), "{sets:?}, beam {beam}: hypotheses");
+                for (x, y) in a.iter().zip(b) {
+                    assert_eq!(x.tokens, y.tokens, "{sets:?}, beam {beam}: tokens");
+                    assert_eq!(x.score, y.score, "{sets:?}, beam {beam}: scores");
+                    assert_eq!(x.gates, y.gates, "{sets:?}, beam {beam}: gates");
+                    assert_eq!(x.attention, y.attention, "{sets:?}, beam {beam}: attention");
+                }
+            }
+        }
+    }
+}
+
+/// Decoding's context products `Σ_j α_ij (h_j W)` against the products of the contexts `s_i W`, for
+/// hypothesis rows that read their sentences out of order, with padding (α = 0 there).
 #[test]
 fn context_products_equal_products_of_the_context() {
     use cgnmt::attention::ContextProducts;
