@@ -241,9 +241,11 @@ pub fn beam_search_with(
         // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
         let fused = model.kernels.fused_on(&dev);
         let vocab = if fused {
-            model.logit_rows_term(&ctx, &t, &w_prev.readout, &mut scores)?
+            model
+                .readout
+                .logit_rows_term(&ctx, &t, &w_prev.readout, &mut scores)?
         } else {
-            let lp = log_softmax(&model.logits_term(&ctx, &t, &w_prev.readout)?)?;
+            let lp = log_softmax(&model.readout.logits_term(&ctx, &t, &w_prev.readout)?)?;
             scores = lp
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?

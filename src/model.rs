@@ -546,22 +546,6 @@ impl Model {
         Ok(WordTable(self.word_terms(&self.tgt_emb)?))
     }
 
-    /// [`Model::logit_rows`] with the readout's word term given (see [`WordTerms`]).
-    pub fn logit_rows_term(
-        &self,
-        ctx: &Context,
-        t_prev: &Tensor,
-        ve_prev: &Tensor,
-        buf: &mut Vec<f32>,
-    ) -> Result<usize> {
-        self.readout.logit_rows_term(ctx, t_prev, ve_prev, buf)
-    }
-
-    /// [`Model::logits`] with the readout's word term given (see [`WordTerms`]).
-    pub fn logits_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
-        self.readout.logits_term(ctx, t_prev, ve_prev)
-    }
-
     pub fn initial_coverage(&self, src: &Source) -> Result<Option<Tensor>> {
         match &self.coverage {
             Some(c) => {

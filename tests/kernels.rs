@@ -772,20 +772,27 @@ fn fused_sequence_ops_at_the_edges_equal_reference() {
 /// Decoding with the fused kernels (attention over sentence rows, the context's products from each source
 /// position's, the logits into rows with a packed output layer) gives the reference kernels' translations and
 /// scores, for every decoder, gate and coverage variant.
+/// A small model for the decoding tests (E 16, H 24, attention 20; vocabularies 30 and 25) with the
+/// overrides `sets`, its parameters drawn from N(0, 0.5²) with `seed`: a weight scale at which the
+/// recurrences do not amplify the kernels' rounding differences from step to step (the vanilla unit at 0.6
+/// drifts by 3e-4 of a score over a sentence).
+fn decoding_model(sets: &[String], seed: u64) -> (Model, candle_nn::VarMap) {
+    let mut all = vec![
+        "model.embedding_dim=16".to_string(),
+        "model.hidden_dim=24".into(),
+        "model.attention_dim=20".into(),
+    ];
+    all.extend(sets.iter().cloned());
+    let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
+    let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
+    randomize(&varmap, seed, 0.5);
+    (model, varmap)
+}
+
 #[test]
 fn fused_and_reference_decoding_agree() {
     for sets in variants() {
-        let mut all = vec![
-            "model.embedding_dim=16".to_string(),
-            "model.hidden_dim=24".into(),
-            "model.attention_dim=20".into(),
-        ];
-        all.extend(sets.iter().cloned());
-        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
-        let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
-        // (At a weight scale where the recurrences do not amplify the kernels' rounding differences from step
-        // to step: the vanilla unit at 0.6 drifts by 3e-4 of a score over a sentence.)
-        randomize(&varmap, 4, 0.5);
+        let (model, varmap) = decoding_model(&sets, 4);
         let mut rng = StdRng::seed_from_u64(6);
         let srcs = random_seqs(&mut rng, 7, 30, 1, 9);
         let mut outs = vec![];
@@ -846,15 +853,7 @@ fn fused_and_reference_decoding_agree() {
 #[test]
 fn settled_beam_search_equals_the_full_beam() {
     for sets in variants() {
-        let mut all = vec![
-            "model.embedding_dim=16".to_string(),
-            "model.hidden_dim=24".into(),
-            "model.attention_dim=20".into(),
-        ];
-        all.extend(sets.iter().cloned());
-        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
-        let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
-        randomize(&varmap, 5, 0.5);
+        let (model, varmap) = decoding_model(&sets, 5);
         let m = model.frozen(&varmap).unwrap();
         let mut rng = StdRng::seed_from_u64(8);
         let srcs = random_seqs(&mut rng, 9, 30, 1, 9);
@@ -891,15 +890,7 @@ fn settled_beam_search_equals_the_full_beam() {
 fn word_table_decoding_equals_per_step_products() {
     use cgnmt::beam_search::beam_search_with;
     for sets in variants() {
-        let mut all = vec![
-            "model.embedding_dim=16".to_string(),
-            "model.hidden_dim=24".into(),
-            "model.attention_dim=20".into(),
-        ];
-        all.extend(sets.iter().cloned());
-        let cfg = cgnmt::config::Config::load(None, &all).unwrap().model;
-        let (model, varmap) = Model::build(&cfg, 30, 25, 3, DType::F32, &Device::Cpu).unwrap();
-        randomize(&varmap, 6, 0.5);
+        let (model, varmap) = decoding_model(&sets, 6);
         let m = model.frozen(&varmap).unwrap();
         let mut rng = StdRng::seed_from_u64(9);
         let srcs = random_seqs(&mut rng, 7, 30, 1, 9);
