@@ -307,14 +307,28 @@ impl Model {
         let mut weights = self.recurrent_weights();
         let r = &self.readout;
         weights.extend([&r.u_o, &r.v_o, &r.w_1, &r.w_2]);
-        weights.push(match &self.cell.cgru {
-            Some((word, _)) => &word.w,
-            None => &self.cell.w,
-        });
+        weights.push(self.word_projection());
         if let Gate::Context { w_z: Some(w_z), .. } = &self.gate {
             weights.push(w_z);
         }
         weights
+    }
+
+    /// The transition's word projection `W` (the cGRU's: its word GRU's).
+    fn word_projection(&self) -> &Tensor {
+        match &self.cell.cgru {
+            Some((word, _)) => &word.w,
+            None => &self.cell.w,
+        }
+    }
+
+    /// Start a decoding pass on this thread with decoding's weights prepared earlier, or prepared here.
+    fn begin_decoding_pass(&self, prepared: Option<&crate::kernels::Prepared>) -> Result<()> {
+        match prepared {
+            Some(p) => crate::kernels::begin_prepared_pass(p),
+            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights())?,
+        }
+        Ok(())
     }
 
     /// Decoding's weights prepared once for several batches (see [`crate::kernels::Prepared`]; `None`
@@ -331,10 +345,7 @@ impl Model {
         src_mask: &Tensor,
         prepared: Option<&crate::kernels::Prepared>,
     ) -> Result<Source> {
-        match prepared {
-            Some(p) => crate::kernels::begin_prepared_pass(p),
-            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights())?,
-        }
+        self.begin_decoding_pass(prepared)?;
         let enc = self.encoder.forward(src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;
@@ -524,10 +535,7 @@ impl Model {
     /// The size in bytes of decoding's word table (see [`Model::word_table`]).
     pub fn word_table_bytes(&self) -> usize {
         let width = |t: &Tensor| t.dims().last().copied().unwrap_or(0);
-        let mut cols = width(match &self.cell.cgru {
-            Some((word, _)) => &word.w,
-            None => &self.cell.w,
-        }) + width(&self.readout.v_o);
+        let mut cols = width(self.word_projection()) + width(&self.readout.v_o);
         if let Gate::Context { w_z: Some(w_z), .. } = &self.gate {
             cols += width(w_z);
         }
@@ -539,10 +547,7 @@ impl Model {
     /// multiplying their embeddings. The products run with the weights as the steps' do (`prepared`, or
     /// prepared here), so the rows are those the steps would form.
     pub fn word_table(&self, prepared: Option<&crate::kernels::Prepared>) -> Result<WordTable> {
-        match prepared {
-            Some(p) => crate::kernels::begin_prepared_pass(p),
-            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights())?,
-        }
+        self.begin_decoding_pass(prepared)?;
         Ok(WordTable(self.word_terms(&self.tgt_emb)?))
     }
 
