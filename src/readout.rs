@@ -49,10 +49,7 @@ impl Readout {
     /// [`Readout::hidden`] with the word term `V_o e(y_{i−1})` given ([`Readout::word_term`], or its rows of
     /// decoding's word table).
     pub fn hidden_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
-        let s_w = match ctx.formed(&self.w_o) {
-            Some(p) => p.clone(),
-            None => ctx.ctx.matmul(&self.w_o)?,
-        };
+        let s_w = ctx.product(self.kernels, &self.w_o)?;
         let r = (s_w + crate::kernels::rec_matmul(self.kernels, t_prev, &self.u_o)? + ve_prev)?
             .broadcast_add(&self.b_o)?;
         self.hidden_from(&r)
