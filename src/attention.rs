@@ -177,17 +177,18 @@ pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result
 /// An attention context `s_i` `[N, 2H]` as the decoder reads it: the context itself and, when decoding with
 /// fused kernels, its products `s_i W` with the weights that read it (the transition's `C`, the gate's `C_z`,
 /// the readout's `W_o`), formed by [`ContextProducts::context`]. A product that is not carried is formed from
-/// `s_i` by the part of the model that needs it.
+/// `s_i` by the part of the model that needs it. [`Context::select`] may leave the context itself out when
+/// the products kept are all that will be read.
 #[derive(Clone)]
 pub struct Context {
-    pub ctx: Tensor,
+    ctx: Option<Tensor>,
     products: Vec<(candle_core::TensorId, Tensor)>,
 }
 
 impl From<&Tensor> for Context {
     fn from(ctx: &Tensor) -> Self {
         Context {
-            ctx: ctx.clone(),
+            ctx: Some(ctx.clone()),
             products: vec![],
         }
     }
@@ -205,22 +206,32 @@ impl Context {
     /// `s_i W`: the carried product, or a recurrent product of the context (see
     /// [`crate::kernels::rec_matmul`]).
     pub fn product(&self, k: Kernels, w: &Tensor) -> Result<Tensor> {
-        match self.formed(w) {
-            Some(p) => Ok(p.clone()),
-            None => crate::kernels::rec_matmul(k, &self.ctx, w),
+        match (self.formed(w), &self.ctx) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(ctx)) => crate::kernels::rec_matmul(k, ctx, w),
+            (None, None) => {
+                candle_core::bail!("context: a product was asked for that was not kept")
+            }
         }
     }
 
-    /// Rows `idx` of the context and of every carried product (the parents of a beam's new hypotheses).
-    pub fn index_select(&self, idx: &Tensor) -> Result<Context> {
-        Ok(Context {
-            ctx: self.ctx.index_select(idx, 0)?,
-            products: self
-                .products
-                .iter()
-                .map(|(id, p)| Ok((*id, p.index_select(idx, 0)?)))
-                .collect::<Result<_>>()?,
-        })
+    /// Rows `idx` (the parents of a beam's new hypotheses) of what products with the weights `read` need:
+    /// the carried products among them, and the context itself only when one of them is not carried (the
+    /// other products are left out).
+    pub fn select(&self, idx: &Tensor, read: &[&Tensor]) -> Result<Context> {
+        let products = self
+            .products
+            .iter()
+            .filter(|(id, _)| read.iter().any(|w| w.id() == *id))
+            .map(|(id, p)| Ok((*id, crate::kernels::select_rows(p, idx)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let ctx = match &self.ctx {
+            Some(c) if read.iter().any(|w| self.formed(w).is_none()) => {
+                Some(crate::kernels::select_rows(c, idx)?)
+            }
+            _ => None,
+        };
+        Ok(Context { ctx, products })
     }
 }
 
@@ -262,7 +273,7 @@ impl ContextProducts {
             .map(|(id, p)| Ok((*id, weighted_rows(&alpha, rows, p)?)))
             .collect::<Result<_>>()?;
         Ok(Context {
-            ctx: ctx.clone(),
+            ctx: Some(ctx.clone()),
             products,
         })
     }

@@ -32,6 +32,10 @@ pub struct DecodeOptions {
     /// takes at most [`WORD_TABLE_MAX_BYTES`]. The results are the same (tested); `false` forms the terms at
     /// every step.
     pub word_table: bool,
+    /// Decode each batch over a shortlist of target words only ([`crate::shortlist`]): an approximate
+    /// search (the steps' distributions are renormalised over the shortlist), `None` (the default) decodes
+    /// over the whole vocabulary.
+    pub shortlist: Option<std::sync::Arc<crate::shortlist::Shortlist>>,
 }
 
 /// The largest word table [`beam_search_batches`] forms (see [`DecodeOptions::word_table`]): 512 MiB (a
@@ -48,6 +52,7 @@ impl Default for DecodeOptions {
             record: false,
             settle: true,
             word_table: true,
+            shortlist: None,
         }
     }
 }
@@ -218,6 +223,16 @@ pub fn beam_search_with(
     // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
     let nbest = opts.nbest.clamp(1, beam);
     let settle = opts.settle && !opts.length_norm;
+    // With a shortlist, the batch's output layer covers its words only; rows then hold their columns.
+    let words = match &opts.shortlist {
+        Some(sl) => Some(model.readout.output_words(&sl.words(srcs, eos))?),
+        None => None,
+    };
+    // EOS's column (a shortlist holds it).
+    let eos_column = match &words {
+        Some(o) => o.ids.binary_search(&eos).ok().map(|c| c as u32),
+        None => Some(eos),
+    };
     // Each step's logits (or log-probabilities), one row per live hypothesis.
     let mut scores: Vec<f32> = Vec::new();
     while !live.is_empty() {
@@ -243,9 +258,14 @@ pub fn beam_search_with(
         let vocab = if fused {
             model
                 .readout
-                .logit_rows_term(&ctx, &t, &w_prev.readout, &mut scores)?
+                .logit_rows_term(&ctx, &t, &w_prev.readout, words.as_ref(), &mut scores)?
         } else {
-            let lp = log_softmax(&model.readout.logits_term(&ctx, &t, &w_prev.readout)?)?;
+            let lp = log_softmax(&model.readout.logits_term(
+                &ctx,
+                &t,
+                &w_prev.readout,
+                words.as_ref(),
+            )?)?;
             scores = lp
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
@@ -262,11 +282,16 @@ pub fn beam_search_with(
                     let s = live[r].sent;
                     let k = beam.saturating_sub(finished[s].len());
                     let eos_ok = step >= limits[s].0;
-                    let mut top = top_k(row, k, if eos_ok { None } else { Some(eos) });
+                    let mut top = top_k(row, k, if eos_ok { None } else { eos_column });
                     if fused {
                         let lse = log_normaliser(row);
                         for c in &mut top {
                             c.0 -= lse;
+                        }
+                    }
+                    if let Some(o) = &words {
+                        for c in &mut top {
+                            c.1 = o.ids[c.1 as usize];
                         }
                     }
                     top
@@ -351,8 +376,9 @@ pub fn beam_search_with(
             Some(table) => table.rows(&wids)?,
             None => model.word_terms(&model.embed(&wids)?)?,
         };
-        let t_sel = t.index_select(&pidx, 0)?;
-        let ctx_sel = ctx.index_select(&pidx)?;
+        let t_sel = crate::kernels::select_rows(&t, &pidx)?;
+        // The parents' rows of what the transition reads of the context.
+        let ctx_sel = ctx.select(&pidx, &model.transition_context_weights())?;
         let (t_new, sc) = model.transition_projected(
             &t_sel,
             &w.proj,
@@ -371,7 +397,7 @@ pub fn beam_search_with(
             }
         }
         cov = match &out.cov {
-            Some(c) => Some(c.index_select(&pidx, 0)?),
+            Some(c) => Some(crate::kernels::select_rows(c, &pidx)?),
             None => None,
         };
         if !row_keys {
@@ -433,10 +459,10 @@ pub fn beam_search_with(
                 break;
             }
             let kidx = Tensor::from_vec(keep.clone(), keep.len(), &dev)?;
-            t = t.index_select(&kidx, 0)?;
+            t = crate::kernels::select_rows(&t, &kidx)?;
             w_prev = w_prev.select(&kidx)?;
             cov = match &cov {
-                Some(c) => Some(c.index_select(&kidx, 0)?),
+                Some(c) => Some(crate::kernels::select_rows(c, &kidx)?),
                 None => None,
             };
             if !row_keys {

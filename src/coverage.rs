@@ -37,7 +37,7 @@ pub struct CovKeys {
 impl CovKeys {
     pub fn select(&self, idx: &Tensor) -> Result<CovKeys> {
         Ok(CovKeys {
-            pre: self.pre.index_select(idx, 0)?,
+            pre: crate::kernels::select_rows(&self.pre, idx)?,
         })
     }
 }

@@ -349,7 +349,7 @@ pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.matmul(w)
 }
 
-/// `dst = (accumulate ? dst : 0) + x W` for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`
+/// `dst = start + x W` (see [`crate::packed_gemm::Start`]) for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`
 /// with the packed `W` of this thread's pass (see [`begin_pass`]; decoding prepares the output layer's `W_2`
 /// too). `false` when `W` has no packed form here (not prepared, not f32, no micro-kernel): nothing is
 /// written then.
@@ -358,7 +358,7 @@ pub fn prepared_mul_into(
     m: usize,
     x: &[f32],
     dst: &mut [f32],
-    accumulate: bool,
+    start: crate::packed_gemm::Start,
 ) -> Result<bool> {
     let Some(rw) = prepared(w) else {
         return Ok(false);
@@ -366,12 +366,47 @@ pub fn prepared_mul_into(
     let Some(p) = rw.packed()? else {
         return Ok(false);
     };
+    packed_mul_into(p, m, x, dst, start)?;
+    Ok(true)
+}
+
+/// `dst = start + x W` for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`, `W` packed
+/// ([`packed`]), on the cores the products use.
+pub fn packed_mul_into(
+    p: &crate::packed_gemm::Packed,
+    m: usize,
+    x: &[f32],
+    dst: &mut [f32],
+    start: crate::packed_gemm::Start,
+) -> Result<()> {
     let (k, n) = p.dims();
     if x.len() < m * k || dst.len() < m * n {
-        candle_core::bail!("prepared product: [{m}, {k}] × [{k}, {n}] does not fit its buffers");
+        candle_core::bail!("packed product: [{m}, {k}] × [{k}, {n}] does not fit its buffers");
     }
-    p.mul_into(m, x, k, dst, n, accumulate, gemm_threads());
-    Ok(true)
+    p.mul_from(m, x, k, dst, n, start, gemm_threads());
+    Ok(())
+}
+
+/// An f32 weight `W` `[K, N]` packed for [`crate::packed_gemm`] (`None`: not f32, no packed micro-kernel on
+/// this CPU, or the packed GEMM switched off).
+pub fn packed(w: &Tensor) -> Result<Option<crate::packed_gemm::Packed>> {
+    if w.dtype() != candle_core::DType::F32 || !packed_gemm_on() || !w.device().is_cpu() {
+        return Ok(None);
+    }
+    let Some(isa) = crate::packed_gemm::Isa::detect() else {
+        return Ok(None);
+    };
+    let (k, n) = w.dims2()?;
+    let w = w.contiguous()?;
+    let (st, l) = w.storage_and_layout();
+    Ok(Some(crate::packed_gemm::Packed::new(
+        isa,
+        storage_slice::<f32>(&st, l)?,
+        k,
+        n,
+        n,
+        1,
+    )))
 }
 
 /// A recurrent weight `W` `[K, N]` prepared for one forward pass. Each step's products, `x W` forward and
@@ -395,28 +430,13 @@ impl RecWeight {
     /// [`set_packed_gemm`] leaves it on), made on first use: every product of the pass then streams the same
     /// panels instead of the general GEMM packing `W` again at each call.
     fn packed(&self) -> Result<Option<&crate::packed_gemm::Packed>> {
-        if self.w.dtype() != candle_core::DType::F32 || !packed_gemm_on() {
+        if !packed_gemm_on() {
             return Ok(None);
         }
         if let Some(p) = self.packed.get() {
             return Ok(p.as_ref());
         }
-        let p = match crate::packed_gemm::Isa::detect() {
-            Some(isa) => {
-                let (k, n) = self.w.dims2()?;
-                let w = self.w.contiguous()?;
-                let (st, l) = w.storage_and_layout();
-                Some(crate::packed_gemm::Packed::new(
-                    isa,
-                    storage_slice::<f32>(&st, l)?,
-                    k,
-                    n,
-                    n,
-                    1,
-                ))
-            }
-            None => None,
-        };
+        let p = packed(&self.w)?;
         Ok(self.packed.get_or_init(|| p).as_ref())
     }
 
@@ -639,14 +659,11 @@ fn rec_matmul_t_fwd(rw: &RecWeight, s1: &CpuStorage, l1: &Layout) -> Result<(Cpu
         candle_core::bail!("recurrent matmul: [{b}, {k}] × [{k2}, {n}]");
     }
     if let (CpuStorage::F32(_), Some(p)) = (s1, rw.packed()?) {
-        let mut y = vec![0f32; b * n];
-        p.mul_into(
+        let y = p.mul_new(
             b,
             slice::<f32>(s1, l1)?,
             k,
-            &mut y,
-            n,
-            false,
+            crate::packed_gemm::Start::Zero,
             gemm_threads(),
         );
         return Ok((CpuStorage::F32(y), Shape::from((b, n))));
@@ -1711,6 +1728,62 @@ pub fn tiled<T: Real>(rows: usize, row: &[T]) -> Vec<T> {
     v
 }
 
+/// Rows `idx` (`[N]`, u32) of `x` `[R, …]`: `x.index_select(idx, 0)`. For a CPU tensor outside any autodiff
+/// graph (decoding with loaded weights) the rows are copied straight into a new buffer, on both cores when
+/// there are many (candle's `index_select` zero-fills its output first and copies on one); a tensor that
+/// tracks gradients takes `index_select`, whose backward pass it needs.
+pub fn select_rows(x: &Tensor, idx: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu()
+        || x.track_op()
+        || x.rank() == 0
+        || !x.is_contiguous()
+        || !matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
+    {
+        return x.index_select(idx, 0);
+    }
+    let ids: Vec<u32> = idx.to_dtype(candle_core::DType::U32)?.to_vec1()?;
+    let r = x.dim(0)?;
+    let w = x.elem_count() / r.max(1);
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= r) {
+        candle_core::bail!("select_rows: row {bad} is beyond the {r} rows");
+    }
+    let (st, l) = x.storage_and_layout();
+    let out = match &*st {
+        candle_core::Storage::Cpu(s) => by_dtype!(s, select_rows_cpu, s, l, &ids, w)?,
+        _ => candle_core::bail!("select_rows: tensor is not on the CPU"),
+    };
+    let mut dims = x.dims().to_vec();
+    dims[0] = ids.len();
+    out.reshape(dims)
+}
+
+fn select_rows_cpu<T: Real>(s: &CpuStorage, l: &Layout, ids: &[u32], w: usize) -> Result<Tensor> {
+    use rayon::prelude::*;
+    let x = slice::<T>(s, l)?;
+    let n = ids.len() * w;
+    let mut v: Vec<T> = Vec::with_capacity(n);
+    if w > 0 {
+        let copy = |(d, &i): (&mut [std::mem::MaybeUninit<T>], &u32)| {
+            let src = &x[i as usize * w..(i as usize + 1) * w];
+            // SAFETY: `d` is a row of w uninitialised elements, `src` w initialised ones elsewhere.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), d.as_mut_ptr().cast::<T>(), w) };
+        };
+        let spare = &mut v.spare_capacity_mut()[..n];
+        if n >= PAR_FILL && !SERIAL.with(|s| s.get()) {
+            spare
+                .par_chunks_mut(w)
+                .zip(ids)
+                .with_min_len(PAR_FILL.div_ceil(4 * w))
+                .for_each(copy);
+        } else {
+            spare.chunks_mut(w).zip(ids).for_each(copy);
+        }
+    }
+    // SAFETY: all n elements were written above (one whole row per id).
+    unsafe { v.set_len(n) };
+    Tensor::from_vec(v, (ids.len(), w), &Device::Cpu)
+}
+
 /// Run `f(row, …)` over the rows of a step, on the pool when the step is large enough.
 pub(crate) fn rows_par<F: Fn(usize) + Sync + Send>(b: usize, elems: usize, f: F) {
     use rayon::prelude::*;
@@ -1963,17 +2036,17 @@ fn linear_fwd<T: Real>(
             (rows.len(), xr.as_slice())
         }
     };
-    let mut out = tiled(n, b);
-    if let (Some(p), Some(xf), Some(o)) = (
+    if let (Some(p), Some(xf), Some(bf)) = (
         op.1.as_ref().map(|rw| rw.packed()).transpose()?.flatten(),
         as_f32(x),
-        as_f32_mut(&mut out),
+        as_f32(b),
     ) {
         if p.dims() == (k, m) {
-            p.mul_into(n, xf, k, o, m, true, gemm_threads());
-            return Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))));
+            let out = p.mul_new(n, xf, k, crate::packed_gemm::Start::Row(bf), gemm_threads());
+            return Ok((CpuStorage::F32(out), Shape::from((n, m))));
         }
     }
+    let mut out = tiled(n, b);
     gemm_into(n, m, k, &mut out, m, true, Mat::rows(x, k), Mat::rows(w, m));
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, m))))
 }

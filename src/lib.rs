@@ -25,6 +25,7 @@ pub mod optim;
 pub mod packed_gemm;
 pub mod profile;
 pub mod readout;
+pub mod shortlist;
 pub mod train;
 pub mod translate;
 

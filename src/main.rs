@@ -39,6 +39,9 @@ enum Cmd {
     Info(InfoArgs),
     /// Force-decode reference translations and write word alignments from attention (for AER/SAER).
     Align(AlignArgs),
+    /// Learn a lexicon p(target | source) from a tokenised training corpus (IBM Model 1) for
+    /// `translate --shortlist`.
+    Shortlist(ShortlistArgs),
     /// Training and decoding throughput, peak memory and FLOP rate for a named size (prints a JSON line last).
     Bench(BenchArgs),
     /// Train a small context-gated model on Tatoeba zh-en, translate its test set and print BLEU.
@@ -111,6 +114,17 @@ struct TranslateArgs {
     /// for measurements and debugging).
     #[arg(long)]
     no_word_table: bool,
+    /// Decode each batch over a shortlist of target words only: the most frequent ones and each source
+    /// word's most probable translations in this lexicon (from `cgnmt shortlist`). Faster, approximate: the
+    /// model's distribution is renormalised over the shortlist.
+    #[arg(long, value_name = "LEXICON")]
+    shortlist: Option<PathBuf>,
+    /// With --shortlist: the most frequent target words every batch takes.
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "shortlist")]
+    shortlist_frequent: usize,
+    /// With --shortlist: the most probable target words taken per source word.
+    #[arg(long, value_name = "N", default_value_t = 50, requires = "shortlist")]
+    shortlist_per_word: usize,
     /// Decode-time context scaling `a,b`: source-context terms × a, target-side terms × b.
     #[arg(long, value_name = "A,B", value_parser = parse_pair)]
     context_scale: Option<(f64, f64)>,
@@ -126,6 +140,33 @@ struct TranslateArgs {
     /// Write per-sentence attention matrices, gate values and coverage as JSON lines.
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(clap::Args)]
+struct ShortlistArgs {
+    /// Tokenised source side of the training corpus (e.g. a prepared directory's train.src; plain or gzipped).
+    #[arg(long)]
+    src: PathBuf,
+    /// Tokenised target side, line-aligned with --src (e.g. train.tgt).
+    #[arg(long)]
+    tgt: PathBuf,
+    /// Lexicon to write (source<TAB>target<TAB>probability lines).
+    #[arg(short, long)]
+    output: PathBuf,
+    /// EM iterations of IBM Model 1.
+    #[arg(long, default_value_t = 5)]
+    iterations: usize,
+    /// Target words kept per source word (most probable first).
+    #[arg(long, default_value_t = 100)]
+    keep: usize,
+    /// Smallest probability kept.
+    #[arg(long, default_value_t = 1e-4)]
+    min_prob: f32,
+    /// Use the first N sentence pairs only (the tables grow with the corpus's distinct word pairs).
+    #[arg(long)]
+    limit: Option<usize>,
     #[arg(short, long)]
     quiet: bool,
 }
@@ -251,6 +292,7 @@ fn main() {
         Cmd::Info(a) => cmd_info(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Align(a) => cmd_align(a),
+        Cmd::Shortlist(a) => cmd_shortlist(a),
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::Score(a) => cgnmt_eval::cli::run_score(&a),
         Cmd::Compare(a) => cgnmt_eval::cli::run_compare(&a),
@@ -388,7 +430,7 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     let dir = resolve_model_dir(&a.model);
     let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
     let lines = read_input(a.input.as_deref())?;
-    let opts = DecodeOptions {
+    let mut opts = DecodeOptions {
         beam: a.beam,
         length_norm: a.length_norm,
         nbest: a.nbest,
@@ -396,7 +438,30 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         record: a.dump.is_some(),
         settle: !a.full_beam,
         word_table: !a.no_word_table,
+        shortlist: None,
     };
+    if let Some(p) = &a.shortlist {
+        if a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
+            bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
+        }
+        let lex = cgnmt::shortlist::Lexicon::load(p)?;
+        let sl = cgnmt::shortlist::Shortlist::new(
+            &lex,
+            &lm.src_vocab,
+            &lm.tgt_vocab,
+            a.shortlist_frequent,
+            a.shortlist_per_word,
+        );
+        if sl.is_empty() && !a.quiet {
+            eprintln!(
+                "warning: no source word of {} is in the model's source vocabulary with a target word in its \
+                 target vocabulary: each batch decodes over the {} most frequent words only",
+                p.display(),
+                a.shortlist_frequent
+            );
+        }
+        opts.shortlist = Some(std::sync::Arc::new(sl));
+    }
     let model = lm.model.frozen(&lm.varmap)?;
     let tr = Translator {
         model: &model,
@@ -471,6 +536,65 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
             lines.len(),
             lines.len() as f64 / secs.max(1e-9),
             opts.beam,
+        );
+    }
+    Ok(())
+}
+
+fn cmd_shortlist(a: ShortlistArgs) -> Result<()> {
+    if a.iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    if a.keep == 0 {
+        bail!("--keep must be at least 1");
+    }
+    if !(0.0..=1.0).contains(&a.min_prob) {
+        bail!("--min-prob must be between 0 and 1");
+    }
+    let (src, tgt) = cgnmt_data::corpus::read_parallel(&a.src, &a.tgt)?;
+    let n = a.limit.unwrap_or(src.len()).min(src.len());
+    let pairs: Vec<(Vec<String>, Vec<String>)> = src
+        .iter()
+        .zip(&tgt)
+        .take(n)
+        .map(|(s, t)| {
+            (
+                s.split_whitespace().map(str::to_string).collect(),
+                t.split_whitespace().map(str::to_string).collect(),
+            )
+        })
+        .collect();
+    let pb = if a.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let pb = indicatif::ProgressBar::new(a.iterations as u64);
+        pb.set_message(format!("IBM Model 1 over {n} sentence pairs"));
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{msg}: iteration {pos}/{len} [{elapsed}]")
+                .expect("progress template"),
+        );
+        pb.tick();
+        pb
+    };
+    let lex = cgnmt::shortlist::learn_lexicon(&pairs, a.iterations, a.keep, a.min_prob, |i| {
+        pb.set_position(i as u64)
+    });
+    pb.finish_and_clear();
+    let entries: usize = lex.entries.iter().map(|e| e.1.len()).sum();
+    lex.save(
+        &a.output,
+        &format!(
+            "cgnmt shortlist: p(target | source) by IBM Model 1, {} iterations over {n} pairs of {} and {}",
+            a.iterations,
+            a.src.display(),
+            a.tgt.display()
+        ),
+    )?;
+    if !a.quiet {
+        eprintln!(
+            "wrote {} ({} source words, {entries} entries)",
+            a.output.display(),
+            lex.entries.len()
         );
     }
     Ok(())

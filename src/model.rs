@@ -135,16 +135,16 @@ impl Source {
     pub fn select(&self, idx: &Tensor) -> Result<Source> {
         Ok(Source {
             keys: Keys {
-                ah: self.keys.ah.index_select(idx, 0)?,
-                annotations: self.keys.annotations.index_select(idx, 0)?,
-                mask_bias: self.keys.mask_bias.index_select(idx, 0)?,
+                ah: crate::kernels::select_rows(&self.keys.ah, idx)?,
+                annotations: crate::kernels::select_rows(&self.keys.annotations, idx)?,
+                mask_bias: crate::kernels::select_rows(&self.keys.mask_bias, idx)?,
                 shared: None,
             },
             cov_keys: match &self.cov_keys {
                 Some(k) => Some(k.select(idx)?),
                 None => None,
             },
-            t0: self.t0.index_select(idx, 0)?,
+            t0: crate::kernels::select_rows(&self.t0, idx)?,
         })
     }
 }
@@ -163,12 +163,12 @@ impl WordTerms {
     /// Rows `idx` (`[N]`, u32).
     pub fn select(&self, idx: &Tensor) -> Result<WordTerms> {
         Ok(WordTerms {
-            proj: self.proj.index_select(idx, 0)?,
+            proj: crate::kernels::select_rows(&self.proj, idx)?,
             gate: match &self.gate {
-                Some(g) => Some(g.index_select(idx, 0)?),
+                Some(g) => Some(crate::kernels::select_rows(g, idx)?),
                 None => None,
             },
-            readout: self.readout.index_select(idx, 0)?,
+            readout: crate::kernels::select_rows(&self.readout, idx)?,
         })
     }
 }
@@ -434,6 +434,19 @@ impl Model {
             weights.push(c_z);
         }
         Ok(Some(ContextProducts::new(ann, &weights)?))
+    }
+
+    /// The weights whose products with the attention context [`Model::transition_projected`] reads: the
+    /// cell's `C` and the gate's `C_z` (the cGRU's transition, its word GRU, reads none).
+    pub fn transition_context_weights(&self) -> Vec<&Tensor> {
+        if self.is_conditional() {
+            return vec![];
+        }
+        let mut weights = vec![&self.cell.c];
+        if let Gate::Context { c_z: Some(c_z), .. } = &self.gate {
+            weights.push(c_z);
+        }
+        weights
     }
 
     /// A step's context `out.ctx` as the decoder reads it: with its products from `products` (hypothesis row

@@ -119,54 +119,137 @@ impl Packed {
         accumulate: bool,
         threads: usize,
     ) {
-        let (k, n) = (self.k, self.n);
-        if m == 0 || n == 0 {
+        let start = if accumulate { Start::Dst } else { Start::Zero };
+        self.mul_from(m, a, lda, dst, ldc, start, threads);
+    }
+
+    /// `dst = start + a · B` (see [`Start`]; [`Packed::mul_into`] otherwise).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mul_from(
+        &self,
+        m: usize,
+        a: &[f32],
+        lda: usize,
+        dst: &mut [f32],
+        ldc: usize,
+        start: Start,
+        threads: usize,
+    ) {
+        if m == 0 || self.n == 0 {
             return;
         }
         assert!(
-            (m - 1) * ldc + n <= dst.len() && (k == 0 || (m - 1) * lda + k <= a.len()),
+            (m - 1) * ldc + self.n <= dst.len(),
             "packed GEMM: operand out of bounds"
         );
+        // SAFETY: `dst` holds the m rows of n elements at stride ldc (checked above).
+        unsafe { self.run(m, a, lda, dst.as_mut_ptr(), ldc, start, threads) }
+    }
+
+    /// `start + a · B` `[m, n]` (row-major) in a new buffer, which it writes once (no zero fill first);
+    /// `start` is [`Start::Zero`] or [`Start::Row`].
+    pub fn mul_new(
+        &self,
+        m: usize,
+        a: &[f32],
+        lda: usize,
+        start: Start,
+        threads: usize,
+    ) -> Vec<f32> {
+        assert!(
+            !matches!(start, Start::Dst),
+            "packed GEMM: a new buffer has nothing to accumulate into"
+        );
+        let len = m * self.n;
+        let mut out: Vec<f32> = Vec::with_capacity(len);
+        if len > 0 {
+            // SAFETY: `out` has room for the m rows of n elements (stride n), and `run` writes every one of
+            // them before any is read (with `Zero` or `Row`, the first depth block stores without loading).
+            unsafe {
+                self.run(m, a, lda, out.as_mut_ptr(), self.n, start, threads);
+                out.set_len(len);
+            }
+        }
+        out
+    }
+
+    /// `dst = start + a · B` through a raw `dst` (every element of its m rows written).
+    /// SAFETY: `dst` points at m rows of at least n writable elements at stride ldc (`Start::Dst`: initialised).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &self,
+        m: usize,
+        a: &[f32],
+        lda: usize,
+        dst: *mut f32,
+        ldc: usize,
+        start: Start,
+        threads: usize,
+    ) {
+        let (k, n) = (self.k, self.n);
+        if let Start::Row(bias) = start {
+            assert!(
+                bias.len() >= n,
+                "packed GEMM: bias shorter than the columns"
+            );
+        }
         if k == 0 {
-            if !accumulate {
-                for r in 0..m {
-                    dst[r * ldc..r * ldc + n].fill(0.0);
+            for r in 0..m {
+                let row = dst.add(r * ldc);
+                match start {
+                    Start::Zero => std::ptr::write_bytes(row, 0, n),
+                    Start::Dst => {}
+                    Start::Row(bias) => std::ptr::copy_nonoverlapping(bias.as_ptr(), row, n),
                 }
             }
             return;
         }
+        assert!(
+            (m - 1) * lda + k <= a.len(),
+            "packed GEMM: operand out of bounds"
+        );
         let nr = self.isa.nr();
         let panels = n.div_ceil(nr);
         let threads = threads.clamp(1, panels);
         let per = panels.div_ceil(threads);
-        let out = SendPtr(dst.as_mut_ptr());
+        let out = SendPtr(dst);
+        let bias = match start {
+            Start::Row(b) => SendPtr(b.as_ptr().cast_mut()),
+            _ => SendPtr(std::ptr::null_mut()),
+        };
         let run = |t: usize| {
             let (p0, p1) = (t * per, ((t + 1) * per).min(panels));
             for k0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - k0);
-                let acc_in = accumulate || k0 > 0;
                 for p in p0..p1 {
                     let panel = &self.data[(p * k + k0) * nr..(p * k + k0 + kc) * nr];
                     let cols = nr.min(n - p * nr);
                     let mut r0 = 0;
                     while r0 < m {
                         let rows = MR.min(m - r0);
+                        let c = out.get().add(r0 * ldc + p * nr);
+                        // What the tile's sums are added to: the partial sums already in `dst` after the
+                        // first depth block, else what `start` says.
+                        let add = match start {
+                            _ if k0 > 0 => (c.cast_const(), ldc),
+                            Start::Dst => (c.cast_const(), ldc),
+                            Start::Zero => (std::ptr::null(), 0),
+                            Start::Row(_) => (bias.get().cast_const().add(p * nr), 0),
+                        };
                         // SAFETY: rows r0..r0 + rows of `a` hold k0 + kc ≤ k elements from `lda·r` (checked
                         // above); this task alone writes columns p·nr..p·nr + cols of those `dst` rows.
-                        unsafe {
-                            micro(
-                                self.isa,
-                                rows,
-                                kc,
-                                a.as_ptr().add(r0 * lda + k0),
-                                lda,
-                                panel.as_ptr(),
-                                out.get().add(r0 * ldc + p * nr),
-                                ldc,
-                                cols,
-                                acc_in,
-                            )
-                        };
+                        micro(
+                            self.isa,
+                            rows,
+                            kc,
+                            a.as_ptr().add(r0 * lda + k0),
+                            lda,
+                            panel.as_ptr(),
+                            c,
+                            ldc,
+                            cols,
+                            add,
+                        );
                         r0 += rows;
                     }
                 }
@@ -180,6 +263,18 @@ impl Packed {
     }
 }
 
+/// What a packed product adds its `a · B` to.
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'b> {
+    /// Nothing: `dst = a · B`.
+    Zero,
+    /// The destination's values: `dst += a · B`.
+    Dst,
+    /// One row (a bias) under every row: `dst = bias + a · B`, each element's sum taken in the order of adding
+    /// `a · B` to a destination that holds the bias.
+    Row(&'b [f32]),
+}
+
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
@@ -190,7 +285,8 @@ impl SendPtr {
     }
 }
 
-/// One `rows × cols` tile (`rows` ≤ 6, `cols` ≤ the panel width) over depth `kc`.
+/// One `rows × cols` tile (`rows` ≤ 6, `cols` ≤ the panel width) over depth `kc`, its sums added to the rows
+/// at `add.0` (stride `add.1`) when that is not null.
 #[allow(clippy::too_many_arguments)]
 unsafe fn micro(
     isa: Isa,
@@ -202,19 +298,19 @@ unsafe fn micro(
     c: *mut f32,
     ldc: usize,
     cols: usize,
-    acc_in: bool,
+    add: (*const f32, usize),
 ) {
     #[cfg(target_arch = "x86_64")]
     {
         macro_rules! by_rows {
             ($f:ident) => {
                 match rows {
-                    6 => $f::<6>(kc, a, lda, panel, c, ldc, cols, acc_in),
-                    5 => $f::<5>(kc, a, lda, panel, c, ldc, cols, acc_in),
-                    4 => $f::<4>(kc, a, lda, panel, c, ldc, cols, acc_in),
-                    3 => $f::<3>(kc, a, lda, panel, c, ldc, cols, acc_in),
-                    2 => $f::<2>(kc, a, lda, panel, c, ldc, cols, acc_in),
-                    _ => $f::<1>(kc, a, lda, panel, c, ldc, cols, acc_in),
+                    6 => $f::<6>(kc, a, lda, panel, c, ldc, cols, add),
+                    5 => $f::<5>(kc, a, lda, panel, c, ldc, cols, add),
+                    4 => $f::<4>(kc, a, lda, panel, c, ldc, cols, add),
+                    3 => $f::<3>(kc, a, lda, panel, c, ldc, cols, add),
+                    2 => $f::<2>(kc, a, lda, panel, c, ldc, cols, add),
+                    _ => $f::<1>(kc, a, lda, panel, c, ldc, cols, add),
                 }
             };
         }
@@ -225,17 +321,17 @@ unsafe fn micro(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, rows, kc, a, lda, panel, c, ldc, cols, acc_in);
+        let _ = (isa, rows, kc, a, lda, panel, c, ldc, cols, add);
         unreachable!("packed GEMM: no kernel for this architecture");
     }
 }
 
-/// Write a finished row of a tile (`vals` = the panel-wide accumulators) into `c` (`cols` columns).
+/// Write a finished row of a tile (`vals` = the panel-wide accumulators) into `c` (`cols` columns), added to
+/// the row at `add` unless it is null.
 #[inline(always)]
-unsafe fn write_row(vals: &[f32], c: *mut f32, cols: usize, acc_in: bool) {
+unsafe fn write_row(vals: &[f32], c: *mut f32, cols: usize, add: *const f32) {
     for (j, &v) in vals.iter().enumerate().take(cols) {
-        let p = c.add(j);
-        *p = if acc_in { *p + v } else { v };
+        *c.add(j) = if add.is_null() { v } else { v + *add.add(j) };
     }
 }
 
@@ -250,7 +346,7 @@ unsafe fn tile_avx512<const R: usize>(
     c: *mut f32,
     ldc: usize,
     cols: usize,
-    acc_in: bool,
+    (add, add_rs): (*const f32, usize),
 ) {
     use std::arch::x86_64::*;
     const V: usize = 4;
@@ -269,22 +365,26 @@ unsafe fn tile_avx512<const R: usize>(
     }
     for (r, acc_r) in acc.iter().enumerate() {
         let cr = c.add(r * ldc);
+        let ar = if add.is_null() {
+            add
+        } else {
+            add.add(r * add_rs)
+        };
         if cols == 16 * V {
             for (v, &x) in acc_r.iter().enumerate() {
-                let p = cr.add(16 * v);
-                let y = if acc_in {
-                    _mm512_add_ps(x, _mm512_loadu_ps(p))
-                } else {
+                let y = if ar.is_null() {
                     x
+                } else {
+                    _mm512_add_ps(x, _mm512_loadu_ps(ar.add(16 * v)))
                 };
-                _mm512_storeu_ps(p, y);
+                _mm512_storeu_ps(cr.add(16 * v), y);
             }
         } else {
             let mut tmp = [0.0f32; 16 * V];
             for (v, &x) in acc_r.iter().enumerate() {
                 _mm512_storeu_ps(tmp.as_mut_ptr().add(16 * v), x);
             }
-            write_row(&tmp, cr, cols, acc_in);
+            write_row(&tmp, cr, cols, ar);
         }
     }
 }
@@ -300,7 +400,7 @@ unsafe fn tile_avx2<const R: usize>(
     c: *mut f32,
     ldc: usize,
     cols: usize,
-    acc_in: bool,
+    (add, add_rs): (*const f32, usize),
 ) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -315,11 +415,16 @@ unsafe fn tile_avx2<const R: usize>(
     }
     for (r, acc_r) in acc.iter().enumerate() {
         let cr = c.add(r * ldc);
+        let ar = if add.is_null() {
+            add
+        } else {
+            add.add(r * add_rs)
+        };
         if cols == 16 {
             let (mut v0, mut v1) = (acc_r[0], acc_r[1]);
-            if acc_in {
-                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr));
-                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr.add(8)));
+            if !ar.is_null() {
+                v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ar));
+                v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ar.add(8)));
             }
             _mm256_storeu_ps(cr, v0);
             _mm256_storeu_ps(cr.add(8), v1);
@@ -327,7 +432,7 @@ unsafe fn tile_avx2<const R: usize>(
             let mut tmp = [0.0f32; 16];
             _mm256_storeu_ps(tmp.as_mut_ptr(), acc_r[0]);
             _mm256_storeu_ps(tmp.as_mut_ptr().add(8), acc_r[1]);
-            write_row(&tmp, cr, cols, acc_in);
+            write_row(&tmp, cr, cols, ar);
         }
     }
 }

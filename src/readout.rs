@@ -76,20 +76,36 @@ impl Readout {
 
     /// Logits `[N, V]` from contexts `[N, 2H]`, previous states `[N, H]` and previous-word embeddings `[N, E]`.
     pub fn logits(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        self.logits_term(ctx, t_prev, &self.word_term(e_prev)?)
+        self.logits_term(ctx, t_prev, &self.word_term(e_prev)?, None)
     }
 
-    /// [`Readout::logits`] with the word term given (see [`Readout::hidden_term`]).
-    pub fn logits_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
+    /// [`Readout::logits`] with the word term given (see [`Readout::hidden_term`]), over the vocabulary or over
+    /// the words of `words` (their columns, in its order).
+    pub fn logits_term(
+        &self,
+        ctx: &Context,
+        t_prev: &Tensor,
+        ve_prev: &Tensor,
+        words: Option<&OutputWords>,
+    ) -> Result<Tensor> {
+        let (w_2, b) = self.output(words);
         self.hidden_term(ctx, t_prev, ve_prev)?
-            .matmul(&self.w_2)?
-            .broadcast_add(&self.b)
+            .matmul(w_2)?
+            .broadcast_add(b)
+    }
+
+    /// The output layer's weight and bias, over the vocabulary or `words`.
+    fn output<'a>(&'a self, words: Option<&'a OutputWords>) -> (&'a Tensor, &'a Tensor) {
+        match words {
+            Some(o) => (&o.w_2, &o.b),
+            None => (&self.w_2, &self.b),
+        }
     }
 
     /// Decoding: [`Readout::logits`] as f32 rows `[N, V]` in `buf` (its allocation kept from step to step);
-    /// returns `V`. With fused kernels and an f32 model, one GEMM adds `x W_2` into rows that already hold the
-    /// bias — with `W_2` packed once per decoding call where [`crate::kernels::prepared_mul_into`] has it — so
-    /// no `[N, V]` tensor is made, added to or copied.
+    /// returns `V`. With fused kernels and an f32 model, one GEMM writes `b + x W_2` into the rows — with `W_2`
+    /// packed once per decoding call where [`crate::kernels::prepared_mul_into`] has it, which adds each sum to
+    /// the bias as it stores it — so no `[N, V]` tensor is made, added to or copied.
     pub fn logit_rows(
         &self,
         ctx: &Context,
@@ -97,38 +113,52 @@ impl Readout {
         e_prev: &Tensor,
         buf: &mut Vec<f32>,
     ) -> Result<usize> {
-        self.logit_rows_term(ctx, t_prev, &self.word_term(e_prev)?, buf)
+        self.logit_rows_term(ctx, t_prev, &self.word_term(e_prev)?, None, buf)
     }
 
-    /// [`Readout::logit_rows`] with the word term given (see [`Readout::hidden_term`]).
+    /// [`Readout::logit_rows`] with the word term given (see [`Readout::hidden_term`]), over the vocabulary
+    /// or over `words` (rows `[N, words.ids.len()]`, with its packed columns).
     pub fn logit_rows_term(
         &self,
         ctx: &Context,
         t_prev: &Tensor,
         ve_prev: &Tensor,
+        words: Option<&OutputWords>,
         buf: &mut Vec<f32>,
     ) -> Result<usize> {
         let x = self.hidden_term(ctx, t_prev, ve_prev)?;
+        let (w_2, b) = self.output(words);
         let (n, e) = x.dims2()?;
-        let v = self.w_2.dim(1)?;
+        let v = w_2.dim(1)?;
         if !self.kernels.fused_on(x.device()) || x.dtype() != DType::F32 {
-            let logits = x.matmul(&self.w_2)?.broadcast_add(&self.b)?;
+            let logits = x.matmul(w_2)?.broadcast_add(b)?;
             *buf = logits
                 .to_dtype(DType::F32)?
                 .flatten_all()?
                 .to_vec1::<f32>()?;
             return Ok(v);
         }
-        // Every row is overwritten with the bias (on both cores), so only a larger buffer is filled first.
+        // The packed product writes every element (bias + x W_2), so only a larger buffer is filled first.
         buf.resize(n * v, 0.0);
-        let bias = self.b.to_vec1::<f32>()?;
-        buf.par_chunks_mut(v.max(1))
-            .for_each(|row| row.copy_from_slice(&bias));
+        let bias = b.to_vec1::<f32>()?;
         let x = x.contiguous()?;
         let (xs, xl) = x.storage_and_layout();
         let xv = crate::kernels::storage_slice::<f32>(&xs, xl)?;
-        if !crate::kernels::prepared_mul_into(&self.w_2, n, xv, buf, true)? {
-            let w2 = self.w_2.contiguous()?;
+        let start = crate::packed_gemm::Start::Row(&bias);
+        let packed = match words {
+            Some(o) => match &o.packed {
+                Some(p) => {
+                    crate::kernels::packed_mul_into(p, n, xv, buf, start)?;
+                    true
+                }
+                None => false,
+            },
+            None => crate::kernels::prepared_mul_into(w_2, n, xv, buf, start)?,
+        };
+        if !packed {
+            buf.par_chunks_mut(v.max(1))
+                .for_each(|row| row.copy_from_slice(&bias));
+            let w2 = w_2.contiguous()?;
             let (ws, wl) = w2.storage_and_layout();
             let wv = crate::kernels::storage_slice::<f32>(&ws, wl)?;
             crate::kernels::gemm_into(
@@ -144,6 +174,38 @@ impl Readout {
         }
         Ok(v)
     }
+
+    /// The output layer over the target words `ids` only (a decoding shortlist, see
+    /// [`crate::shortlist`]): their columns of `W_2` and `b`, packed once for the batch that decodes over them.
+    pub fn output_words(&self, ids: &[u32]) -> Result<OutputWords> {
+        let v = self.w_2.dim(1)?;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+            candle_core::bail!("output words: id {bad} is outside the vocabulary of {v}");
+        }
+        let idx = Tensor::from_vec(ids.to_vec(), ids.len(), self.w_2.device())?;
+        let w_2 = self.w_2.index_select(&idx, 1)?.contiguous()?;
+        let b = self.b.index_select(&idx, 0)?;
+        let packed = if self.kernels.fused_on(w_2.device()) {
+            crate::kernels::packed(&w_2)?
+        } else {
+            None
+        };
+        Ok(OutputWords {
+            ids: ids.to_vec(),
+            w_2,
+            b,
+            packed,
+        })
+    }
+}
+
+/// The output layer's columns for some target words (see [`Readout::output_words`]).
+pub struct OutputWords {
+    /// The target ids, in the order of the columns.
+    pub ids: Vec<u32>,
+    w_2: Tensor,
+    b: Tensor,
+    packed: Option<crate::packed_gemm::Packed>,
 }
 
 /// Maxout over adjacent pairs `[N, H]` → `[N, H/2]`, composed (reference).

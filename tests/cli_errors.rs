@@ -269,6 +269,70 @@ fn translate_rejects_bad_model_dirs_and_input() {
         ),
         &["A,B"],
     );
+    // A shortlist lexicon learnt from the prepared corpus decodes; a broken one is named with its line, and
+    // a misaligned corpus is refused by `shortlist`.
+    let lex = t.path().join("lex.tsv");
+    let ok = cgnmt(&[
+        "shortlist",
+        "--quiet",
+        "--src",
+        prep.join("train.src").to_str().unwrap(),
+        "--tgt",
+        prep.join("train.tgt").to_str().unwrap(),
+        "-o",
+        lex.to_str().unwrap(),
+    ]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let short = cgnmt_stdin(
+        &[
+            "translate",
+            "-m",
+            best.to_str().unwrap(),
+            "--shortlist",
+            lex.to_str().unwrap(),
+        ],
+        "你好。\n我们走吧。\n".as_bytes(),
+    );
+    assert!(
+        short.status.success(),
+        "{}",
+        String::from_utf8_lossy(&short.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&short.stdout).lines().count(), 2);
+    let bad_lex = t.path().join("bad-lex.tsv");
+    write(&bad_lex, "# a comment\n你\tyou\t0.5\n好\tgood\n".as_bytes());
+    fails_with(
+        &cgnmt_stdin(
+            &[
+                "translate",
+                "-m",
+                best.to_str().unwrap(),
+                "--shortlist",
+                bad_lex.to_str().unwrap(),
+            ],
+            b"x\n",
+        ),
+        &["bad-lex.tsv", "line 3"],
+    );
+    let short_src = t.path().join("short.src");
+    write(&short_src, b"a b\n");
+    fails_with(
+        &cgnmt(&[
+            "shortlist",
+            "--src",
+            short_src.to_str().unwrap(),
+            "--tgt",
+            prep.join("train.tgt").to_str().unwrap(),
+            "-o",
+            t.path().join("never.tsv").to_str().unwrap(),
+        ]),
+        &["not line-aligned"],
+    );
+    assert!(!t.path().join("never.tsv").exists());
     // Output file is only created on success.
     let outp = t.path().join("out.txt");
     let bad = cgnmt_stdin(

@@ -924,6 +924,103 @@ fn word_table_decoding_equals_per_step_products() {
     }
 }
 
+/// Decoding over a shortlist: one of every target word is the full search, exactly; a shorter one emits
+/// only its words with log-probabilities ≤ 0, the fused and reference kernels agree on it, and its logits
+/// rows are the full rows' columns bit for bit (the packed product's columns do not depend on each other),
+/// for every variant.
+#[test]
+fn shortlist_decoding_is_the_search_over_its_words() {
+    use cgnmt::shortlist::Shortlist;
+    use std::sync::Arc;
+    for sets in variants() {
+        let (model, varmap) = decoding_model(&sets, 7);
+        let mut rng = StdRng::seed_from_u64(10);
+        let srcs = random_seqs(&mut rng, 7, 30, 1, 9);
+        let fixed = Shortlist::fixed(30, 25, 2, &[4, 7, 8, 12, 19, 24]);
+        let allowed = fixed.words(&srcs, 0);
+        assert_eq!(
+            allowed,
+            vec![0, 1, 4, 7, 8, 12, 19, 24],
+            "{sets:?}: the batch's words"
+        );
+        let opts = |sl: Option<Shortlist>| DecodeOptions {
+            beam: 5,
+            nbest: 3,
+            shortlist: sl.map(Arc::new),
+            ..Default::default()
+        };
+        let mut short = vec![];
+        for k in [Kernels::Fused, Kernels::Reference] {
+            let mut m = model.frozen(&varmap).unwrap();
+            m.set_kernels(k);
+            let full = beam_search(&m, &srcs, 0, &opts(None)).unwrap();
+            let every =
+                beam_search(&m, &srcs, 0, &opts(Some(Shortlist::everything(30, 25)))).unwrap();
+            for (a, b) in every.iter().zip(&full) {
+                assert_eq!(a.len(), b.len(), "{sets:?} {k:?}: hypotheses");
+                for (x, y) in a.iter().zip(b) {
+                    assert_eq!(x.tokens, y.tokens, "{sets:?} {k:?}: every word: tokens");
+                    assert_eq!(x.score, y.score, "{sets:?} {k:?}: every word: scores");
+                }
+            }
+            let s = beam_search(&m, &srcs, 0, &opts(Some(fixed.clone()))).unwrap();
+            for h in s.iter().flatten() {
+                assert!(
+                    h.tokens.iter().all(|w| allowed.contains(w)),
+                    "{sets:?} {k:?}: {:?} leaves the shortlist",
+                    h.tokens
+                );
+                assert!(h.score <= 0.0, "{sets:?} {k:?}: score {}", h.score);
+            }
+            short.push(s);
+        }
+        for (a, b) in short[0].iter().zip(&short[1]) {
+            assert_eq!(a.len(), b.len(), "{sets:?}: fused and reference hypotheses");
+            for (x, y) in a.iter().zip(b) {
+                assert_eq!(x.tokens, y.tokens, "{sets:?}: fused and reference tokens");
+                assert!(
+                    (x.score - y.score).abs() < 1e-4 * y.score.abs().max(1.0),
+                    "{sets:?}: fused and reference scores {} and {}",
+                    x.score,
+                    y.score
+                );
+            }
+        }
+        // One step's rows over the shortlist against the full rows, both through the packed weights.
+        let m = model.frozen(&varmap).unwrap();
+        let prepared = m.prepare_decoding().unwrap();
+        let (ids, mask) = cgnmt::model::pad(&srcs, 0, DType::F32, &Device::Cpu).unwrap();
+        let src = m.encode_prepared(&ids, &mask, prepared.as_ref()).unwrap();
+        let products = m.context_products(&src).unwrap();
+        let cov = m.initial_coverage(&src).unwrap();
+        let out = m.attend(&src, &src.t0, cov.as_ref()).unwrap();
+        let rows: Vec<u32> = (0..srcs.len() as u32).collect();
+        let ctx = m.step_context(&out, products.as_ref(), &rows).unwrap();
+        let e = Tensor::randn(0f32, 1.0, (srcs.len(), 16), &Device::Cpu).unwrap();
+        let ve = m.readout.word_term(&e).unwrap();
+        let (mut full, mut sub) = (vec![], vec![]);
+        let v = m
+            .readout
+            .logit_rows_term(&ctx, &src.t0, &ve, None, &mut full)
+            .unwrap();
+        let words = m.readout.output_words(&allowed).unwrap();
+        let w = m
+            .readout
+            .logit_rows_term(&ctx, &src.t0, &ve, Some(&words), &mut sub)
+            .unwrap();
+        assert_eq!((v, w), (25, allowed.len()), "{sets:?}: row widths");
+        for r in 0..srcs.len() {
+            for (c, &id) in allowed.iter().enumerate() {
+                assert_eq!(
+                    sub[r * w + c],
+                    full[r * v + id as usize],
+                    "{sets:?}: row {r}, word {id}"
+                );
+            }
+        }
+    }
+}
+
 /// Decoding's context products `Σ_j α_ij (h_j W)` against the products of the contexts `s_i W`, for
 /// hypothesis rows that read their sentences out of order, with padding (α = 0 there).
 #[test]
@@ -975,15 +1072,32 @@ fn context_products_equal_products_of_the_context() {
             max_rel_diff(&got, &want).unwrap() < tol,
             "{dtype:?} fallback"
         );
-        // Selected rows keep their products.
+        // Selected rows keep the products asked for, and only those; the context itself is kept when one
+        // of the weights asked for has no carried product.
         let pick = Tensor::from_vec(vec![4u32, 1, 1], 3, &Device::Cpu).unwrap();
-        let sel = c.index_select(&pick).unwrap();
-        let want = ctx
-            .index_select(&pick, 0)
-            .unwrap()
-            .matmul(w1.as_tensor())
-            .unwrap();
+        let picked = ctx.index_select(&pick, 0).unwrap();
+        let sel = c.select(&pick, &[w1.as_tensor()]).unwrap();
+        let want = picked.matmul(w1.as_tensor()).unwrap();
         assert!(max_rel_diff(sel.formed(w1.as_tensor()).unwrap(), &want).unwrap() < tol);
+        assert!(
+            sel.formed(w2.as_tensor()).is_none(),
+            "{dtype:?}: a product not asked for"
+        );
+        assert!(
+            sel.product(Kernels::Fused, other.as_tensor()).is_err(),
+            "{dtype:?}: the context kept though every product asked for is carried"
+        );
+        let sel = c
+            .select(&pick, &[w2.as_tensor(), other.as_tensor()])
+            .unwrap();
+        let want = picked.matmul(other.as_tensor()).unwrap();
+        let got = sel.product(Kernels::Fused, other.as_tensor()).unwrap();
+        assert!(
+            max_rel_diff(&got, &want).unwrap() < tol,
+            "{dtype:?}: kept context"
+        );
+        let want = picked.matmul(w2.as_tensor()).unwrap();
+        assert!(max_rel_diff(sel.formed(w2.as_tensor()).unwrap(), &want).unwrap() < tol);
         // A row past the sentences is an error, not a panic.
         assert!(p.context(&ctx, &alpha, &[0, 3, 1, 1, 1]).is_err());
     }
@@ -1138,10 +1252,12 @@ fn fused_bidirectional_gru_matches_step_by_step() {
 
 /// The packed micro-kernel GEMM against a plain triple loop (f64 sums): every instruction set this CPU
 /// has, row counts around the 6-row tile, widths around the panel width, depths across the 256-deep blocks,
-/// strided operands, packing from a matrix and from a transpose, overwrite and accumulate.
+/// strided operands, packing from a matrix and from a transpose, overwrite and accumulate; a product into a
+/// new buffer, from zero or from a bias row, equals, bit for bit, the product into a buffer that holds zeros
+/// or the bias.
 #[test]
 fn packed_gemm_equals_plain_product() {
-    use cgnmt::packed_gemm::{Isa, Packed};
+    use cgnmt::packed_gemm::{Isa, Packed, Start};
     let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
         .into_iter()
         .filter(|i| i.available())
@@ -1161,6 +1277,7 @@ fn packed_gemm_equals_plain_product() {
             (7, 256, 33),
             (13, 513, 70),
             (64, 40, 16),
+            (3, 0, 5),
         ] {
             for transposed in [false, true] {
                 // B [k, n], stored row-major, or as the transpose of a row-major [n, k].
@@ -1179,6 +1296,32 @@ fn packed_gemm_equals_plain_product() {
                 };
                 let (lda, ldc) = (k + 3, n + 5);
                 let a = rand(m * lda);
+                let bias = rand(n);
+                for threads in [1, 2] {
+                    let mut zeroed = vec![0f32; m * n];
+                    packed.mul_into(m, &a, lda, &mut zeroed, n, true, threads);
+                    assert_eq!(
+                        packed.mul_new(m, &a, lda, Start::Zero, threads),
+                        zeroed,
+                        "{isa:?} m {m} k {k} n {n}: a new buffer from zero"
+                    );
+                    let mut biased: Vec<f32> = (0..m).flat_map(|_| bias.clone()).collect();
+                    packed.mul_into(m, &a, lda, &mut biased, n, true, threads);
+                    assert_eq!(
+                        packed.mul_new(m, &a, lda, Start::Row(&bias), threads),
+                        biased,
+                        "{isa:?} m {m} k {k} n {n}: a new buffer from the bias"
+                    );
+                    let mut dst = rand(m * ldc);
+                    packed.mul_from(m, &a, lda, &mut dst, ldc, Start::Row(&bias), threads);
+                    for r in 0..m {
+                        assert_eq!(
+                            &dst[r * ldc..r * ldc + n],
+                            &biased[r * n..(r + 1) * n],
+                            "{isa:?} m {m} k {k} n {n}: rows from the bias"
+                        );
+                    }
+                }
                 for accumulate in [false, true] {
                     for threads in [1, 2] {
                         let before = rand(m * ldc);
@@ -1227,4 +1370,56 @@ fn tiled_transpose_equals_indexing() {
             }
         }
     }
+}
+
+/// Decoding's row gather equals candle's `index_select` (f32 and f64, rank 2 and 3, repeated and empty
+/// indices, a gather large enough to run on both cores), refuses an index beyond the rows, and leaves a
+/// tensor that tracks gradients to `index_select`, so that its gradient still flows.
+#[test]
+fn select_rows_equals_index_select() {
+    use cgnmt::kernels::select_rows;
+    let dev = Device::Cpu;
+    for dtype in [DType::F32, DType::F64] {
+        for shape in [vec![7usize, 5], vec![6, 3, 4], vec![40, 3000]] {
+            let x = Tensor::randn(0f32, 1.0, shape.as_slice(), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let r = shape[0] as u32;
+            for ids in [
+                vec![0u32],
+                vec![r - 1, 0, 2, 2, 1],
+                vec![],
+                (0..r).rev().collect(),
+            ] {
+                let idx = Tensor::from_vec(ids.clone(), ids.len(), &dev).unwrap();
+                let a = select_rows(&x, &idx).unwrap();
+                let b = x.index_select(&idx, 0).unwrap();
+                assert_eq!(a.dims(), b.dims(), "{dtype:?} {shape:?} {ids:?}: shape");
+                let (a, b) = (
+                    a.flatten_all().unwrap().to_dtype(DType::F64).unwrap(),
+                    b.flatten_all().unwrap().to_dtype(DType::F64).unwrap(),
+                );
+                assert_eq!(
+                    a.to_vec1::<f64>().unwrap(),
+                    b.to_vec1::<f64>().unwrap(),
+                    "{dtype:?} {shape:?} {ids:?}: values"
+                );
+            }
+            let idx = Tensor::from_vec(vec![1u32, r], 2, &dev).unwrap();
+            assert!(
+                select_rows(&x, &idx).is_err(),
+                "{shape:?}: row {r} accepted"
+            );
+        }
+    }
+    let v = Var::from_tensor(&Tensor::randn(0f32, 1.0, (4, 3), &dev).unwrap()).unwrap();
+    let idx = Tensor::from_vec(vec![3u32, 1, 3], 3, &dev).unwrap();
+    let y = select_rows(v.as_tensor(), &idx).unwrap();
+    let g = y.sum_all().unwrap().backward().unwrap();
+    let gv: Vec<Vec<f32>> = g.get(v.as_tensor()).unwrap().to_vec2().unwrap();
+    assert_eq!(
+        gv,
+        vec![vec![0.0; 3], vec![1.0; 3], vec![0.0; 3], vec![2.0; 3]]
+    );
 }
