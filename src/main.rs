@@ -581,15 +581,13 @@ fn cmd_shortlist(a: ShortlistArgs) -> Result<()> {
     });
     pb.finish_and_clear();
     let entries: usize = lex.entries.iter().map(|e| e.1.len()).sum();
-    lex.save(
-        &a.output,
-        &format!(
-            "cgnmt shortlist: p(target | source) by IBM Model 1, {} iterations over {n} pairs of {} and {}",
-            a.iterations,
-            a.src.display(),
-            a.tgt.display()
-        ),
-    )?;
+    let comment = format!(
+        "cgnmt shortlist: p(target | source) by IBM Model 1, {} iterations over {n} pairs of {} and {}",
+        a.iterations,
+        a.src.display(),
+        a.tgt.display()
+    );
+    write_atomic(&a.output, lex.to_text(&comment).as_bytes())?;
     if !a.quiet {
         eprintln!(
             "wrote {} ({} source words, {entries} entries)",

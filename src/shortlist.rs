@@ -8,7 +8,6 @@
 //! A shortlist that holds every word gives exactly the full search (tested).
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
 use cgnmt_data::vocab::Vocab;
@@ -131,27 +130,20 @@ pub fn learn_lexicon(
 }
 
 impl Lexicon {
-    /// Write as text: a `#` comment line, then `source<TAB>target<TAB>p(target | source)` per entry.
-    /// Written to a temporary file first and renamed, so a failed write leaves no partial lexicon.
-    pub fn save(&self, path: &Path, comment: &str) -> Result<()> {
-        let mut tmp = path.as_os_str().to_os_string();
-        tmp.push(".tmp");
-        let tmp = std::path::PathBuf::from(tmp);
-        let write = || -> std::io::Result<()> {
-            let mut w = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-            writeln!(w, "# {comment}")?;
-            for (s, cands) in &self.entries {
-                for (t, p) in cands {
-                    writeln!(w, "{s}\t{t}\t{p:.6e}")?;
-                }
+    /// The lexicon as text: a `#` comment line, then `source<TAB>target<TAB>p(target | source)` per entry
+    /// (what [`Lexicon::load`] reads).
+    pub fn to_text(&self, comment: &str) -> String {
+        use std::fmt::Write as _;
+        let mut out = format!("# {comment}\n");
+        for (s, cands) in &self.entries {
+            for (t, p) in cands {
+                let _ = writeln!(out, "{s}\t{t}\t{p:.6e}");
             }
-            w.into_inner().map_err(|e| e.into_error())?.sync_all()
-        };
-        write().map_err(|e| NmtError::io(path, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| NmtError::io(path, e))
+        }
+        out
     }
 
-    /// Read a lexicon written by [`Lexicon::save`] (or by hand: lines `source<TAB>target<TAB>probability`,
+    /// Read a lexicon in the form of [`Lexicon::to_text`] (or written by hand: lines `source<TAB>target<TAB>probability`,
     /// `#` comments and blank lines skipped; plain or gzipped). Errors name the file and line.
     pub fn load(path: &Path) -> Result<Lexicon> {
         let lines = cgnmt_data::corpus::read_lines(path)?;
@@ -346,7 +338,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let lex = learn_lexicon(&pairs(&[("a b", "x y"), ("a", "x")]), 5, 3, 1e-6, |_| {});
         let p = dir.join("lex.tsv");
-        lex.save(&p, "test").unwrap();
+        std::fs::write(&p, lex.to_text("test")).unwrap();
         let back = Lexicon::load(&p).unwrap();
         assert_eq!(back.entries.len(), lex.entries.len());
         for ((s1, c1), (s2, c2)) in lex.entries.iter().zip(&back.entries) {
