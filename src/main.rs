@@ -167,6 +167,7 @@ struct ShortlistArgs {
     /// Use the first N sentence pairs only (the tables grow with the corpus's distinct word pairs).
     #[arg(long)]
     limit: Option<usize>,
+    /// No progress bar or summary.
     #[arg(short, long)]
     quiet: bool,
 }
