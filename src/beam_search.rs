@@ -36,6 +36,10 @@ pub struct DecodeOptions {
     /// search (the steps' distributions are renormalised over the shortlist), `None` (the default) decodes
     /// over the whole vocabulary.
     pub shortlist: Option<std::sync::Arc<crate::shortlist::Shortlist>>,
+    /// Run the decoder's per-step products (and the output layer) with weights quantised to 8 bits per
+    /// column and each step's operands to 7 bits per row ([`crate::quantized_gemm`]): an approximate search,
+    /// on CPUs with AVX2 and fused kernels (elsewhere the products stay f32). `false` (the default) is f32.
+    pub int8: bool,
 }
 
 /// The largest word table [`beam_search_batches`] forms (see [`DecodeOptions::word_table`]): 512 MiB (a
@@ -53,6 +57,7 @@ impl Default for DecodeOptions {
             settle: true,
             word_table: true,
             shortlist: None,
+            int8: false,
         }
     }
 }
@@ -195,6 +200,15 @@ pub fn beam_search_with(
         return Ok(vec![]);
     }
     let beam = opts.beam.max(1);
+    // Int8 products need their weights quantised: prepare them for this call if the caller did not.
+    let own;
+    let prepared = match prepared {
+        None if opts.int8 => {
+            own = model.prepare_decoding_as(true)?;
+            own.as_ref()
+        }
+        p => p,
+    };
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     let source = model.encode_prepared(&src_ids, &src_mask, prepared)?;
     let products = model.context_products(&source)?;
@@ -225,7 +239,11 @@ pub fn beam_search_with(
     let settle = opts.settle && !opts.length_norm;
     // With a shortlist, the batch's output layer covers its words only; rows then hold their columns.
     let words = match &opts.shortlist {
-        Some(sl) => Some(model.readout.output_words(&sl.words(srcs, eos))?),
+        Some(sl) => Some(
+            model
+                .readout
+                .output_words(&sl.words(srcs, eos), opts.int8)?,
+        ),
         None => None,
     };
     // EOS's column (a shortlist holds it).
@@ -572,7 +590,7 @@ pub fn beam_search_batches(
     done: impl Fn(usize) + Sync,
 ) -> Result<Vec<Vec<Vec<Hypothesis>>>> {
     use rayon::prelude::*;
-    let prepared = model.prepare_decoding()?;
+    let prepared = model.prepare_decoding_as(opts.int8)?;
     // The table costs a product of each of its weights over the vocabulary, the steps' would cover about
     // beam × (length + 1) words per sentence: form it when those are at least twice the vocabulary.
     let words: usize = batches.iter().flatten().map(|s| s.len() + 1).sum();

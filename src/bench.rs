@@ -123,6 +123,27 @@ pub fn packed_gemm_gflops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
     Ok(Some(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9))
 }
 
+/// Multiply-adds × 2 per second (in billions, "GOP/s", comparable to GFLOP/s) of `[m, k] × [k, n]` with the
+/// int8 product ([`crate::quantized_gemm`]; the weight quantised once, each call quantising its rows);
+/// `None` without AVX2.
+pub fn int8_gemm_gops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
+    let a: Vec<f32> = Tensor::randn(0f32, 1.0, m * k, &Device::Cpu)?.to_vec1()?;
+    let b: Vec<f32> = Tensor::randn(0f32, 1.0, k * n, &Device::Cpu)?.to_vec1()?;
+    let Some(p) = crate::packed_gemm::Packed::new_int8(&b, k, n, n, 1) else {
+        return Ok(None);
+    };
+    let mut c = vec![0f32; m * n];
+    let threads = rayon::current_num_threads();
+    p.mul_into(m, &a, k, &mut c, n, false, threads);
+    let mut t = vec![];
+    for _ in 0..20 {
+        let s = Instant::now();
+        p.mul_into(m, &a, k, &mut c, n, false, threads);
+        t.push(s.elapsed().as_secs_f64());
+    }
+    Ok(Some(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9))
+}
+
 /// Forward FLOPs of one training batch (matrix products only), from the configuration and shapes.
 pub fn forward_flops(cfg: &Config, v: usize, b: usize, s: usize, t: usize) -> f64 {
     encoder_flops(cfg, b, s) + decoder_step_flops(cfg, v, s) * (b * t) as f64
@@ -333,6 +354,10 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "state_BxU_colmajor": gemm_gflops(bsz, h_dim, 2 * h_dim, true)?,
         "ctx_BxC_packed": packed_gemm_gflops(bsz, 2 * h_dim, 3 * h_dim)?,
         "state_BxU_packed": packed_gemm_gflops(bsz, h_dim, 2 * h_dim)?,
+        "ctx_BxC_int8": int8_gemm_gops(bsz, 2 * h_dim, 3 * h_dim)?,
+        "state_BxU_int8": int8_gemm_gops(bsz, h_dim, 2 * h_dim)?,
+        "decode_320xHx3H_packed": packed_gemm_gflops(320, h_dim, 3 * h_dim)?,
+        "decode_320xHx3H_int8": int8_gemm_gops(320, h_dim, 3 * h_dim)?,
         "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim, false)?,
         "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
     });
@@ -550,7 +575,10 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let dec_batches: Vec<Vec<Vec<u32>>> = dec_src.chunks(32).map(|c| c.to_vec()).collect();
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
-    let (mut beam_rows, mut greedy_rows) = (0u64, 0u64);
+    // Beam 10 with int8 products (`translate --int8`), where they run: fused kernels on an AVX2 CPU.
+    let int8_on = crate::quantized_gemm::available() && model.kernels.fused_on(&Device::Cpu);
+    let mut int8_t = vec![];
+    let (mut beam_rows, mut greedy_rows, mut int8_rows) = (0u64, 0u64, 0u64);
     let rows = || crate::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     for _ in 0..opts.repeats.max(1) {
         let r0 = rows();
@@ -568,6 +596,23 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         )?;
         beam_t.push(s.elapsed().as_secs_f64());
         beam_rows = rows() - r0;
+        if int8_on {
+            let r0 = rows();
+            let s = Instant::now();
+            beam_search_batches(
+                &model,
+                &dec_batches,
+                0,
+                &DecodeOptions {
+                    beam: 10,
+                    int8: true,
+                    ..Default::default()
+                },
+                |_| {},
+            )?;
+            int8_t.push(s.elapsed().as_secs_f64());
+            int8_rows = rows() - r0;
+        }
         let r0 = rows();
         let s = Instant::now();
         for c in dec_src.chunks(100) {
@@ -604,6 +649,8 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "decode_beam10_hyp_steps_per_s": beam_rows as f64 / beam_med,
         "decode_greedy_hyp_steps_per_s": greedy_rows as f64 / greedy_med,
         "decode_beam10_gflops_per_s": dec_flops(beam_rows) / beam_med / 1e9,
+        "decode_beam10_int8_sent_per_s": (!int8_t.is_empty()).then(|| n / median(&mut int8_t)),
+        "decode_beam10_int8_hyp_steps": int8_on.then_some(int8_rows),
         "decode_greedy_gflops_per_s": dec_flops(greedy_rows) / greedy_med / 1e9,
         "peak_rss_mib": peak_rss_mib(),
         "train_minor_faults_per_step_median": faults_per_step,
@@ -626,6 +673,12 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
         peak_rss_mib().unwrap_or(0.0)
     );
+    if let Some(r) = rec["decode_beam10_int8_sent_per_s"].as_f64() {
+        eprintln!(
+            "decode with int8 products (translate --int8): beam 10 {r:.1} sent/s ({} hypothesis steps)",
+            int8_rows
+        );
+    }
     Ok(rec)
 }
 

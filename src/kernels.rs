@@ -390,6 +390,12 @@ pub fn packed_mul_into(
 /// An f32 weight `W` `[K, N]` packed for [`crate::packed_gemm`] (`None`: not f32, no packed micro-kernel on
 /// this CPU, or the packed GEMM switched off).
 pub fn packed(w: &Tensor) -> Result<Option<crate::packed_gemm::Packed>> {
+    packed_as(w, false)
+}
+
+/// [`packed`], or quantised to 8 bits when `int8` (approximate products, see [`crate::quantized_gemm`];
+/// `None` also when the CPU has no AVX2).
+pub fn packed_as(w: &Tensor, int8: bool) -> Result<Option<crate::packed_gemm::Packed>> {
     if w.dtype() != candle_core::DType::F32 || !packed_gemm_on() || !w.device().is_cpu() {
         return Ok(None);
     }
@@ -399,14 +405,11 @@ pub fn packed(w: &Tensor) -> Result<Option<crate::packed_gemm::Packed>> {
     let (k, n) = w.dims2()?;
     let w = w.contiguous()?;
     let (st, l) = w.storage_and_layout();
-    Ok(Some(crate::packed_gemm::Packed::new(
-        isa,
-        storage_slice::<f32>(&st, l)?,
-        k,
-        n,
-        n,
-        1,
-    )))
+    let b = storage_slice::<f32>(&st, l)?;
+    if int8 {
+        return Ok(crate::packed_gemm::Packed::new_int8(b, k, n, n, 1));
+    }
+    Ok(Some(crate::packed_gemm::Packed::new(isa, b, k, n, n, 1)))
 }
 
 /// A recurrent weight `W` `[K, N]` prepared for one forward pass. Each step's products, `x W` forward and
@@ -421,6 +424,8 @@ pub struct RecWeight {
     wt: std::sync::Arc<std::sync::Mutex<Option<Tensor>>>,
     /// f32 on a CPU with a packed micro-kernel: `W` packed for it, made on first use (`None`: no kernel).
     packed: std::sync::Arc<std::sync::OnceLock<Option<crate::packed_gemm::Packed>>>,
+    /// Pack `W` quantised to 8 bits (decoding with `--int8`).
+    int8: bool,
     token: Tensor,
     records: std::sync::Arc<std::sync::Mutex<Vec<(Tensor, Tensor)>>>,
 }
@@ -436,7 +441,7 @@ impl RecWeight {
         if let Some(p) = self.packed.get() {
             return Ok(p.as_ref());
         }
-        let p = packed(&self.w)?;
+        let p = packed_as(&self.w, self.int8)?;
         Ok(self.packed.get_or_init(|| p).as_ref())
     }
 
@@ -511,6 +516,12 @@ pub fn begin_prepared_pass(p: &Prepared) {
 
 /// `weights` prepared for [`rec_matmul`] (`None` without fused kernels on their device).
 pub fn prepare(k: Kernels, weights: &[&Tensor]) -> Result<Option<Prepared>> {
+    prepare_as(k, weights, false)
+}
+
+/// [`prepare`], the weights' packed forms quantised to 8 bits when `int8` (decoding only: approximate
+/// products, see [`crate::quantized_gemm`]).
+pub fn prepare_as(k: Kernels, weights: &[&Tensor], int8: bool) -> Result<Option<Prepared>> {
     let Some(first) = weights.first() else {
         return Ok(None);
     };
@@ -536,6 +547,7 @@ pub fn prepare(k: Kernels, weights: &[&Tensor]) -> Result<Option<Prepared>> {
                 w: (*w).clone(),
                 wt: Default::default(),
                 packed: Default::default(),
+                int8,
                 token,
                 records,
             },

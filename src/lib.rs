@@ -24,6 +24,7 @@ pub mod model;
 pub mod optim;
 pub mod packed_gemm;
 pub mod profile;
+pub mod quantized_gemm;
 pub mod readout;
 pub mod shortlist;
 pub mod train;

@@ -125,6 +125,10 @@ struct TranslateArgs {
     /// With --shortlist: the most probable target words taken per source word.
     #[arg(long, value_name = "N", default_value_t = 50, requires = "shortlist")]
     shortlist_per_word: usize,
+    /// Run the decoder's per-step products and output layer in 8-bit integers: weights quantised per
+    /// column, each step's operands per row (x86-64 CPUs with AVX2). Faster, approximate.
+    #[arg(long)]
+    int8: bool,
     /// Decode-time context scaling `a,b`: source-context terms × a, target-side terms × b.
     #[arg(long, value_name = "A,B", value_parser = parse_pair)]
     context_scale: Option<(f64, f64)>,
@@ -440,7 +444,11 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         settle: !a.full_beam,
         word_table: !a.no_word_table,
         shortlist: None,
+        int8: a.int8,
     };
+    if a.int8 && !cgnmt::quantized_gemm::available() && !a.quiet {
+        eprintln!("warning: --int8 needs a CPU with AVX2; decoding in f32");
+    }
     if let Some(p) = &a.shortlist {
         if a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
             bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");

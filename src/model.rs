@@ -334,7 +334,13 @@ impl Model {
     /// Decoding's weights prepared once for several batches (see [`crate::kernels::Prepared`]; `None`
     /// without fused kernels). The weights must not change while it is in use.
     pub fn prepare_decoding(&self) -> Result<Option<crate::kernels::Prepared>> {
-        crate::kernels::prepare(self.kernels, &self.decoding_weights())
+        self.prepare_decoding_as(false)
+    }
+
+    /// [`Model::prepare_decoding`], the per-step products' weights quantised to 8 bits when `int8`
+    /// (approximate, see [`crate::quantized_gemm`]).
+    pub fn prepare_decoding_as(&self, int8: bool) -> Result<Option<crate::kernels::Prepared>> {
+        crate::kernels::prepare_as(self.kernels, &self.decoding_weights(), int8)
     }
 
     /// [`Model::encode`] with decoding's weights prepared earlier ([`Model::prepare_decoding`]), or prepared

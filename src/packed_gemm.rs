@@ -60,6 +60,9 @@ pub struct Packed {
     k: usize,
     n: usize,
     isa: Isa,
+    /// The weight quantised to 8 bits instead (`data` empty): products run in integers
+    /// ([`crate::quantized_gemm`]).
+    int8: Option<crate::quantized_gemm::QPacked>,
 }
 
 impl Packed {
@@ -98,7 +101,33 @@ impl Packed {
                     }
                 });
         }
-        Packed { data, k, n, isa }
+        Packed {
+            data,
+            k,
+            n,
+            isa,
+            int8: None,
+        }
+    }
+
+    /// `B` (laid out as for [`Packed::new`]) quantised to 8 bits per column: its products are approximate and
+    /// run in integers ([`crate::quantized_gemm`]). `None` without AVX2.
+    pub fn new_int8(b: &[f32], k: usize, n: usize, rs: usize, cs: usize) -> Option<Packed> {
+        if !crate::quantized_gemm::available() {
+            return None;
+        }
+        Some(Packed {
+            data: Vec::new(),
+            k,
+            n,
+            isa: Isa::Avx2,
+            int8: Some(crate::quantized_gemm::QPacked::new(b, k, n, rs, cs)),
+        })
+    }
+
+    /// Whether the products are int8 ([`Packed::new_int8`]).
+    pub fn is_int8(&self) -> bool {
+        self.int8.is_some()
     }
 
     /// `[k, n]`.
@@ -208,6 +237,10 @@ impl Packed {
             (m - 1) * lda + k <= a.len(),
             "packed GEMM: operand out of bounds"
         );
+        if let Some(q) = &self.int8 {
+            // SAFETY: as this function's (the caller's guarantee on `dst`, `a` checked above).
+            return q.run(m, a, lda, dst, ldc, start, threads);
+        }
         let nr = self.isa.nr();
         let panels = n.div_ceil(nr);
         let threads = threads.clamp(1, panels);

@@ -177,7 +177,8 @@ impl Readout {
 
     /// The output layer over the target words `ids` only (a decoding shortlist, see
     /// [`crate::shortlist`]): their columns of `W_2` and `b`, packed once for the batch that decodes over them.
-    pub fn output_words(&self, ids: &[u32]) -> Result<OutputWords> {
+    /// `int8`: the columns packed quantised to 8 bits (see [`crate::quantized_gemm`]).
+    pub fn output_words(&self, ids: &[u32], int8: bool) -> Result<OutputWords> {
         let v = self.w_2.dim(1)?;
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
             candle_core::bail!("output words: id {bad} is outside the vocabulary of {v}");
@@ -186,7 +187,7 @@ impl Readout {
         let w_2 = self.w_2.index_select(&idx, 1)?.contiguous()?;
         let b = self.b.index_select(&idx, 0)?;
         let packed = if self.kernels.fused_on(w_2.device()) {
-            crate::kernels::packed(&w_2)?
+            crate::kernels::packed_as(&w_2, int8)?
         } else {
             None
         };

@@ -61,6 +61,14 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
         );
         assert!((r["peak_fraction"].as_f64().unwrap() - g / peak).abs() < 1e-9 * (g / peak));
         assert!(r["threads"].as_u64().unwrap() >= 1);
+        // Int8 decoding runs with fused kernels on AVX2 CPUs only.
+        let int8 = &r["decode_beam10_int8_sent_per_s"];
+        if k == "fused" && cgnmt::quantized_gemm::available() {
+            assert!(int8.as_f64().unwrap_or(0.0) > 0.0, "{k}: int8 {int8}");
+            assert!(r["decode_beam10_int8_hyp_steps"].as_u64().unwrap() >= 4);
+        } else {
+            assert!(int8.is_null(), "{k}: int8 {int8}");
+        }
         assert!(r["decode_beam10_hyp_steps"].as_u64().unwrap() >= 4);
         // Greedy decodes each of the 4 sentences for at least one step, and both rates are over the same
         // seconds: steps/s over sentences/s is the steps per sentence.

@@ -924,6 +924,67 @@ fn word_table_decoding_equals_per_step_products() {
     }
 }
 
+/// Int8 decoding (`DecodeOptions::int8`) for every variant: the word table's rows are the steps' int8
+/// products bit for bit (same search with and without it), a search that prepares its own int8 weights is
+/// the same search, the best hypotheses score
+/// within 0.05 nats per word of the f32 search's (on average over the batch), and the products are not
+/// f32's (some score differs). With reference kernels the option has no effect.
+#[test]
+fn int8_decoding_approximates_f32() {
+    use cgnmt::beam_search::beam_search_batches;
+    if !cgnmt::quantized_gemm::available() {
+        eprintln!("no AVX2 on this CPU: the int8 product is never used");
+        return;
+    }
+    for sets in variants() {
+        let (model, varmap) = decoding_model(&sets, 8);
+        let mut m = model.frozen(&varmap).unwrap();
+        let mut rng = StdRng::seed_from_u64(13);
+        let srcs = random_seqs(&mut rng, 12, 30, 1, 9);
+        let opts = |int8: bool, word_table: bool| DecodeOptions {
+            beam: 5,
+            int8,
+            word_table,
+            ..Default::default()
+        };
+        let batches = [srcs.clone()];
+        let run = |m: &Model, o: &DecodeOptions| {
+            beam_search_batches(m, &batches, 0, o, |_| {})
+                .unwrap()
+                .swap_remove(0)
+        };
+        let f32s = run(&m, &opts(false, true));
+        let tabled = run(&m, &opts(true, true));
+        let formed = run(&m, &opts(true, false));
+        let direct = beam_search(&m, &srcs, 0, &opts(true, false)).unwrap();
+        let (mut rel, mut differ) = (0f64, false);
+        for (((q, p), d), f) in tabled.iter().zip(&formed).zip(&direct).zip(&f32s) {
+            assert_eq!(q[0].tokens, p[0].tokens, "{sets:?}: word table: tokens");
+            assert_eq!(q[0].score, p[0].score, "{sets:?}: word table: scores");
+            assert_eq!(d[0].tokens, p[0].tokens, "{sets:?}: prepared here: tokens");
+            assert_eq!(d[0].score, p[0].score, "{sets:?}: prepared here: scores");
+            assert!(q[0].score <= 0.0, "{sets:?}: int8 score {}", q[0].score);
+            rel += (q[0].score - f[0].score).abs() / (f[0].tokens.len() + 1) as f64;
+            differ |= q[0].score != f[0].score;
+        }
+        let rel = rel / srcs.len() as f64;
+        assert!(
+            rel < 0.05,
+            "{sets:?}: int8 best scores {rel:.4} nats per word from f32's"
+        );
+        assert!(differ, "{sets:?}: int8 scores all equal f32's");
+        m.set_kernels(Kernels::Reference);
+        let (a, b) = (
+            beam_search(&m, &srcs, 0, &opts(true, false)).unwrap(),
+            beam_search(&m, &srcs, 0, &opts(false, false)).unwrap(),
+        );
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x[0].tokens, y[0].tokens, "{sets:?}: reference kernels");
+            assert_eq!(x[0].score, y[0].score, "{sets:?}: reference kernels");
+        }
+    }
+}
+
 /// Decoding over a shortlist: one of every target word is the full search, exactly; a shorter one emits
 /// only its words with log-probabilities ≤ 0, the fused and reference kernels agree on it, and its logits
 /// rows are the full rows' columns bit for bit (the packed product's columns do not depend on each other),
@@ -1003,7 +1064,7 @@ fn shortlist_decoding_is_the_search_over_its_words() {
             .readout
             .logit_rows_term(&ctx, &src.t0, &ve, None, &mut full)
             .unwrap();
-        let words = m.readout.output_words(&allowed).unwrap();
+        let words = m.readout.output_words(&allowed, false).unwrap();
         let w = m
             .readout
             .logit_rows_term(&ctx, &src.t0, &ve, Some(&words), &mut sub)
@@ -1356,6 +1417,110 @@ fn packed_gemm_equals_plain_product() {
             }
         }
     }
+}
+
+/// The int8 product against a plain f64 product: every element within the bound its quantisation allows
+/// (per column of `B` to 8 bits, per row of `a` to 7: |Σ a b − Σ â b̂| ≤ Σ |a| δ_B + |b| δ_a + δ_a δ_B with
+/// δ the half-steps), which a wrong layout, offset or scale far exceeds; rows around the 4-row tile, widths
+/// around the 16-wide panel, depths not a multiple of four, packing from a matrix and from a transpose,
+/// from zero, from a bias and into a destination, padding left alone; each row's result, bit for bit, that
+/// of the row on its own, on one thread or two.
+#[test]
+fn int8_gemm_within_its_quantisation_bound() {
+    use cgnmt::packed_gemm::{Packed, Start};
+    if !cgnmt::quantized_gemm::available() {
+        eprintln!("no AVX2 on this CPU: the int8 product is never used");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(12);
+    let mut rand =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect() };
+    let mut worst = 0f64;
+    for &(m, k, n) in &[
+        (1, 1, 1),
+        (5, 3, 17),
+        (4, 300, 32),
+        (7, 257, 33),
+        (13, 513, 70),
+        (64, 40, 16),
+        (3, 0, 5),
+    ] {
+        for transposed in [false, true] {
+            let store = rand(k * n);
+            let b_at = |i: usize, j: usize| {
+                if transposed {
+                    store[j * k + i]
+                } else {
+                    store[i * n + j]
+                }
+            };
+            let packed = if transposed {
+                Packed::new_int8(&store, k, n, 1, k)
+            } else {
+                Packed::new_int8(&store, k, n, n, 1)
+            }
+            .expect("AVX2");
+            assert!(packed.is_int8());
+            assert_eq!(packed.dims(), (k, n));
+            let (lda, ldc) = (k + 3, n + 5);
+            // Rows of different magnitudes (each row has its own scale), one of them all zero.
+            let mut a = rand(m * lda);
+            for r in 0..m {
+                let f = [1.0, 0.01, 30.0, 0.0][r % 4];
+                for x in &mut a[r * lda..(r + 1) * lda] {
+                    *x *= f;
+                }
+            }
+            let bias = rand(n);
+            let db: Vec<f64> = (0..n)
+                .map(|j| (0..k).map(|i| b_at(i, j).abs() as f64).fold(0.0, f64::max) / 254.0)
+                .collect();
+            for threads in [1, 2] {
+                let before = rand(m * ldc);
+                let mut dst = before.clone();
+                packed.mul_from(m, &a, lda, &mut dst, ldc, Start::Dst, threads);
+                let zero = packed.mul_new(m, &a, lda, Start::Zero, threads);
+                let biased = packed.mul_new(m, &a, lda, Start::Row(&bias), threads);
+                for r in 0..m {
+                    let ar = &a[r * lda..r * lda + k];
+                    let da = ar.iter().map(|x| x.abs() as f64).fold(0.0, f64::max) / 126.0;
+                    let alone = packed.mul_new(1, ar, k, Start::Zero, threads);
+                    assert_eq!(
+                        alone,
+                        &zero[r * n..(r + 1) * n],
+                        "m {m} k {k} n {n}: row {r} depends on the other rows"
+                    );
+                    for j in 0..ldc {
+                        let got = dst[r * ldc + j];
+                        if j >= n {
+                            assert_eq!(got, before[r * ldc + j], "padding written");
+                            continue;
+                        }
+                        let z = zero[r * n + j];
+                        assert_eq!(biased[r * n + j], z + bias[j], "from the bias");
+                        assert_eq!(got, z + before[r * ldc + j], "into the destination");
+                        let (mut exact, mut bound, mut size) = (0f64, 0f64, 0f64);
+                        for (i, &x) in ar.iter().enumerate() {
+                            let (x, b) = (x as f64, b_at(i, j) as f64);
+                            exact += x * b;
+                            bound += x.abs() * db[j] + b.abs() * da + da * db[j];
+                            size += (x * b).abs();
+                        }
+                        let err = (z as f64 - exact).abs();
+                        assert!(
+                            err <= bound * 1.0001 + 1e-5 * size + 1e-30,
+                            "m {m} k {k} n {n} t {transposed}: ({r}, {j}) = {z}, exact {exact}, bound {bound}"
+                        );
+                        if size > 0.0 {
+                            worst = worst.max(err / size);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Quantisation does lose something (the check above is not vacuous), but little.
+    assert!(worst > 1e-5 && worst < 0.05, "worst relative error {worst}");
 }
 
 /// The tiled transpose, on one thread (small) and on the pool (large), against element-wise indexing.
