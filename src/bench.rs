@@ -108,28 +108,31 @@ pub fn packed_gemm_gflops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
     let Some(isa) = crate::packed_gemm::Isa::detect() else {
         return Ok(None);
     };
-    let a: Vec<f32> = Tensor::randn(0f32, 1.0, m * k, &Device::Cpu)?.to_vec1()?;
-    let b: Vec<f32> = Tensor::randn(0f32, 1.0, k * n, &Device::Cpu)?.to_vec1()?;
-    let p = crate::packed_gemm::Packed::new(isa, &b, k, n, n, 1);
-    let mut c = vec![0f32; m * n];
-    let threads = rayon::current_num_threads();
-    p.mul_into(m, &a, k, &mut c, n, false, threads);
-    let mut t = vec![];
-    for _ in 0..20 {
-        let s = Instant::now();
-        p.mul_into(m, &a, k, &mut c, n, false, threads);
-        t.push(s.elapsed().as_secs_f64());
-    }
-    Ok(Some(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9))
+    packed_rate(m, k, n, |b| {
+        Some(crate::packed_gemm::Packed::new(isa, b, k, n, n, 1))
+    })
 }
 
 /// Multiply-adds × 2 per second (in billions, "GOP/s", comparable to GFLOP/s) of `[m, k] × [k, n]` with the
 /// int8 product ([`crate::quantized_gemm`]; the weight quantised once, each call quantising its rows);
 /// `None` without AVX2.
 pub fn int8_gemm_gops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
+    packed_rate(m, k, n, |b| {
+        crate::packed_gemm::Packed::new_int8(b, k, n, n, 1)
+    })
+}
+
+/// The median rate (2·m·k·n per second, in billions) of 20 products `[m, k] × [k, n]` with the weight that
+/// `pack` makes of a random `B` (after one untimed product); `None` when it makes none.
+fn packed_rate(
+    m: usize,
+    k: usize,
+    n: usize,
+    pack: impl Fn(&[f32]) -> Option<crate::packed_gemm::Packed>,
+) -> Result<Option<f64>> {
     let a: Vec<f32> = Tensor::randn(0f32, 1.0, m * k, &Device::Cpu)?.to_vec1()?;
     let b: Vec<f32> = Tensor::randn(0f32, 1.0, k * n, &Device::Cpu)?.to_vec1()?;
-    let Some(p) = crate::packed_gemm::Packed::new_int8(&b, k, n, n, 1) else {
+    let Some(p) = pack(&b) else {
         return Ok(None);
     };
     let mut c = vec![0f32; m * n];

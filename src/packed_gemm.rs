@@ -308,12 +308,13 @@ pub enum Start<'b> {
     Row(&'b [f32]),
 }
 
+/// A raw output pointer shared by the threads of one product (each writes its own columns).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }
