@@ -49,9 +49,7 @@ impl Attention {
 
     pub fn keys(&self, annotations: &Tensor, mask: &Tensor) -> Result<Keys> {
         let (b, s, a) = annotations.dims3()?;
-        let ah = annotations
-            .reshape((b * s, a))?
-            .matmul(&self.a)?
+        let ah = crate::kernels::matmul_or_int8(&annotations.reshape((b * s, a))?, &self.a)?
             .reshape((b, s, self.dim))?;
         let mask_bias = ((mask - 1.0)? * 1e9)?;
         Ok(Keys {
@@ -247,7 +245,8 @@ pub struct ContextProducts {
 }
 
 impl ContextProducts {
-    /// The products of the annotations `[B, S, 2H]` with `weights` (each `[2H, ·]`).
+    /// The products of the annotations `[B, S, 2H]` with `weights` (each `[2H, ·]`; in 8 bits when decoding's
+    /// pass prepared them so, see [`crate::kernels::int8_matmul`]).
     pub fn new(annotations: &Tensor, weights: &[&Tensor]) -> Result<ContextProducts> {
         let (b, s, a2) = annotations.dims3()?;
         let flat = annotations.reshape((b * s, a2))?;
@@ -255,7 +254,7 @@ impl ContextProducts {
             per_position: weights
                 .iter()
                 .map(|w| {
-                    let p = flat.matmul(w)?;
+                    let p = crate::kernels::matmul_or_int8(&flat, w)?;
                     let width = p.dim(1)?;
                     Ok((w.id(), p.reshape((b, s, width))?))
                 })

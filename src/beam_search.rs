@@ -36,8 +36,9 @@ pub struct DecodeOptions {
     /// search (the steps' distributions are renormalised over the shortlist), `None` (the default) decodes
     /// over the whole vocabulary.
     pub shortlist: Option<std::sync::Arc<crate::shortlist::Shortlist>>,
-    /// Run the decoder's per-step products (and the output layer) with weights quantised to 8 bits per
-    /// column and each step's operands to 7 bits per row ([`crate::quantized_gemm`]): an approximate search,
+    /// Run the decoder's per-step products (and the output layer, and the products formed once per batch
+    /// with the annotations) with weights quantised to 8 bits per column and each product's operands to 7
+    /// bits per row ([`crate::quantized_gemm`]): an approximate search,
     /// on CPUs with AVX2 and fused kernels (elsewhere the products stay f32). `false` (the default) is f32.
     pub int8: bool,
 }

@@ -122,6 +122,17 @@ pub fn int8_gemm_gops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
     })
 }
 
+/// [`int8_gemm_gops`] with the AVX2 int8 kernel, where the CPU's fastest is another (VNNI); `None` otherwise.
+pub fn int8_avx2_gemm_gops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
+    use crate::quantized_gemm::Kernel;
+    if Kernel::detect() == Some(Kernel::Avx2) {
+        return Ok(None);
+    }
+    packed_rate(m, k, n, |b| {
+        crate::packed_gemm::Packed::new_int8_with(Kernel::Avx2, b, k, n, n, 1)
+    })
+}
+
 /// The median rate (2·m·k·n per second, in billions) of 20 products `[m, k] × [k, n]` with the weight that
 /// `pack` makes of a random `B` (after one untimed product); `None` when it makes none.
 fn packed_rate(
@@ -361,6 +372,9 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         "state_BxU_int8": int8_gemm_gops(bsz, h_dim, 2 * h_dim)?,
         "decode_320xHx3H_packed": packed_gemm_gflops(320, h_dim, 3 * h_dim)?,
         "decode_320xHx3H_int8": int8_gemm_gops(320, h_dim, 3 * h_dim)?,
+        "decode_320xHx3H_int8_avx2": int8_avx2_gemm_gops(320, h_dim, 3 * h_dim)?,
+        "decode_320xExV_packed": packed_gemm_gflops(320, e_dim, v)?,
+        "decode_320xExV_int8": int8_gemm_gops(320, e_dim, v)?,
         "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim, false)?,
         "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
     });

@@ -92,12 +92,31 @@ pub fn gemm_has_avx512() -> bool {
     }
 }
 
+/// Whether the CPU has AVX-512 VNNI (`vpdpbusd`: four byte products summed into each 32-bit lane), which the
+/// int8 products of decoding use when present ([`crate::quantized_gemm`]).
+pub fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The instruction sets the fused kernels and the GEMM use on this machine.
 pub fn simd_level() -> &'static str {
-    match (has_avx2_fma(), gemm_has_avx512()) {
-        (true, true) => "avx2+fma, gemm avx512f",
-        (true, false) => "avx2+fma",
-        (false, _) => "generic",
+    match (has_avx2_fma(), gemm_has_avx512(), has_avx512_vnni()) {
+        (true, true, true) => "avx2+fma, gemm avx512f, int8 avx512vnni",
+        (true, true, false) => "avx2+fma, gemm avx512f",
+        (true, false, _) => "avx2+fma",
+        (false, _, _) => "generic",
     }
 }
 
@@ -368,6 +387,40 @@ pub fn prepared_mul_into(
     };
     packed_mul_into(p, m, x, dst, start)?;
     Ok(true)
+}
+
+/// Decoding with `--int8`: `x W` `[m, n]` for an f32 `x` `[m, k]` through `W`'s 8-bit form, when this thread's
+/// pass prepared `W` quantised ([`prepare_as`]); `None` otherwise (the caller multiplies in f32). For the
+/// products formed once per batch (the attention keys, the context's products per source position, the
+/// initial state), whose f32 GEMMs would otherwise outweigh the int8 steps.
+pub fn int8_matmul(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    let Some(rw) = prepared(w) else {
+        return Ok(None);
+    };
+    if !rw.int8 || x.dtype() != candle_core::DType::F32 || x.rank() != 2 || !x.device().is_cpu() {
+        return Ok(None);
+    }
+    let Some(p) = rw.packed()? else {
+        return Ok(None);
+    };
+    let (m, k) = x.dims2()?;
+    let (k2, n) = p.dims();
+    if k != k2 {
+        candle_core::bail!("int8 product: [{m}, {k}] × [{k2}, {n}]");
+    }
+    let x = x.contiguous()?;
+    let (st, l) = x.storage_and_layout();
+    let xs = storage_slice::<f32>(&st, l)?;
+    let out = p.mul_new(m, xs, k, crate::packed_gemm::Start::Zero, gemm_threads());
+    Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
+}
+
+/// `x W` with [`int8_matmul`] where it applies, else candle's `matmul`.
+pub fn matmul_or_int8(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    match int8_matmul(x, w)? {
+        Some(p) => Ok(p),
+        None => x.matmul(w),
+    }
 }
 
 /// `dst = start + x W` for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`, `W` packed

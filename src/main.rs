@@ -125,8 +125,10 @@ struct TranslateArgs {
     /// With --shortlist: the most probable target words taken per source word.
     #[arg(long, value_name = "N", default_value_t = 50, requires = "shortlist")]
     shortlist_per_word: usize,
-    /// Run the decoder's per-step products and output layer in 8-bit integers: weights quantised per
-    /// column, each step's operands per row (x86-64 CPUs with AVX2). Faster, approximate.
+    /// Run the decoder's per-step products, the output layer and the per-batch products with the encoder's
+    /// annotations (attention keys, context products, initial state) in 8-bit integers: weights quantised
+    /// per column, each product's operands per row (x86-64 CPUs with AVX2; AVX-512 VNNI where present).
+    /// Faster, approximate.
     #[arg(long)]
     int8: bool,
     /// Decode-time context scaling `a,b`: source-context terms × a, target-side terms × b.

@@ -301,12 +301,17 @@ impl Model {
     }
 
     /// The weights that decoding's steps multiply with: the recurrent ones, the readout's, the output
-    /// layer's, the word projections' `W` and the gate's `W_z` (training with fused kernels encodes with
-    /// `encode_shared`, whose pass prepares the recurrent ones only).
-    fn decoding_weights(&self) -> Vec<&Tensor> {
+    /// layer's, the word projections' `W` and the gate's `W_z`; with `int8` also those of the products formed
+    /// once per batch, which then run in 8 bits ([`crate::kernels::int8_matmul`]): the attention's `A`, the
+    /// readout's `W_o` and `W_init` (training with fused kernels encodes with `encode_shared`, whose pass
+    /// prepares the recurrent ones only).
+    fn decoding_weights(&self, int8: bool) -> Vec<&Tensor> {
         let mut weights = self.recurrent_weights();
         let r = &self.readout;
         weights.extend([&r.u_o, &r.v_o, &r.w_1, &r.w_2]);
+        if int8 {
+            weights.extend([&r.w_o, &self.attention.a, &self.w_init]);
+        }
         weights.push(self.word_projection());
         if let Gate::Context { w_z: Some(w_z), .. } = &self.gate {
             weights.push(w_z);
@@ -326,7 +331,7 @@ impl Model {
     fn begin_decoding_pass(&self, prepared: Option<&crate::kernels::Prepared>) -> Result<()> {
         match prepared {
             Some(p) => crate::kernels::begin_prepared_pass(p),
-            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights())?,
+            None => crate::kernels::begin_pass(self.kernels, &self.decoding_weights(false))?,
         }
         Ok(())
     }
@@ -340,7 +345,7 @@ impl Model {
     /// [`Model::prepare_decoding`], the per-step products' weights quantised to 8 bits when `int8`
     /// (approximate, see [`crate::quantized_gemm`]).
     pub fn prepare_decoding_as(&self, int8: bool) -> Result<Option<crate::kernels::Prepared>> {
-        crate::kernels::prepare_as(self.kernels, &self.decoding_weights(), int8)
+        crate::kernels::prepare_as(self.kernels, &self.decoding_weights(int8), int8)
     }
 
     /// [`Model::encode`] with decoding's weights prepared earlier ([`Model::prepare_decoding`]), or prepared
@@ -364,8 +369,7 @@ impl Model {
 
     /// The decoder's initial state `tanh(W_init ←h_1 + b_init)` from the backward state at the first word.
     fn initial_state(&self, bwd_first: &Tensor) -> Result<Tensor> {
-        bwd_first
-            .matmul(&self.w_init)?
+        crate::kernels::matmul_or_int8(bwd_first, &self.w_init)?
             .broadcast_add(&self.b_init)?
             .tanh()
     }

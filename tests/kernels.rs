@@ -1523,6 +1523,63 @@ fn int8_gemm_within_its_quantisation_bound() {
     assert!(worst > 1e-5 && worst < 0.05, "worst relative error {worst}");
 }
 
+/// `--int8`'s products formed once per batch (`kernels::int8_matmul`): in a pass prepared in 8 bits the
+/// weight's product is the int8 kernel's (equal to the packed int8 product, close to f32's but not equal);
+/// a pass prepared in f32, or a weight not prepared, gives `None` (f32 then).
+#[test]
+fn int8_matmul_only_in_int8_passes() {
+    use cgnmt::kernels::{begin_prepared_pass, int8_matmul, matmul_or_int8, prepare_as};
+    use cgnmt::packed_gemm::{Packed, Start};
+    if !cgnmt::quantized_gemm::available() {
+        eprintln!("no AVX2 on this CPU: the int8 product is never used");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(21);
+    let (m, k, n) = (37, 70, 45);
+    let x = rand_var(&mut rng, &[m, k], 1.0, DType::F32)
+        .as_tensor()
+        .clone();
+    let w = rand_var(&mut rng, &[k, n], 0.5, DType::F32)
+        .as_tensor()
+        .clone();
+    let other = rand_var(&mut rng, &[k, n], 0.5, DType::F32)
+        .as_tensor()
+        .clone();
+    let exact = x.matmul(&w).unwrap();
+    begin_prepared_pass(&prepare_as(Kernels::Fused, &[&w], false).unwrap().unwrap());
+    assert!(int8_matmul(&x, &w).unwrap().is_none(), "f32 pass");
+    assert_eq!(
+        max_rel_diff(&matmul_or_int8(&x, &w).unwrap(), &exact).unwrap(),
+        0.0,
+        "f32 pass: candle's product"
+    );
+    begin_prepared_pass(&prepare_as(Kernels::Fused, &[&w], true).unwrap().unwrap());
+    assert!(
+        int8_matmul(&x, &other).unwrap().is_none(),
+        "weight not prepared"
+    );
+    let q = int8_matmul(&x, &w).unwrap().expect("int8 pass");
+    assert_eq!(q.dims(), &[m, n]);
+    let xs: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let ws: Vec<f32> = w.flatten_all().unwrap().to_vec1().unwrap();
+    let packed = Packed::new_int8(&ws, k, n, n, 1).unwrap();
+    let want = packed.mul_new(m, &xs, k, Start::Zero, 1);
+    assert_eq!(
+        q.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        want,
+        "the int8 kernel's product"
+    );
+    let d = max_rel_diff(&q, &exact).unwrap();
+    assert!(d > 1e-5 && d < 0.05, "int8 against f32: {d}");
+    let plain: Vec<f32> = matmul_or_int8(&x, &w)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(plain, want, "matmul_or_int8 takes the int8 product");
+}
+
 /// The tiled transpose, on one thread (small) and on the pool (large), against element-wise indexing.
 #[test]
 fn tiled_transpose_equals_indexing() {
