@@ -26,6 +26,7 @@ pub mod packed_gemm;
 pub mod profile;
 pub mod quantized_gemm;
 pub mod readout;
+pub mod reproduce;
 pub mod shortlist;
 pub mod train;
 pub mod translate;

@@ -46,6 +46,9 @@ enum Cmd {
     Bench(BenchArgs),
     /// Train a small context-gated model on Tatoeba zh-en, translate its test set and print BLEU.
     Demo(DemoArgs),
+    /// Reproduce the paper from a plan: every system with several seeds, significance, the analyses, and a
+    /// report (report.md, report.html, results.json). Resumable.
+    Reproduce(cgnmt::reproduce::ReproduceArgs),
     /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
     Score(cgnmt_eval::cli::ScoreArgs),
     /// Significance of system differences: sign test, paired bootstrap, approximate randomisation.
@@ -298,6 +301,10 @@ fn main() {
         Cmd::Translate(a) => cmd_translate(a),
         Cmd::Info(a) => cmd_info(a),
         Cmd::Demo(a) => cmd_demo(a),
+        Cmd::Reproduce(a) => {
+            let data = data_dir(a.data.clone());
+            cgnmt::reproduce::run(a, data)
+        }
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),
         Cmd::Bench(a) => cmd_bench(a),

@@ -6,7 +6,8 @@
 //! - [`CategoryFigure`]: one or more panels of series over categories — BLEU and output length
 //!   per source-length group (Fig. 7, [`length_groups_figure`]) and length ratio / BLEU per
 //!   context-scaling setting (Fig. 2a, [`context_scaling_figure`]);
-//! - [`TrainingFigure`]: training loss per token and dev BLEU against the update step.
+//! - [`TrainingFigure`]: training loss per token and dev BLEU against the update step;
+//! - [`StepCurvesFigure`]: several systems' curves against the update step in one panel.
 //!
 //! Text needs no system font: DejaVu Sans (Latin, Greek, Cyrillic, …) and Droid Sans Fallback
 //! (CJK) are compiled in from `assets/fonts` and registered with plotters' `ab_glyph` backend;
@@ -923,6 +924,33 @@ impl Figure for TrainingFigure {
             &[("dev BLEU", bleu, true)],
         )?;
         Ok(())
+    }
+}
+
+/// Several named series against the update step in one panel (e.g. every system's dev BLEU).
+#[derive(Debug, Clone)]
+pub struct StepCurvesFigure {
+    /// Panel title.
+    pub title: String,
+    /// y-axis description.
+    pub y_desc: String,
+    /// `(name, (step, value) points)`.
+    pub series: Vec<(String, Vec<(f64, f64)>)>,
+}
+
+impl Figure for StepCurvesFigure {
+    fn size(&self) -> (u32, u32) {
+        (1000, 600)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> anyhow::Result<()> {
+        root.fill(&WHITE).map_err(de)?;
+        let series: Vec<XySeries> = self
+            .series
+            .iter()
+            .map(|(n, p)| (n.as_str(), p.clone(), true))
+            .collect();
+        xy_panel(root, &self.title, &self.y_desc, &series)
     }
 }
 

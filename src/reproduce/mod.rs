@@ -1,0 +1,877 @@
+//! `cgnmt reproduce`: the paper's experiments from one plan file. It prepares the data, trains every system
+//! with every seed (as `cgnmt train` child processes, `--jobs` at a time), decodes the test set with each best
+//! model, runs the analyses (significance, gate correlation, context scaling, length groups, alignment error
+//! rates, attention heatmaps, a blinded sample for subjective evaluation) and writes `results.json`,
+//! `report.md` and a self-contained `report.html`. Every number in the report is read from the run files.
+//!
+//! The output directory is resumable: a finished run (`systems/<row>/seed-<s>/COMPLETE`, holding the
+//! fingerprint of its configuration) is never trained again, a killed training resumes from its last
+//! checkpoint, and a second `reproduce` on the same directory waits for nothing: it is refused while the first
+//! holds the directory's lock. `--only ROW` trains a row again.
+
+pub mod analyses;
+pub mod plan;
+pub mod report;
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint;
+use crate::config::Config;
+use plan::{slug, Plan, SystemSpec};
+
+/// Arguments of `cgnmt reproduce`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReproduceArgs {
+    /// Output directory (prepared data, one directory per system and seed, analyses, report).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Plan file (TOML): data, shared settings, systems, analyses.
+    #[arg(long, default_value = "configs/reproduce/tatoeba.toml")]
+    pub plan: PathBuf,
+    /// Train each system with this many seeds (the plan's first N; more are numbered on from its last).
+    #[arg(long, value_name = "N")]
+    pub seeds: Option<usize>,
+    /// Training budget per run in seconds (train.max_seconds), in addition to the plan's update limit.
+    #[arg(long, value_name = "N")]
+    pub budget_seconds: Option<f64>,
+    /// The whole plan on the plan's tiny [quick] budget (seconds per system, one seed): for tests.
+    #[arg(long)]
+    pub quick: bool,
+    /// Train this row again (its name as in the plan; repeatable); other finished runs are kept.
+    #[arg(long, value_name = "ROW")]
+    pub only: Vec<String>,
+    /// Runs trained at the same time (each with cores / jobs threads).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// Train nothing: write the analyses and report from the runs finished so far.
+    #[arg(long)]
+    pub report_only: bool,
+    /// Data directory (default: $CGNMT_DATA or ../shared/data).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// No progress bars (one line per finished run instead).
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// One training run: a system at a seed.
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub system: SystemSpec,
+    pub seed: u64,
+    pub dir: PathBuf,
+    pub config: Config,
+    pub fingerprint: String,
+}
+
+/// What a finished run left (`result.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub system: String,
+    pub seed: u64,
+    /// Run directory relative to the output directory.
+    pub dir: String,
+    pub fingerprint: String,
+    pub steps: u64,
+    pub epochs: u64,
+    pub best_step: u64,
+    pub best_dev_bleu: Option<f64>,
+    pub params: usize,
+    pub train_seconds: f64,
+    pub decode_seconds: f64,
+    /// Test BLEU, NIST mteval-v11b, case-insensitive (the paper's metric).
+    pub bleu: f64,
+    /// sacreBLEU 13a, cased, with its signature.
+    pub sacrebleu: f64,
+    pub sacrebleu_signature: String,
+    pub chrf: f64,
+    pub hyp_words: usize,
+    pub ref_words: f64,
+    /// Dev evaluations: (step, dev BLEU).
+    pub dev_curve: Vec<(u64, f64)>,
+}
+
+/// Everything the run needs besides the plan.
+pub struct Setup {
+    pub args: ReproduceArgs,
+    pub plan: Plan,
+    pub plan_text: String,
+    pub out: PathBuf,
+    pub data: PathBuf,
+    pub exe: PathBuf,
+    pub seeds: Vec<u64>,
+    pub threads: usize,
+    /// Test set (limited in quick mode): raw source, tokenised source, references.
+    pub test_src: PathBuf,
+    pub test_src_tok: PathBuf,
+    pub test_refs: Vec<PathBuf>,
+}
+
+/// Seconds spent in child processes (training, decoding, aligning) and in this process's own work.
+#[derive(Default)]
+pub struct Clock {
+    work_ms: AtomicU64,
+    own_ms: AtomicU64,
+}
+
+impl Clock {
+    fn add_work(&self, d: Duration) {
+        self.work_ms
+            .fetch_add(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    fn add_own(&self, d: Duration) {
+        self.own_ms
+            .fetch_add(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    pub fn own_seconds(&self) -> f64 {
+        self.own_ms.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+    pub fn work_seconds(&self) -> f64 {
+        self.work_ms.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+}
+
+pub fn run(args: ReproduceArgs, data_dir: PathBuf) -> Result<()> {
+    let started = Instant::now();
+    let plan_text = std::fs::read_to_string(&args.plan)
+        .with_context(|| format!("{}: cannot read the plan", args.plan.display()))?;
+    let plan = Plan::load(&args.plan)?;
+    if args.jobs == 0 {
+        bail!("--jobs must be at least 1");
+    }
+    if let Some(b) = args.budget_seconds {
+        if !(b.is_finite() && b > 0.0) {
+            bail!("--budget-seconds must be a positive number of seconds");
+        }
+    }
+    for o in &args.only {
+        if plan.system(o).is_none() {
+            let names: Vec<&str> = plan.systems.iter().map(|s| s.name.as_str()).collect();
+            bail!(
+                "--only {o:?}: the plan has no such row (rows: {})",
+                names.join(", ")
+            );
+        }
+    }
+    let seeds = choose_seeds(&plan, args.quick, args.seeds)?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("{}: cannot create the output directory", args.out.display()))?;
+    let _lock = DirLock::acquire(&args.out)?;
+    let exe = std::env::current_exe().context("cannot find the cgnmt executable")?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / args.jobs).max(1);
+    let clock = Arc::new(Clock::default());
+    let t_prep = Instant::now();
+    let (test_src, test_src_tok, test_refs) =
+        prepare_data(&plan, &args, &data_dir, &args.out, args.quiet)?;
+    clock.add_work(t_prep.elapsed());
+    let setup = Setup {
+        plan_text,
+        out: args.out.clone(),
+        data: data_dir,
+        exe,
+        seeds,
+        threads,
+        test_src,
+        test_src_tok,
+        test_refs,
+        plan,
+        args,
+    };
+    std::fs::write(setup.out.join("plan.toml"), &setup.plan_text)
+        .with_context(|| format!("{}: cannot write", setup.out.join("plan.toml").display()))?;
+    let tasks = make_tasks(&setup)?;
+    for name in &setup.args.only {
+        let dir = setup.out.join("systems").join(slug(name));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("{}: cannot remove", dir.display()))?;
+            eprintln!("--only: removed {} to train {name:?} again", dir.display());
+        }
+    }
+    check_stale(&tasks)?;
+    if !setup.args.report_only {
+        run_tasks(&setup, &tasks, &clock)?;
+    }
+    // Reproduce's own work from here on: scoring, tests, analyses and figures, less the child processes
+    // (analysis decodes) they start.
+    let t_own = Instant::now();
+    let work_before = clock.work_seconds();
+    let mut results = analyses::collect(&setup, &tasks, &clock)?;
+    report::figures(&setup, &mut results)?;
+    let own =
+        t_own.elapsed().as_secs_f64() - (clock.work_seconds() - work_before) + clock.own_seconds();
+    let timing = analyses::Invocation {
+        wall_seconds: started.elapsed().as_secs_f64(),
+        work_seconds: clock.work_seconds(),
+        own_seconds: own,
+        jobs: setup.args.jobs,
+        report_only: setup.args.report_only,
+    };
+    let results = analyses::finish(&setup, results, timing)?;
+    report::write(&setup, &results)?;
+    let done = results.runs.len();
+    eprintln!(
+        "{} of {} runs finished; report: {} and {}",
+        done,
+        tasks.len(),
+        setup.out.join("report.md").display(),
+        setup.out.join("report.html").display()
+    );
+    if done < tasks.len() && !setup.args.report_only {
+        bail!(
+            "{} runs did not finish (see the messages above)",
+            tasks.len() - done
+        );
+    }
+    Ok(())
+}
+
+fn choose_seeds(plan: &Plan, quick: bool, n: Option<usize>) -> Result<Vec<u64>> {
+    let mut seeds = if quick && !plan.quick.seeds.is_empty() {
+        plan.quick.seeds.clone()
+    } else if quick {
+        vec![plan.seeds[0]]
+    } else {
+        plan.seeds.clone()
+    };
+    if let Some(n) = n {
+        if n == 0 {
+            bail!("--seeds must be at least 1");
+        }
+        let source = if quick { &plan.seeds } else { &seeds };
+        let mut s: Vec<u64> = source.iter().copied().take(n).collect();
+        while s.len() < n {
+            let next = s.iter().max().copied().unwrap_or(0) + 1;
+            s.push(next);
+        }
+        seeds = s;
+    }
+    Ok(seeds)
+}
+
+/// An exclusive lock on the output directory (`flock` on `DIR/.lock`), released when dropped or when the
+/// process dies.
+struct DirLock(#[allow(dead_code)] std::fs::File);
+
+impl DirLock {
+    fn acquire(dir: &Path) -> Result<DirLock> {
+        let p = dir.join(".lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .with_context(|| format!("{}: cannot open", p.display()))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::io::AsRawFd;
+            // SAFETY: flock on a file descriptor this function owns.
+            let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if r != 0 {
+                bail!(
+                    "{}: another `cgnmt reproduce` is working in this directory",
+                    dir.display()
+                );
+            }
+        }
+        Ok(DirLock(f))
+    }
+}
+
+/// `cgnmt prepare` into `OUT/prepared` (once; the arguments' fingerprint is kept beside it), and the test
+/// files the runs decode and score.
+fn prepare_data(
+    plan: &Plan,
+    args: &ReproduceArgs,
+    data: &Path,
+    out: &Path,
+    quiet: bool,
+) -> Result<(PathBuf, PathBuf, Vec<PathBuf>)> {
+    let d = &plan.data;
+    let file = |rel: &str| -> Result<PathBuf> {
+        let p = data.join(rel);
+        if !p.is_file() {
+            bail!(
+                "{}: not found (the plan's data paths are relative to the data directory {}; set \
+                 $CGNMT_DATA or --data)",
+                p.display(),
+                data.display()
+            );
+        }
+        Ok(p)
+    };
+    let s = |p: PathBuf| p.display().to_string();
+    let prepared = out.join("prepared");
+    let mut pargs: Vec<String> = vec![
+        "prepare".into(),
+        "--src".into(),
+        s(file(&d.train_src)?),
+        "--tgt".into(),
+        s(file(&d.train_tgt)?),
+        "--dev-src".into(),
+        s(file(&d.dev_src)?),
+        "--dev-tgt".into(),
+        s(file(&d.dev_tgt)?),
+        "--test-src".into(),
+        s(file(&d.test_src)?),
+        "--test-tgt".into(),
+        s(file(
+            &d.test_refs.first().context("data.test_refs is empty")?,
+        )?),
+        "--src-lang".into(),
+        d.src_lang.clone(),
+        "--tgt-lang".into(),
+        d.tgt_lang.clone(),
+    ];
+    pargs.extend(d.prepare.iter().cloned());
+    if args.quick {
+        pargs.extend(plan.quick.prepare.iter().cloned());
+    }
+    // The fingerprint leaves out where the data directory is, so a moved checkout keeps its runs.
+    let fp = plan::fingerprint(
+        &pargs
+            .iter()
+            .map(|a| a.strip_prefix(&s(data.to_path_buf())).unwrap_or(a))
+            .collect::<Vec<_>>()
+            .join("\u{1f}"),
+    );
+    let fp_file = prepared.join("reproduce.fingerprint");
+    let have = std::fs::read_to_string(&fp_file).ok();
+    if have.as_deref().map(str::trim) != Some(fp.as_str()) {
+        if prepared.exists() {
+            if have.is_some() {
+                bail!(
+                    "{}: prepared with other settings (another plan, or --quick); choose another --out",
+                    prepared.display()
+                );
+            }
+            std::fs::remove_dir_all(&prepared)
+                .with_context(|| format!("{}: cannot remove", prepared.display()))?;
+        }
+        if !quiet {
+            eprintln!("== preparing the data into {}", prepared.display());
+        }
+        pargs.push("--out".into());
+        pargs.push(s(prepared.clone()));
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: cgnmt_data::prepare::PrepareArgs,
+        }
+        let p = <P as clap::Parser>::try_parse_from(&pargs)
+            .map_err(|e| anyhow::anyhow!("data.prepare: {e}"))?;
+        cgnmt_data::prepare::run_prepare(&p.a)?;
+        std::fs::write(&fp_file, &fp)
+            .with_context(|| format!("{}: cannot write", fp_file.display()))?;
+    }
+    // Test files: the raw source, the tokenised source (for word counts) and the references, limited in
+    // quick mode.
+    let limit = if args.quick && plan.quick.test_limit > 0 {
+        plan.quick.test_limit
+    } else {
+        usize::MAX
+    };
+    let tdir = out.join("test");
+    std::fs::create_dir_all(&tdir).with_context(|| format!("{}: cannot create", tdir.display()))?;
+    let copy = |from: &Path, to: PathBuf| -> Result<PathBuf> {
+        let lines = cgnmt_data::corpus::read_lines(from)?;
+        let n = lines.len().min(limit);
+        let mut text = lines[..n].join("\n");
+        text.push('\n');
+        write_atomic(&to, text.as_bytes())?;
+        Ok(to)
+    };
+    let src = copy(&file(&d.test_src)?, tdir.join("src.txt"))?;
+    let src_tok = copy(&prepared.join("test.src"), tdir.join("src.tok"))?;
+    let mut refs = vec![];
+    for (k, r) in d.test_refs.iter().enumerate() {
+        refs.push(copy(&file(r)?, tdir.join(format!("ref{k}.txt")))?);
+    }
+    let n_src = cgnmt_data::corpus::read_lines(&src)?.len();
+    for r in refs.iter().chain([&src_tok]) {
+        let n = cgnmt_data::corpus::read_lines(r)?.len();
+        if n != n_src {
+            bail!(
+                "{}: {n} lines, but the test source has {n_src}",
+                r.display()
+            );
+        }
+    }
+    Ok((src, src_tok, refs))
+}
+
+pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = p.as_os_str().to_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
+    Ok(())
+}
+
+/// The runs in the order they are trained: table by table, seed by seed, row by row (so a table's rows are
+/// complete with every seed before the next table starts).
+fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
+    let prepared = s.out.join("prepared");
+    let mut tasks = vec![];
+    for table in s.plan.table_ids() {
+        for &seed in &s.seeds {
+            for sys in s.plan.systems.iter().filter(|x| x.table == table) {
+                let mut sets = vec![
+                    format!("data.prepared={:?}", prepared.display().to_string()),
+                    format!("train.seed={seed}"),
+                ];
+                if let Some(b) = s.args.budget_seconds {
+                    sets.push(format!("train.max_seconds={b}"));
+                }
+                let config = s.plan.config(sys, s.args.quick, &sets)?;
+                let fingerprint = plan::fingerprint(&format!(
+                    "{}\nbeam={}\ntest={}",
+                    identity_toml(&config),
+                    s.plan.decode.beam,
+                    cgnmt_data::corpus::read_lines(&s.test_src)?.len()
+                ));
+                tasks.push(Task {
+                    dir: s
+                        .out
+                        .join("systems")
+                        .join(slug(&sys.name))
+                        .join(format!("seed-{seed}")),
+                    system: sys.clone(),
+                    seed,
+                    config,
+                    fingerprint,
+                });
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+/// A configuration as it decides a run's result: without the thread count and the prepared directory's
+/// location.
+fn identity_toml(c: &Config) -> String {
+    let mut c = c.clone();
+    c.train.threads = 0;
+    c.data.prepared = PathBuf::from("prepared");
+    c.to_toml()
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Complete {
+    fingerprint: String,
+}
+
+/// Runs whose COMPLETE marker names another configuration were made by another plan: refuse rather than
+/// mix them into this report.
+fn check_stale(tasks: &[Task]) -> Result<()> {
+    for t in tasks {
+        if let Some(c) = read_complete(&t.dir)? {
+            if c.fingerprint != t.fingerprint {
+                bail!(
+                    "{}: finished with another configuration than the plan now gives {:?} (fingerprint {} \
+                     against {}); train it again with --only {:?}, or use another --out",
+                    t.dir.display(),
+                    t.system.name,
+                    c.fingerprint,
+                    t.fingerprint,
+                    t.system.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_complete(dir: &Path) -> Result<Option<Complete>> {
+    let p = dir.join("COMPLETE");
+    if !p.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{}: not a COMPLETE marker written by cgnmt reproduce",
+            p.display()
+        )
+    })?))
+}
+
+pub fn is_complete(t: &Task) -> bool {
+    matches!(read_complete(&t.dir), Ok(Some(c)) if c.fingerprint == t.fingerprint)
+}
+
+pub fn read_result(t: &Task) -> Result<RunResult> {
+    let p = t.dir.join("result.json");
+    let text =
+        std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: malformed", p.display()))
+}
+
+/// Train and decode every unfinished run, `--jobs` at a time, with progress bars (or one line per run).
+fn run_tasks(s: &Setup, tasks: &[Task], clock: &Arc<Clock>) -> Result<()> {
+    let todo: Vec<&Task> = tasks.iter().filter(|t| !is_complete(t)).collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let steps_of = |t: &Task| t.config.train.max_steps.max(1) as u64;
+    let total_steps: u64 = todo.iter().map(|t| steps_of(t)).sum();
+    let multi = if s.args.quiet {
+        MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden())
+    } else {
+        MultiProgress::new()
+    };
+    // Without bars (--quiet, or stderr not a terminal, e.g. a background run's log) the lines go to stderr.
+    let say = |line: String| {
+        if multi.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            let _ = multi.println(line);
+        }
+    };
+    let overall = multi.add(ProgressBar::new(total_steps));
+    overall.set_style(
+        ProgressStyle::with_template("plan {bar:30} {percent:>3}% of the updates · {msg}")
+            .expect("template"),
+    );
+    overall.set_message(format!("{} runs to go", todo.len()));
+    say(format!(
+        "== {} of {} runs to train ({} at a time, {} threads each)",
+        todo.len(),
+        tasks.len(),
+        s.args.jobs,
+        s.threads
+    ));
+    let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    let done_steps = AtomicU64::new(0);
+    let started = Instant::now();
+    let failures: Mutex<Vec<String>> = Mutex::new(vec![]);
+    std::thread::scope(|sc| {
+        for _ in 0..s.args.jobs.min(todo.len()) {
+            sc.spawn(|| {
+                let bar = multi.add(ProgressBar::new(1));
+                bar.set_style(
+                    ProgressStyle::with_template("  {msg}").expect("template"),
+                );
+                loop {
+                    let k = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(t) = todo.get(k) else { break };
+                    let mut report_step = |step: u64, phase: &str| {
+                        bar.set_message(format!(
+                            "{} · seed {} · {phase} · update {step}/{}",
+                            t.system.name,
+                            t.seed,
+                            steps_of(t)
+                        ));
+                        overall.set_position(
+                            (done_steps.load(Ordering::Relaxed) + step).min(total_steps),
+                        );
+                        let elapsed = started.elapsed().as_secs_f64();
+                        let pos = overall.position().max(1) as f64;
+                        let eta = elapsed / pos * (total_steps as f64 - pos).max(0.0);
+                        overall.set_message(format!(
+                            "{} of {} runs done · plan ETA {}",
+                            finished.load(Ordering::Relaxed),
+                            todo.len(),
+                            fmt_duration(eta)
+                        ));
+                    };
+                    let done = done_steps.load(Ordering::Relaxed);
+                    let eta = if done > 0 {
+                        format!(
+                            "; plan ETA {}",
+                            fmt_duration(
+                                started.elapsed().as_secs_f64() / done as f64
+                                    * (total_steps - done.min(total_steps)) as f64
+                            )
+                        )
+                    } else {
+                        String::new()
+                    };
+                    say(format!(
+                        "started {} seed {} (run {} of {}{eta})",
+                        t.system.name,
+                        t.seed,
+                        k + 1,
+                        todo.len()
+                    ));
+                    let t0 = Instant::now();
+                    match run_task(s, t, clock, &mut report_step) {
+                        Ok(r) => {
+                            finished.fetch_add(1, Ordering::Relaxed);
+                            done_steps.fetch_add(steps_of(t), Ordering::Relaxed);
+                            say(format!(
+                                "finished {} seed {}: test BLEU {:.2} (dev {:.2} at update {}), {} training, \
+                                 {} decoding [{} of {}]",
+                                t.system.name,
+                                t.seed,
+                                r.bleu,
+                                r.best_dev_bleu.unwrap_or(0.0),
+                                r.best_step,
+                                fmt_duration(r.train_seconds),
+                                fmt_duration(r.decode_seconds),
+                                finished.load(Ordering::Relaxed),
+                                todo.len()
+                            ));
+                        }
+                        Err(e) => {
+                            let msg = format!(
+                                "{} seed {} failed after {}: {e:#}",
+                                t.system.name,
+                                t.seed,
+                                fmt_duration(t0.elapsed().as_secs_f64())
+                            );
+                            say(format!("error: {msg}"));
+                            failures.lock().expect("failures").push(msg);
+                        }
+                    }
+                }
+                bar.finish_and_clear();
+            });
+        }
+    });
+    overall.finish_and_clear();
+    let failures = failures.into_inner().expect("failures");
+    if !failures.is_empty() {
+        eprintln!("{} runs failed:", failures.len());
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+    }
+    Ok(())
+}
+
+pub fn fmt_duration(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
+    } else if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// A child `cgnmt` process that dies with this one (so a killed `reproduce` leaves no training running
+/// that a resumed one would collide with), its output appended to `log`.
+fn child(exe: &Path, args: &[String], log: &Path, threads: usize) -> Result<Command> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("{}: cannot open", log.display()))?;
+    let mut c = Command::new(exe);
+    c.args(args)
+        .env("RAYON_NUM_THREADS", threads.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; it only asks for SIGKILL when the parent dies.
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    Ok(c)
+}
+
+/// Run a child to its end, calling `tick` about once a second; an error carries the end of its log.
+pub fn run_child(
+    exe: &Path,
+    args: &[String],
+    log: &Path,
+    threads: usize,
+    clock: &Clock,
+    mut tick: impl FnMut(),
+) -> Result<()> {
+    let t0 = Instant::now();
+    let mut c = child(exe, args, log, threads)?;
+    let mut proc = c
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
+    let status = loop {
+        if let Some(st) = proc.try_wait()? {
+            break st;
+        }
+        tick();
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    clock.add_work(t0.elapsed());
+    if !status.success() {
+        let tail = std::fs::read_to_string(log)
+            .map(|t| {
+                let lines: Vec<&str> = t.lines().collect();
+                lines[lines.len().saturating_sub(5)..].join("\n    ")
+            })
+            .unwrap_or_default();
+        bail!(
+            "`cgnmt {}` exited with {status}; the end of {}:\n    {tail}",
+            args.first().map(String::as_str).unwrap_or(""),
+            log.display()
+        );
+    }
+    Ok(())
+}
+
+/// The last update step in a training log (its periodic `{"step": N, ...}` lines).
+fn last_logged_step(log: &Path) -> Option<u64> {
+    let f = std::fs::File::open(log).ok()?;
+    let mut last = None;
+    for line in std::io::BufReader::new(f).lines().map_while(|l| l.ok()) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+            if let Some(s) = v
+                .get("step")
+                .or_else(|| v.get("eval"))
+                .and_then(|x| x.as_u64())
+            {
+                last = Some(s);
+            }
+        }
+    }
+    last
+}
+
+/// Train (or resume) one run, decode the test set with its best model, score it and mark it complete.
+fn run_task(
+    s: &Setup,
+    t: &Task,
+    clock: &Clock,
+    progress: &mut dyn FnMut(u64, &str),
+) -> Result<RunResult> {
+    std::fs::create_dir_all(&t.dir)
+        .with_context(|| format!("{}: cannot create", t.dir.display()))?;
+    let run = t.dir.join("run");
+    let log = t.dir.join("output.log");
+    let cfg_path = t.dir.join("config.toml");
+    let mut cfg = t.config.clone();
+    cfg.train.threads = s.threads;
+    let last = checkpoint::complete_dir(&run.join("last"));
+    let train_args: Option<Vec<String>> = match &last {
+        Some(dir) => {
+            let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
+            if identity_toml(&saved) != identity_toml(&t.config) {
+                bail!(
+                    "{}: holds a training run of another configuration; remove it or use --only {:?}",
+                    run.display(),
+                    t.system.name
+                );
+            }
+            if checkpoint::load_state(dir)?.finished {
+                None
+            } else {
+                Some(vec![
+                    "train".into(),
+                    "--quiet".into(),
+                    "--resume".into(),
+                    run.display().to_string(),
+                    "--set".into(),
+                    format!("train.threads={}", s.threads),
+                ])
+            }
+        }
+        None => {
+            if run.exists() {
+                // Started but killed before its first checkpoint: nothing to keep.
+                std::fs::remove_dir_all(&run)
+                    .with_context(|| format!("{}: cannot remove", run.display()))?;
+            }
+            write_atomic(&cfg_path, cfg.to_toml().as_bytes())?;
+            Some(vec![
+                "train".into(),
+                "--quiet".into(),
+                "-c".into(),
+                cfg_path.display().to_string(),
+                "--out".into(),
+                run.display().to_string(),
+            ])
+        }
+    };
+    let timing_path = t.dir.join("timing.json");
+    let mut timing: Timing = std::fs::read_to_string(&timing_path)
+        .ok()
+        .and_then(|x| serde_json::from_str(&x).ok())
+        .unwrap_or_default();
+    if let Some(a) = train_args {
+        let t0 = Instant::now();
+        let train_log = run.join("train.log");
+        run_child(&s.exe, &a, &log, s.threads, clock, || {
+            progress(last_logged_step(&train_log).unwrap_or(0), "training")
+        })?;
+        timing.train_seconds += t0.elapsed().as_secs_f64();
+        write_atomic(&timing_path, serde_json::to_string(&timing)?.as_bytes())?;
+    }
+    progress(t.config.train.max_steps as u64, "decoding the test set");
+    let best = if run.join("best").is_dir() {
+        run.join("best")
+    } else {
+        run.join("last")
+    };
+    let t0 = Instant::now();
+    let hyp = t.dir.join("test.hyp");
+    let dump = t.dir.join("test.dump.jsonl");
+    let targs: Vec<String> = vec![
+        "translate".into(),
+        "--quiet".into(),
+        "-m".into(),
+        best.display().to_string(),
+        "--beam".into(),
+        s.plan.decode.beam.to_string(),
+        "-i".into(),
+        s.test_src.display().to_string(),
+        "-o".into(),
+        hyp.display().to_string(),
+        "--dump".into(),
+        dump.display().to_string(),
+    ];
+    run_child(&s.exe, &targs, &log, s.threads, clock, || {})?;
+    timing.decode_seconds = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
+    let r = analyses::score_run(s, t, &run, &best, &timing)?;
+    clock.add_own(t0.elapsed());
+    write_atomic(
+        &t.dir.join("result.json"),
+        serde_json::to_string_pretty(&r)?.as_bytes(),
+    )?;
+    write_atomic(
+        &t.dir.join("COMPLETE"),
+        serde_json::to_string(&Complete {
+            fingerprint: t.fingerprint.clone(),
+        })?
+        .as_bytes(),
+    )?;
+    Ok(r)
+}
+
+/// Wall time of a run's child processes (training adds up over resumed attempts).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+pub struct Timing {
+    pub train_seconds: f64,
+    pub decode_seconds: f64,
+}
+
+/// Append a line to a file (used for the invocation log).
+pub fn append_line(p: &Path, line: &str) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .with_context(|| format!("{}: cannot open", p.display()))?;
+    writeln!(f, "{line}").with_context(|| format!("{}: cannot write", p.display()))
+}

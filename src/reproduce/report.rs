@@ -1,0 +1,666 @@
+//! `report.md` and a self-contained `report.html` (figures embedded) from [`Results`], and the report's
+//! figures. Both documents are rendered from one list of blocks, so they say the same thing.
+
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use cgnmt_eval::plot::{CategoryFigure, CategoryPanel, StepCurvesFigure};
+
+use super::analyses::{FigureRef, Results, Row};
+use super::{fmt_duration, write_atomic, Setup};
+
+enum Block {
+    H(u8, String),
+    P(String),
+    List(Vec<String>),
+    Table(Vec<String>, Vec<Vec<String>>),
+    Img(String, String),
+    Code(String),
+}
+
+fn f2(x: Option<f64>) -> String {
+    x.map_or("–".into(), |v| format!("{v:.2}"))
+}
+
+fn signed(x: Option<f64>) -> String {
+    x.map_or("–".into(), |v| format!("{v:+.2}"))
+}
+
+fn pval(p: f64) -> String {
+    if p < 0.001 {
+        format!("{p:.1e}")
+    } else {
+        format!("{p:.3}")
+    }
+}
+
+/// Render the figures of the results into `OUT/figures` and list them in `r.figures`.
+pub fn figures(s: &Setup, r: &mut Results) -> Result<()> {
+    let dir = s.out.join("figures");
+    std::fs::create_dir_all(&dir)?;
+    let add = |file: String, caption: String, r: &mut Results| {
+        r.figures.push(FigureRef { file, caption });
+    };
+    for (id, title) in r.tables.clone() {
+        let series: Vec<(String, Vec<(f64, f64)>)> = r
+            .systems
+            .iter()
+            .filter(|x| x.table == id)
+            .filter_map(|sys| {
+                let runs: Vec<_> = r.runs.iter().filter(|x| x.system == sys.name).collect();
+                if runs.is_empty() {
+                    return None;
+                }
+                // Mean over seeds at each evaluation step that every seed reached.
+                let steps: Vec<u64> = runs[0].dev_curve.iter().map(|p| p.0).collect();
+                let pts = steps
+                    .iter()
+                    .filter_map(|&st| {
+                        let v: Vec<f64> = runs
+                            .iter()
+                            .filter_map(|x| x.dev_curve.iter().find(|p| p.0 == st).map(|p| p.1))
+                            .collect();
+                        (v.len() == runs.len())
+                            .then(|| (st as f64, v.iter().sum::<f64>() / v.len() as f64))
+                    })
+                    .collect();
+                Some((sys.name.clone(), pts))
+            })
+            .collect();
+        if series.is_empty() {
+            continue;
+        }
+        let file = format!("training-table-{}.png", super::plan::slug(&id));
+        let fig = StepCurvesFigure {
+            title: format!("Dev BLEU during training: {title}"),
+            y_desc: "dev BLEU (mean over seeds)".into(),
+            series,
+        };
+        cgnmt_eval::plot::save(&fig, &dir.join(&file))?;
+        add(
+            file,
+            format!("Dev BLEU against updates, mean over seeds, every system of “{title}”."),
+            r,
+        );
+    }
+    if !r.context_scaling.is_empty() {
+        let cats: Vec<String> = r.context_scaling[0]
+            .scaling
+            .runs
+            .iter()
+            .map(|x| cgnmt_eval::analysis::scale_label(x.a, x.b))
+            .collect();
+        let series = |f: &dyn Fn(&cgnmt_eval::analysis::ScalingRun) -> Option<f64>| {
+            r.context_scaling
+                .iter()
+                .map(|c| {
+                    (
+                        c.system.clone(),
+                        c.scaling.runs.iter().map(f).collect::<Vec<_>>(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let fig = CategoryFigure {
+            panels: vec![
+                CategoryPanel {
+                    title: "Output length / reference length".into(),
+                    x_desc: "(a, b) = (source scale, target scale)".into(),
+                    y_desc: "length ratio".into(),
+                    categories: cats.clone(),
+                    series: series(&|x| x.ratio_ref),
+                },
+                CategoryPanel {
+                    title: "BLEU".into(),
+                    x_desc: "(a, b) = (source scale, target scale)".into(),
+                    y_desc: "BLEU".into(),
+                    categories: cats,
+                    series: series(&|x| Some(x.bleu)),
+                },
+            ],
+            panel_size: (620, 460),
+        };
+        cgnmt_eval::plot::save(&fig, &dir.join("context-scaling.png"))?;
+        add(
+            "context-scaling.png".into(),
+            "Decoding with the source context scaled by a and the target context by b (paper Figure 2).".into(),
+            r,
+        );
+    }
+    if let Some(g) = &r.length_groups {
+        cgnmt_eval::plot::save(
+            &cgnmt_eval::plot::length_groups_figure(g),
+            &dir.join("length-groups.png"),
+        )?;
+        add(
+            "length-groups.png".into(),
+            "BLEU and output length by source length (paper Figure 7).".into(),
+            r,
+        );
+    }
+    if !r.gate_histogram.is_empty() {
+        let cats: Vec<String> = (0..20)
+            .map(|k| format!("{:.2}", (k as f64 + 0.5) / 20.0))
+            .collect();
+        let fig = CategoryFigure {
+            panels: vec![CategoryPanel {
+                title: "Gate values of the target words".into(),
+                x_desc: "mean gate value (bin centre)".into(),
+                y_desc: "fraction of words".into(),
+                categories: cats,
+                series: r
+                    .gate_histogram
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.system.clone(),
+                            h.fractions.iter().map(|&x| Some(x)).collect(),
+                        )
+                    })
+                    .collect(),
+            }],
+            panel_size: (1000, 460),
+        };
+        cgnmt_eval::plot::save(&fig, &dir.join("gate-histogram.png"))?;
+        add(
+            "gate-histogram.png".into(),
+            "Distribution of the gate value (mean over the gate's dimensions) per output word."
+                .into(),
+            r,
+        );
+    }
+    Ok(())
+}
+
+fn row_cells(r: &Row, res: &Results) -> Vec<String> {
+    let per_seed = r
+        .seeds
+        .iter()
+        .zip(&r.bleu)
+        .map(|(s, b)| format!("{b:.2} ({s})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mean_sd = match (r.mean, r.sd) {
+        (Some(m), Some(s)) => format!("{m:.2} ± {s:.2}"),
+        (Some(m), None) => format!("{m:.2}"),
+        _ => "pending".into(),
+    };
+    let (bs, ar, sign) = match &r.tests {
+        Some(t) => (
+            pval(t.bootstrap_p),
+            pval(t.ar_p),
+            format!(
+                "{}/{}/{} p={}",
+                t.sign.better,
+                t.sign.worse,
+                t.sign.ties,
+                pval(t.sign.p_value)
+            ),
+        ),
+        None => ("–".into(), "–".into(), "–".into()),
+    };
+    let _ = res;
+    vec![
+        r.system.clone(),
+        r.params
+            .map_or("–".into(), |p| format!("{:.2}M", p as f64 / 1e6)),
+        mean_sd,
+        per_seed,
+        f2(r.sacrebleu_mean),
+        f2(r.chrf_mean),
+        f2(r.length_ratio),
+        r.baseline.clone().unwrap_or_else(|| "–".into()),
+        signed(r.delta),
+        bs,
+        ar,
+        sign,
+        f2(r.paper),
+        signed(r.paper_delta),
+        r.train_seconds_mean.map_or("–".into(), fmt_duration),
+    ]
+}
+
+fn blocks(s: &Setup, r: &Results) -> Vec<Block> {
+    use Block::*;
+    let mut b = vec![];
+    b.push(H(
+        1,
+        format!("Reproduction of Tu et al. (2017): {}", r.plan),
+    ));
+    if r.quick {
+        b.push(P("**Quick mode** (`--quick`): a tiny budget for testing the pipeline; the numbers say nothing about the models.".into()));
+    }
+    b.push(P(r.description.clone()));
+    b.push(List(vec![
+        format!("Plan: `{}`; seeds {:?}; beam {}; {} test sentences, {} reference(s).", r.plan_file, r.seeds, r.beam, r.test_sentences, r.references),
+        format!("Command: `{}`", r.environment.command),
+        format!("cgnmt {} at commit `{}`; CPU: {} ({} threads available); written {}.", r.environment.cgnmt_version, r.environment.commit, r.environment.cpu, r.environment.cores, r.environment.date),
+        format!("Runs finished: {} of {}.{}", r.runs.len(), r.runs.len() + r.pending.len(), if r.pending.is_empty() { String::new() } else { format!(" Pending: {}.", r.pending.join("; ")) }),
+        "BLEU is NIST mteval-v11b, case-insensitive (the paper's metric), of each run's best-dev-BLEU model; sacreBLEU (13a, cased) and chrF are shown beside it. Every number below is read from the run files (`results.json`).".into(),
+    ]));
+    b.push(P(format!(
+        "Significance against the row's baseline is computed on the pooled outputs: the system's seed s paired with the baseline's seed s, sentence by sentence, over every seed both have: paired bootstrap ({} resamples) and approximate randomisation ({} trials) p-values, and the sign test (sentences better/worse/equal, two-sided binomial p). The paper's BLEU is the NIST MT05/06/08 average (4 references, model-spec §9): compare its differences (paper Δ), not its level.",
+        super::analyses::BOOTSTRAP_SAMPLES, super::analyses::AR_TRIALS
+    )));
+    let head: Vec<String> = [
+        "system",
+        "params",
+        "BLEU mean ± sd",
+        "per seed (seed)",
+        "sacreBLEU",
+        "chrF",
+        "len ratio",
+        "baseline",
+        "Δ",
+        "p bootstrap",
+        "p AR",
+        "sign test b/w/e p",
+        "paper BLEU",
+        "paper Δ",
+        "train time",
+    ]
+    .iter()
+    .map(|x| x.to_string())
+    .collect();
+    for (id, title) in &r.tables {
+        b.push(H(2, title.clone()));
+        let rows: Vec<Vec<String>> = r
+            .rows
+            .iter()
+            .filter(|x| &x.table == id)
+            .map(|x| row_cells(x, r))
+            .collect();
+        b.push(Table(head.clone(), rows));
+        if let Some((_, st)) = r.stability.iter().find(|(t, _)| t == id) {
+            b.push(P(format!(
+                "Stability: the rows' order by dev BLEU (best of the evaluations so far, mean over seeds) at update {} against update {} (20% more training): Kendall's τ = {}; {}.",
+                st.at_step,
+                st.final_step,
+                st.kendall_tau.map_or("–".into(), |t| format!("{t:.2}")),
+                if st.swapped_pairs.is_empty() {
+                    "no pair of rows changes order".to_string()
+                } else {
+                    format!(
+                        "pairs that change order: {}",
+                        st.swapped_pairs.iter().map(|(a, b)| format!("{a} / {b}")).collect::<Vec<_>>().join("; ")
+                    )
+                }
+            )));
+            b.push(Table(
+                vec![
+                    "system".into(),
+                    format!("dev BLEU at {}", st.at_step),
+                    format!("dev BLEU at {}", st.final_step),
+                ],
+                st.rows
+                    .iter()
+                    .map(|x| {
+                        vec![
+                            x.system.clone(),
+                            format!("{:.2}", x.dev_bleu_at),
+                            format!("{:.2}", x.dev_bleu_final),
+                        ]
+                    })
+                    .collect(),
+            ));
+        }
+    }
+    if !r.alignment.is_empty() {
+        b.push(H(
+            2,
+            "Alignment quality of attention (paper Table 4)".into(),
+        ));
+        b.push(P("Reference translations force-decoded with each seed's best model; AER of the row-wise argmax links (first maximum on ties) and soft AER (SAER) of the attention matrices against gold Sure/Possible links, mean ± sd over seeds (lower is better).".into()));
+        for a in &r.alignment {
+            b.push(H(3, format!("{} ({} sentence pairs)", a.name, a.sentences)));
+            b.push(Table(
+                vec![
+                    "system".into(),
+                    "AER".into(),
+                    "SAER".into(),
+                    "per seed AER".into(),
+                ],
+                a.systems
+                    .iter()
+                    .map(|x| {
+                        let ms = |m: Option<f64>, s: Option<f64>| match (m, s) {
+                            (Some(m), Some(s)) => format!("{:.2} ± {:.2}", 100.0 * m, 100.0 * s),
+                            (Some(m), None) => format!("{:.2}", 100.0 * m),
+                            _ => "pending".into(),
+                        };
+                        vec![
+                            x.system.clone(),
+                            ms(x.aer_mean, x.aer_sd),
+                            ms(x.saer_mean, x.saer_sd),
+                            x.aer
+                                .iter()
+                                .zip(&x.seeds)
+                                .map(|(a, s)| format!("{:.2} ({s})", 100.0 * a))
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        ]
+                    })
+                    .collect(),
+            ));
+        }
+    }
+    if let Some(g) = &r.gate_correlation {
+        b.push(H(
+            2,
+            "Gate value and translation quality (paper Table 6)".into(),
+        ));
+        b.push(P(format!(
+            "Pearson correlation between a sentence's mean gate value in {} (seed {}) and its sentence-BLEU improvement over {} (seed {}); sentence BLEU: {}.",
+            g.system, g.system_seed, g.baseline, g.baseline_seed, g.signature
+        )));
+        b.push(Table(
+            vec![
+                "sentences".into(),
+                "n".into(),
+                "Pearson r".into(),
+                "mean gate".into(),
+                "mean improvement".into(),
+            ],
+            g.correlations
+                .iter()
+                .map(|c| {
+                    vec![
+                        c.subset.clone(),
+                        c.n.to_string(),
+                        c.r.map_or_else(
+                            || c.note.clone().unwrap_or_default(),
+                            |x| format!("{x:.3}"),
+                        ),
+                        f2(c.mean_gate.map(|x| x)),
+                        f2(c.mean_improvement),
+                    ]
+                })
+                .collect(),
+        ));
+    }
+    if !r.gate_histogram.is_empty() {
+        b.push(H(2, "Gate values".into()));
+        b.push(Table(
+            vec![
+                "system".into(),
+                "seed".into(),
+                "output words".into(),
+                "mean gate".into(),
+            ],
+            r.gate_histogram
+                .iter()
+                .map(|h| {
+                    vec![
+                        h.system.clone(),
+                        h.seed.to_string(),
+                        h.words.to_string(),
+                        h.mean.map_or("–".into(), |m| format!("{m:.3}")),
+                    ]
+                })
+                .collect(),
+        ));
+    }
+    if !r.context_scaling.is_empty() {
+        b.push(H(2, "Context scaling (paper Figure 2 and Table 1)".into()));
+        b.push(P("Each system's median seed decodes the test set with the source-context terms scaled by a and the target-side terms (word and state) by b.".into()));
+        for c in &r.context_scaling {
+            b.push(H(3, format!("{} (seed {})", c.system, c.seed)));
+            b.push(Table(
+                vec![
+                    "(a, b)".into(),
+                    "BLEU".into(),
+                    "output words".into(),
+                    "output / reference".into(),
+                    "output / source".into(),
+                ],
+                c.scaling
+                    .runs
+                    .iter()
+                    .map(|x| {
+                        vec![
+                            cgnmt_eval::analysis::scale_label(x.a, x.b),
+                            format!("{:.2}", x.bleu),
+                            x.out_words.to_string(),
+                            f2(x.ratio_ref),
+                            f2(x.ratio_src),
+                        ]
+                    })
+                    .collect(),
+            ));
+        }
+    }
+    if let Some(g) = &r.length_groups {
+        b.push(H(2, "BLEU by source length (paper Figure 7)".into()));
+        let mut head = vec!["source words".to_string(), "sentences".into()];
+        let names: Vec<String> = g
+            .buckets
+            .first()
+            .map(|x| x.systems.iter().map(|s| s.name.clone()).collect())
+            .unwrap_or_default();
+        head.extend(names.iter().map(|n| format!("{n} BLEU")));
+        b.push(Table(
+            head,
+            g.buckets
+                .iter()
+                .map(|k| {
+                    let mut row = vec![k.label.clone(), k.sentences.to_string()];
+                    row.extend(k.systems.iter().map(|s| f2(s.bleu)));
+                    row
+                })
+                .collect(),
+        ));
+    }
+    if let Some(sj) = &r.subjective {
+        b.push(H(2, "Subjective evaluation sample (paper Table 3)".into()));
+        b.push(P(format!(
+            "{} test sentences sampled at random (seed 2017), each with the outputs of {} and {} in a random order: `{}` (for raters), `{}` (which output is which). {} of the pairs are identical.",
+            sj.pairs, sj.baseline, sj.system, sj.pairs_file, sj.key_file, sj.identical
+        )));
+    }
+    if !r.figures.is_empty() {
+        b.push(H(2, "Figures".into()));
+        for f in &r.figures {
+            b.push(Img(format!("figures/{}", f.file), f.caption.clone()));
+        }
+    }
+    b.push(H(2, "Wall time".into()));
+    let work: f64 = r.invocations.iter().map(|i| i.work_seconds).sum();
+    let own: f64 = r.invocations.iter().map(|i| i.own_seconds).sum();
+    let wall: f64 = r.invocations.iter().map(|i| i.wall_seconds).sum();
+    let serial: Vec<_> = r
+        .invocations
+        .iter()
+        .filter(|i| i.jobs == 1 && !i.report_only)
+        .collect();
+    let serial_over = {
+        let w: f64 = serial.iter().map(|i| i.work_seconds).sum();
+        let all: f64 = serial.iter().map(|i| i.wall_seconds).sum();
+        (w > 0.0).then(|| 100.0 * (all - w) / w)
+    };
+    b.push(P(format!(
+        "{} invocations of `cgnmt reproduce` took {} of wall time; their child processes (training, decoding, aligning) and data preparation {}, and reproduce's own work (scoring, significance tests, analyses, figures) {} ({:.2}% of the work){}.",
+        r.invocations.len(),
+        fmt_duration(wall),
+        fmt_duration(work),
+        fmt_duration(own),
+        100.0 * own / work.max(1e-9),
+        serial_over.map_or(String::new(), |o| format!("; in the invocations that ran one job at a time, wall time exceeded the children's by {o:.2}%"))
+    )));
+    b.push(Table(
+        vec![
+            "system".into(),
+            "seeds".into(),
+            "updates".into(),
+            "training per seed".into(),
+            "decoding per seed".into(),
+        ],
+        r.rows
+            .iter()
+            .map(|x| {
+                vec![
+                    x.system.clone(),
+                    x.seeds.len().to_string(),
+                    x.steps.map_or("–".into(), |s| s.to_string()),
+                    x.train_seconds_mean.map_or("–".into(), fmt_duration),
+                    x.decode_seconds_mean.map_or("–".into(), fmt_duration),
+                ]
+            })
+            .collect(),
+    ));
+    b.push(H(2, "Configurations".into()));
+    b.push(P("Settings shared by every system (on top of the defaults, `configs/paper.toml`'s paper values), then each system's own; each run's resolved configuration is `systems/<row>/seed-<s>/config.toml`.".into()));
+    b.push(Code(r.shared_settings.join("\n")));
+    b.push(Table(
+        vec!["system".into(), "settings".into()],
+        r.systems
+            .iter()
+            .map(|x| vec![x.name.clone(), format!("`{}`", x.set.join(" "))])
+            .collect(),
+    ));
+    let _ = s;
+    b
+}
+
+fn md(blocks: &[Block]) -> String {
+    let mut o = String::new();
+    let cell = |c: &str| c.replace('|', "\\|").replace('\n', " ");
+    for b in blocks {
+        match b {
+            Block::H(n, t) => {
+                let _ = writeln!(o, "{} {t}\n", "#".repeat(*n as usize));
+            }
+            Block::P(t) => {
+                let _ = writeln!(o, "{t}\n");
+            }
+            Block::List(items) => {
+                for i in items {
+                    let _ = writeln!(o, "- {i}");
+                }
+                o.push('\n');
+            }
+            Block::Table(head, rows) => {
+                let _ = writeln!(
+                    o,
+                    "| {} |",
+                    head.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | ")
+                );
+                let _ = writeln!(o, "|{}", "---|".repeat(head.len()));
+                for r in rows {
+                    let _ = writeln!(
+                        o,
+                        "| {} |",
+                        r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | ")
+                    );
+                }
+                o.push('\n');
+            }
+            Block::Img(file, cap) => {
+                let _ = writeln!(o, "![{cap}]({file})\n\n*{cap}*\n");
+            }
+            Block::Code(t) => {
+                let _ = writeln!(o, "```\n{t}\n```\n");
+            }
+        }
+    }
+    o
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Escaped text with `code` spans and **bold**.
+fn inline(s: &str) -> String {
+    let mut out = String::new();
+    for (k, part) in esc(s).split('`').enumerate() {
+        if k % 2 == 1 {
+            let _ = write!(out, "<code>{part}</code>");
+        } else {
+            for (j, q) in part.split("**").enumerate() {
+                if j % 2 == 1 {
+                    let _ = write!(out, "<strong>{q}</strong>");
+                } else {
+                    out.push_str(q);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn html(blocks: &[Block], s: &Setup, title: &str) -> Result<String> {
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>\
+body{{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.45;color:#222}}\
+table{{border-collapse:collapse;margin:1em 0;font-size:0.9em}}td,th{{border:1px solid #ccc;padding:3px 7px;text-align:left}}\
+th{{background:#f3f3f3}}tr:nth-child(even) td{{background:#fafafa}}img{{max-width:100%;border:1px solid #ddd}}\
+figure{{margin:1.5em 0}}figcaption{{font-style:italic;color:#555}}code,pre{{background:#f6f6f6}}pre{{padding:0.6em;overflow-x:auto}}\
+</style></head><body>\n",
+        esc(title)
+    );
+    for b in blocks {
+        match b {
+            Block::H(n, t) => {
+                let _ = writeln!(o, "<h{n}>{}</h{n}>", inline(t));
+            }
+            Block::P(t) => {
+                let _ = writeln!(o, "<p>{}</p>", inline(t));
+            }
+            Block::List(items) => {
+                o.push_str("<ul>\n");
+                for i in items {
+                    let _ = writeln!(o, "<li>{}</li>", inline(i));
+                }
+                o.push_str("</ul>\n");
+            }
+            Block::Table(head, rows) => {
+                o.push_str("<table><thead><tr>");
+                for h in head {
+                    let _ = write!(o, "<th>{}</th>", inline(h));
+                }
+                o.push_str("</tr></thead><tbody>\n");
+                for r in rows {
+                    o.push_str("<tr>");
+                    for c in r {
+                        let _ = write!(o, "<td>{}</td>", inline(c));
+                    }
+                    o.push_str("</tr>\n");
+                }
+                o.push_str("</tbody></table>\n");
+            }
+            Block::Img(file, cap) => {
+                let bytes = std::fs::read(s.out.join(file))?;
+                let _ = writeln!(
+                    o,
+                    "<figure><img alt=\"{}\" src=\"data:image/png;base64,{}\"><figcaption>{}</figcaption></figure>",
+                    esc(cap),
+                    base64::encode(&bytes),
+                    inline(cap)
+                );
+            }
+            Block::Code(t) => {
+                let _ = writeln!(o, "<pre><code>{}</code></pre>", esc(t));
+            }
+        }
+    }
+    o.push_str("</body></html>\n");
+    Ok(o)
+}
+
+/// Write `results.json`, `report.md` and `report.html`.
+pub fn write(s: &Setup, r: &Results) -> Result<()> {
+    write_atomic(
+        &s.out.join("results.json"),
+        serde_json::to_string_pretty(r)?.as_bytes(),
+    )?;
+    let b = blocks(s, r);
+    write_atomic(&s.out.join("report.md"), md(&b).as_bytes())?;
+    let title = format!("Reproduction of Tu et al. (2017): {}", r.plan);
+    write_atomic(&s.out.join("report.html"), html(&b, s, &title)?.as_bytes())?;
+    Ok(())
+}
