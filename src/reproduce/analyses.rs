@@ -889,3 +889,60 @@ pub fn finish(s: &Setup, mut r: Results, mut inv: Invocation) -> Result<Results>
         .collect();
     Ok(r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(system: &str, seed: u64, curve: &[(u64, f64)]) -> RunResult {
+        RunResult {
+            system: system.into(),
+            seed,
+            dir: String::new(),
+            fingerprint: String::new(),
+            steps: curve.last().map_or(0, |p| p.0),
+            epochs: 1,
+            best_step: 0,
+            best_dev_bleu: None,
+            params: 0,
+            train_seconds: 0.0,
+            decode_seconds: 0.0,
+            bleu: 0.0,
+            sacrebleu: 0.0,
+            sacrebleu_signature: String::new(),
+            chrf: 0.0,
+            hyp_words: 0,
+            ref_words: 0.0,
+            dev_curve: curve.to_vec(),
+        }
+    }
+
+    #[test]
+    fn stability_compares_the_order_at_five_sixths_with_the_end() {
+        let runs = [
+            run("A", 1, &[(500, 10.0), (1000, 12.0), (1200, 12.5)]),
+            run("A", 2, &[(500, 10.0), (1000, 14.0), (1200, 13.0)]),
+            run("B", 1, &[(500, 11.0), (1000, 12.0), (1200, 16.0)]),
+            run("C", 1, &[(500, 1.0), (1000, 2.0), (1200, 3.0)]),
+        ];
+        let of = |n: &str| runs.iter().filter(|r| r.system == n).collect::<Vec<_>>();
+        let st = stability_of(&["A", "B", "C"], &of).unwrap();
+        assert_eq!((st.at_step, st.final_step), (1000, 1200));
+        // A: best up to 1000 is 12 and 14 (mean 13), at the end 12.5 and 14 (13.25); B: 12 then 16.
+        assert_eq!(st.rows[0].dev_bleu_at, 13.0);
+        assert_eq!(st.rows[0].dev_bleu_final, 13.25);
+        assert_eq!(st.rows[1].dev_bleu_at, 12.0);
+        assert_eq!(st.rows[1].dev_bleu_final, 16.0);
+        assert_eq!(st.swapped_pairs, vec![("A".to_string(), "B".to_string())]);
+        assert!((st.kendall_tau.unwrap() - 1.0 / 3.0).abs() < 1e-12);
+        // A row without a finished run gives no stability check.
+        assert!(stability_of(&["A", "D"], &of).is_none());
+    }
+
+    #[test]
+    fn sample_sd() {
+        assert_eq!(sd(&[1.0]), None);
+        assert!((sd(&[1.0, 2.0, 3.0]).unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(mean(&[]), None);
+    }
+}

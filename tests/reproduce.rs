@@ -1,0 +1,267 @@
+//! `cgnmt reproduce --quick` end to end on real data (Tatoeba zh-en, the bundled plan on its tiny budget):
+//! every table and figure of the report comes from real runs, the report's numbers are the run files'
+//! (re-scored here), a killed reproduction resumes, a finished run is never trained again, `--only` trains one
+//! row again, and a plan that no longer matches a finished run is refused.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use cgnmt_eval::bleu::{corpus_bleu, BleuOptions};
+
+fn plan() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/reproduce/tatoeba.toml")
+}
+
+fn reproduce_cmd(out: &Path, extra: &[&str]) -> Command {
+    reproduce_with(&plan(), out, extra)
+}
+
+fn reproduce_with(plan: &Path, out: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
+    c.arg("reproduce")
+        .arg("--quick")
+        .arg("--quiet")
+        .arg("--plan")
+        .arg(plan)
+        .arg("--data")
+        .arg(common::data_dir())
+        .arg("--out")
+        .arg(out)
+        .args(extra);
+    c
+}
+
+fn reproduce(out: &Path, extra: &[&str]) -> Output {
+    reproduce_cmd(out, extra).output().expect("run cgnmt")
+}
+
+fn ok(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "reproduce failed:\n{err}");
+    err
+}
+
+fn json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+fn mtime(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p).unwrap().modified().unwrap()
+}
+
+/// The training processes still running in `dir` (their command line names it).
+fn children_in(dir: &Path) -> usize {
+    let needle = dir.display().to_string();
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| {
+                    std::fs::read(e.path().join("cmdline"))
+                        .map(|c| {
+                            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                            c.contains(" train ") && c.contains(&needle)
+                        })
+                        .unwrap_or(false)
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn quick_reproduction_reports_real_runs_and_resumes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("repro");
+
+    // A reproduction killed while it trains leaves no training behind and resumes.
+    let mut c = reproduce_cmd(&out, &[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !out.join("systems/gru-source-gate").exists() && t0.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.kill().unwrap();
+    c.wait().unwrap();
+    assert!(
+        out.join("systems/gru/seed-1/COMPLETE").is_file(),
+        "first run should have finished"
+    );
+    assert!(!out.join("systems/gru-source-gate/seed-1/COMPLETE").exists());
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        children_in(&out),
+        0,
+        "a killed reproduce left training running"
+    );
+    let gru_done = mtime(&out.join("systems/gru/seed-1/COMPLETE"));
+
+    let err = ok(&reproduce(&out, &[]));
+    assert!(err.contains("14 of 14 runs finished"), "{err}");
+    assert!(
+        err.contains("13 of 14 runs to train"),
+        "the finished run was trained again:\n{err}"
+    );
+    assert_eq!(mtime(&out.join("systems/gru/seed-1/COMPLETE")), gru_done);
+
+    // The report's numbers are the run files': re-score a system's output.
+    let results = json(&out.join("results.json"));
+    let runs = results["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 14);
+    assert!(results["pending"].as_array().unwrap().is_empty());
+    let refs = vec![cgnmt_data::corpus::read_lines(&out.join("test/ref0.txt")).unwrap()];
+    assert_eq!(
+        refs[0].len(),
+        80,
+        "quick mode decodes the plan's 80 test sentences"
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for r in runs {
+        let dir = out.join(r["dir"].as_str().unwrap());
+        let hyps = cgnmt_data::corpus::read_lines(&dir.join("test.hyp")).unwrap();
+        assert_eq!(hyps.len(), 80);
+        let bleu = corpus_bleu(&hyps, &refs, &BleuOptions::mteval_v11b())
+            .unwrap()
+            .score;
+        let chrf =
+            cgnmt_eval::chrf::corpus_chrf(&hyps, &refs, &cgnmt_eval::chrf::ChrfOptions::chrf())
+                .unwrap()
+                .score;
+        assert!((r["bleu"].as_f64().unwrap() - bleu).abs() < 1e-9);
+        assert!((r["chrf"].as_f64().unwrap() - chrf).abs() < 1e-9);
+        assert!(chrf > 0.0, "a trained model outputs some right characters");
+        let row = md
+            .lines()
+            .find(|l| l.starts_with(&format!("| {} |", r["system"].as_str().unwrap())))
+            .unwrap_or_else(|| panic!("no row for {}", r["system"]));
+        assert!(
+            row.contains(&format!("| {chrf:.2} |")),
+            "{row} lacks chrF {chrf:.2}"
+        );
+        assert!(
+            row.contains(&format!("{bleu:.2} (1)")),
+            "{row} lacks BLEU {bleu:.2}"
+        );
+        // Each run trained to the plan's quick budget and kept its best dev model.
+        assert_eq!(r["steps"].as_u64().unwrap(), 24);
+        assert!(dir.join("run/best/model.safetensors").is_file());
+    }
+
+    // Every table and figure of the plan is there, made from the runs.
+    for section in [
+        "## Translation quality (paper Table 2)",
+        "## Gate architecture (paper Table 5)",
+        "## Alignment quality of attention (paper Table 4)",
+        "## Gate value and translation quality (paper Table 6)",
+        "## Context scaling (paper Figure 2 and Table 1)",
+        "## BLEU by source length (paper Figure 7)",
+        "## Subjective evaluation sample (paper Table 3)",
+        "## Wall time",
+        "## Configurations",
+    ] {
+        assert!(md.contains(section), "report.md lacks {section}");
+    }
+    assert!(!md.contains("pending"), "every run finished:\n{md}");
+    let figures = results["figures"].as_array().unwrap();
+    let files: Vec<&str> = figures
+        .iter()
+        .map(|f| f["file"].as_str().unwrap())
+        .collect();
+    for want in [
+        "training-table-2.png",
+        "training-table-5.png",
+        "context-scaling.png",
+        "length-groups.png",
+        "gate-histogram.png",
+        "heatmap-0.png",
+    ] {
+        assert!(files.contains(&want), "no figure {want}: {files:?}");
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for f in &files {
+        let bytes = std::fs::read(out.join("figures").join(f)).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{f} is not a PNG");
+        assert!(md.contains(&format!("(figures/{f})")));
+    }
+    assert_eq!(
+        html.matches("src=\"data:image/png;base64,").count(),
+        files.len()
+    );
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "report.html must be self-contained"
+    );
+    // Significance is computed for every row with a baseline, the alignment for each listed system.
+    for row in results["rows"].as_array().unwrap() {
+        assert_eq!(row["baseline"].is_null(), row["tests"].is_null(), "{row}");
+    }
+    let al = &results["alignment"][0];
+    assert_eq!(al["sentences"].as_u64().unwrap(), 450);
+    for s in al["systems"].as_array().unwrap() {
+        let aer = s["aer_mean"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&aer), "{s}");
+    }
+    let pairs = std::fs::read_to_string(out.join("subjective/pairs.jsonl")).unwrap();
+    assert_eq!(
+        pairs.lines().count(),
+        80,
+        "the sample is capped at the test set's size"
+    );
+    let scaling = results["context_scaling"].as_array().unwrap();
+    assert_eq!(scaling.len(), 2);
+    assert_eq!(scaling[0]["scaling"]["runs"].as_array().unwrap().len(), 5);
+
+    // A finished plan trains nothing again; --only trains one row again and keeps the others.
+    let other = mtime(&out.join("systems/gru-both-gate/seed-1/COMPLETE"));
+    let err = ok(&reproduce(&out, &["--only", "GRU"]));
+    assert!(err.contains("1 of 14 runs to train"), "{err}");
+    assert!(mtime(&out.join("systems/gru/seed-1/COMPLETE")) > gru_done);
+    assert_eq!(
+        mtime(&out.join("systems/gru-both-gate/seed-1/COMPLETE")),
+        other
+    );
+
+    // A plan whose row no longer matches its finished run is refused, naming the row.
+    let changed = tmp.path().join("changed.toml");
+    let text = std::fs::read_to_string(plan()).unwrap().replace(
+        "set = [\"model.decoder=vanilla\", \"model.context_gate=none\"]",
+        "set = [\"model.decoder=vanilla\", \"model.context_gate=none\", \"train.clip_norm=0.5\"]",
+    );
+    std::fs::write(&changed, text).unwrap();
+    let o = reproduce_with(&changed, &out, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("another configuration") && err.contains("\"vanilla\""),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn reproduce_refuses_bad_arguments_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    let o = reproduce(&out, &["--only", "GRU + nothing"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("no such row") && err.contains("GRU + both gate"),
+        "{err}"
+    );
+    let o = reproduce(&out, &["--jobs", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--jobs"));
+    let o = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args(["reproduce", "--out"])
+        .arg(&out)
+        .arg("--plan")
+        .arg(tmp.path().join("missing.toml"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("missing.toml"), "{err}");
+}
