@@ -173,8 +173,7 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
         .map(|f| f["file"].as_str().unwrap())
         .collect();
     for want in [
-        "training-table-2.png",
-        "training-table-5.png",
+        "training.png",
         "context-scaling.png",
         "length-groups.png",
         "gate-histogram.png",
@@ -241,6 +240,27 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+
+    // A larger budget goes on from each run's last checkpoint instead of training anew.
+    let longer = tmp.path().join("longer.toml");
+    let text = std::fs::read_to_string(plan())
+        .unwrap()
+        .replace("\"train.max_steps=24\"", "\"train.max_steps=36\"");
+    std::fs::write(&longer, text).unwrap();
+    let err = ok(&reproduce_with(&longer, &out, &[]).output().unwrap());
+    assert!(err.contains("the plan's budget grew"), "{err}");
+    assert!(err.contains("14 of 14 runs to train"), "{err}");
+    let results = json(&out.join("results.json"));
+    for r in results["runs"].as_array().unwrap() {
+        assert_eq!(r["steps"].as_u64().unwrap(), 36, "{}", r["system"]);
+        let steps: Vec<u64> = r["dev_curve"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[0].as_u64().unwrap())
+            .collect();
+        assert_eq!(steps, vec![12, 24, 36], "{}", r["system"]);
+    }
 }
 
 #[test]

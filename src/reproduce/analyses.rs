@@ -403,6 +403,11 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
 
     let a = &plan.analyses;
     let figures_dir = s.out.join("figures");
+    // Figures are drawn anew each time: none of an earlier report's may linger.
+    if figures_dir.exists() {
+        std::fs::remove_dir_all(&figures_dir)
+            .with_context(|| format!("{}: cannot remove", figures_dir.display()))?;
+    }
     std::fs::create_dir_all(&figures_dir)
         .with_context(|| format!("{}: cannot create", figures_dir.display()))?;
     let dump_of = |r: &RunResult| -> Result<Vec<DumpRecord>> {
@@ -791,7 +796,9 @@ fn align_all<'a>(
     for name in &al.systems {
         let (mut seeds, mut aers, mut saers) = (vec![], vec![], vec![]);
         for r in of(name) {
-            let soft = dir.join(format!("{}-seed-{}.soft.jsonl", slug(name), r.seed));
+            // Named by the run's fingerprint: a run trained further is aligned again.
+            let stem = format!("{}-seed-{}-{}", slug(name), r.seed, r.fingerprint);
+            let soft = dir.join(format!("{stem}.soft.jsonl"));
             if !soft.is_file() {
                 run_child(
                     &s.exe,
@@ -804,9 +811,7 @@ fn align_all<'a>(
                         "--tgt".into(),
                         tgt.display().to_string(),
                         "-o".into(),
-                        dir.join(format!("{}-seed-{}.talp", slug(name), r.seed))
-                            .display()
-                            .to_string(),
+                        dir.join(format!("{stem}.talp")).display().to_string(),
                         "--soft".into(),
                         soft.display().to_string(),
                     ],

@@ -472,23 +472,74 @@ struct Complete {
     fingerprint: String,
 }
 
-/// Runs whose COMPLETE marker names another configuration were made by another plan: refuse rather than
-/// mix them into this report.
+/// A configuration without its budget (updates, seconds, epochs): what a longer run shares with a shorter.
+fn design_toml(c: &Config) -> String {
+    let mut c = c.clone();
+    c.train.max_steps = 0;
+    c.train.max_seconds = 0.0;
+    c.train.max_epochs = 0;
+    identity_toml(&c)
+}
+
+/// Whether a run trained with `saved` to `state` can go on to be the run of `wanted`: the same design and a
+/// budget it has not passed yet.
+fn check_continues(
+    saved: &Config,
+    state: &checkpoint::TrainState,
+    wanted: &Config,
+) -> std::result::Result<(), String> {
+    if design_toml(saved) != design_toml(wanted) {
+        return Err("holds a training run of another configuration".into());
+    }
+    let w = &wanted.train;
+    if (w.max_steps > 0 && state.step > w.max_steps as u64)
+        || (w.max_seconds > 0.0 && state.seconds > w.max_seconds + 60.0)
+    {
+        return Err(format!(
+            "trained further ({} updates, {:.0} s) than the plan's budget",
+            state.step, state.seconds
+        ));
+    }
+    Ok(())
+}
+
+/// Runs whose COMPLETE marker names another configuration: a larger budget for the same system continues
+/// the run (its marker is removed); anything else was made by another plan and is refused rather than mixed
+/// into this report.
 fn check_stale(tasks: &[Task]) -> Result<()> {
     for t in tasks {
-        if let Some(c) = read_complete(&t.dir)? {
-            if c.fingerprint != t.fingerprint {
-                bail!(
-                    "{}: finished with another configuration than the plan now gives {:?} (fingerprint {} \
-                     against {}); train it again with --only {:?}, or use another --out",
-                    t.dir.display(),
-                    t.system.name,
-                    c.fingerprint,
-                    t.fingerprint,
-                    t.system.name
-                );
-            }
+        let Some(c) = read_complete(&t.dir)? else {
+            continue;
+        };
+        if c.fingerprint == t.fingerprint {
+            continue;
         }
+        let last = checkpoint::complete_dir(&t.dir.join("run/last"));
+        let continues = match &last {
+            Some(dir) => {
+                let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
+                let state = checkpoint::load_state(dir)?;
+                check_continues(&saved, &state, &t.config).is_ok()
+            }
+            None => false,
+        };
+        if !continues {
+            bail!(
+                "{}: finished with another configuration than the plan now gives {:?} (fingerprint {} \
+                 against {}); train it again with --only {:?}, or use another --out",
+                t.dir.display(),
+                t.system.name,
+                c.fingerprint,
+                t.fingerprint,
+                t.system.name
+            );
+        }
+        eprintln!(
+            "{} seed {}: the plan's budget grew; its run goes on from its last checkpoint",
+            t.system.name, t.seed
+        );
+        std::fs::remove_file(t.dir.join("COMPLETE"))
+            .with_context(|| format!("{}: cannot remove COMPLETE", t.dir.display()))?;
     }
     Ok(())
 }
@@ -766,16 +817,20 @@ fn run_task(
     let train_args: Option<Vec<String>> = match &last {
         Some(dir) => {
             let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
-            if identity_toml(&saved) != identity_toml(&t.config) {
-                bail!(
-                    "{}: holds a training run of another configuration; remove it or use --only {:?}",
+            let state = checkpoint::load_state(dir)?;
+            check_continues(&saved, &state, &t.config).map_err(|why| {
+                anyhow::anyhow!(
+                    "{}: {why}; remove it or train the row again with --only {:?}",
                     run.display(),
                     t.system.name
-                );
-            }
-            if checkpoint::load_state(dir)?.finished {
+                )
+            })?;
+            if state.finished && identity_toml(&saved) == identity_toml(&t.config) {
                 None
             } else {
+                // Unfinished, or finished with a smaller budget than the plan's now: go on from the last
+                // checkpoint (with no learning-rate schedule this is the longer run itself).
+                let tc = &t.config.train;
                 Some(vec![
                     "train".into(),
                     "--quiet".into(),
@@ -783,6 +838,12 @@ fn run_task(
                     run.display().to_string(),
                     "--set".into(),
                     format!("train.threads={}", s.threads),
+                    "--set".into(),
+                    format!("train.max_steps={}", tc.max_steps),
+                    "--set".into(),
+                    format!("train.max_seconds={}", tc.max_seconds),
+                    "--set".into(),
+                    format!("train.max_epochs={}", tc.max_epochs),
                 ])
             }
         }

@@ -41,45 +41,38 @@ pub fn figures(s: &Setup, r: &mut Results) -> Result<()> {
     let add = |file: String, caption: String, r: &mut Results| {
         r.figures.push(FigureRef { file, caption });
     };
-    for (id, title) in r.tables.clone() {
-        let series: Vec<(String, Vec<(f64, f64)>)> = r
-            .systems
-            .iter()
-            .filter(|x| x.table == id)
-            .filter_map(|sys| {
-                let runs: Vec<_> = r.runs.iter().filter(|x| x.system == sys.name).collect();
-                if runs.is_empty() {
-                    return None;
-                }
-                // Mean over seeds at each evaluation step that every seed reached.
-                let steps: Vec<u64> = runs[0].dev_curve.iter().map(|p| p.0).collect();
-                let pts = steps
-                    .iter()
-                    .filter_map(|&st| {
-                        let v: Vec<f64> = runs
-                            .iter()
-                            .filter_map(|x| x.dev_curve.iter().find(|p| p.0 == st).map(|p| p.1))
-                            .collect();
-                        (v.len() == runs.len())
-                            .then(|| (st as f64, v.iter().sum::<f64>() / v.len() as f64))
-                    })
-                    .collect();
-                Some((sys.name.clone(), pts))
-            })
-            .collect();
-        if series.is_empty() {
-            continue;
-        }
-        let file = format!("training-table-{}.png", super::plan::slug(&id));
+    // Every system's dev BLEU, mean over seeds at each evaluation every seed reached, on one chart.
+    let series: Vec<(String, Vec<(f64, f64)>)> = r
+        .systems
+        .iter()
+        .filter_map(|sys| {
+            let runs: Vec<_> = r.runs.iter().filter(|x| x.system == sys.name).collect();
+            let first = runs.first()?;
+            let pts = first
+                .dev_curve
+                .iter()
+                .filter_map(|&(st, _)| {
+                    let v: Vec<f64> = runs
+                        .iter()
+                        .filter_map(|x| x.dev_curve.iter().find(|p| p.0 == st).map(|p| p.1))
+                        .collect();
+                    (v.len() == runs.len())
+                        .then(|| (st as f64, v.iter().sum::<f64>() / v.len() as f64))
+                })
+                .collect();
+            Some((sys.name.clone(), pts))
+        })
+        .collect();
+    if !series.is_empty() {
         let fig = StepCurvesFigure {
-            title: format!("Dev BLEU during training: {title}"),
+            title: "Dev BLEU during training".into(),
             y_desc: "dev BLEU (mean over seeds)".into(),
             series,
         };
-        cgnmt_eval::plot::save(&fig, &dir.join(&file))?;
+        cgnmt_eval::plot::save(&fig, &dir.join("training.png"))?;
         add(
-            file,
-            format!("Dev BLEU against updates, mean over seeds, every system of “{title}”."),
+            "training.png".into(),
+            "Dev BLEU against updates, mean over seeds, of every system.".into(),
             r,
         );
     }

@@ -189,9 +189,9 @@ pub fn save<F: Figure>(fig: &F, path: &Path) -> anyhow::Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("{}: cannot write", path.display()))
 }
 
-/// Series colours (Tableau 10).
+/// Series colours (Tableau 10, then the light shades of Tableau 20).
 pub fn series_color(i: usize) -> RGBColor {
-    const C: [(u8, u8, u8); 10] = [
+    const C: [(u8, u8, u8); 20] = [
         (31, 119, 180),
         (214, 39, 40),
         (44, 160, 44),
@@ -202,6 +202,16 @@ pub fn series_color(i: usize) -> RGBColor {
         (127, 127, 127),
         (188, 189, 34),
         (23, 190, 207),
+        (174, 199, 232),
+        (255, 152, 150),
+        (152, 223, 138),
+        (255, 187, 120),
+        (197, 176, 213),
+        (196, 156, 148),
+        (247, 182, 210),
+        (199, 199, 199),
+        (219, 219, 141),
+        (158, 218, 229),
     ];
     let (r, g, b) = C[i % C.len()];
     RGBColor(r, g, b)
@@ -784,6 +794,7 @@ fn xy_panel<DB: DrawingBackend>(
     title: &str,
     y_desc: &str,
     series: &[XySeries],
+    legend: SeriesLabelPosition,
 ) -> anyhow::Result<()> {
     let all: Vec<(f64, f64)> = series
         .iter()
@@ -864,7 +875,7 @@ fn xy_panel<DB: DrawingBackend>(
     if series.len() > 1 {
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
+            .position(legend)
             .label_font((SANS, 14))
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(160, 160, 160))
@@ -916,12 +927,14 @@ impl Figure for TrainingFigure {
             &t("Loss per token"),
             "loss per token",
             &loss_series,
+            SeriesLabelPosition::UpperRight,
         )?;
         xy_panel(
             &areas[1],
             &t("Dev BLEU"),
             "BLEU",
             &[("dev BLEU", bleu, true)],
+            SeriesLabelPosition::UpperRight,
         )?;
         Ok(())
     }
@@ -950,7 +963,14 @@ impl Figure for StepCurvesFigure {
             .iter()
             .map(|(n, p)| (n.as_str(), p.clone(), true))
             .collect();
-        xy_panel(root, &self.title, &self.y_desc, &series)
+        // Curves that rise end at the upper right: the legend goes below them.
+        xy_panel(
+            root,
+            &self.title,
+            &self.y_desc,
+            &series,
+            SeriesLabelPosition::LowerRight,
+        )
     }
 }
 
