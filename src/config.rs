@@ -222,6 +222,7 @@ impl Config {
         for s in sets {
             apply_set(&mut value, s)?;
         }
+        default_coverage_dim(&mut value);
         let origin = path
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "configuration".into());
@@ -294,7 +295,7 @@ impl Config {
             if m.coverage == CoverageKind::Linguistic && m.coverage_dim != 1 {
                 return bad(
                     "model.coverage_dim",
-                    "linguistic coverage is a scalar: set coverage_dim = 1",
+                    "linguistic coverage is a scalar: its dimension is 1 (leave coverage_dim out to get it)",
                 );
             }
             if !(m.coverage_max_fertility > 0.0) {
@@ -363,6 +364,19 @@ fn explain(table: &toml::Table, err: toml::de::Error) -> String {
 
 /// Apply one `section.key=value` override. The value is read as a TOML value (`512`, `"gru"`, `true`,
 /// `["state","context"]`); a bare word that is not valid TOML is taken as a string.
+/// Each coverage model has its own default dimension (the paper's: linguistic coverage is a scalar, neural
+/// coverage 10-dimensional): a linguistic model with no `coverage_dim` gets 1; only an explicit other value is
+/// an error.
+fn default_coverage_dim(table: &mut toml::Table) {
+    if let Some(toml::Value::Table(m)) = table.get_mut("model") {
+        if m.get("coverage").and_then(|v| v.as_str()) == Some("linguistic")
+            && !m.contains_key("coverage_dim")
+        {
+            m.insert("coverage_dim".into(), toml::Value::Integer(1));
+        }
+    }
+}
+
 fn apply_set(table: &mut toml::Table, set: &str) -> Result<()> {
     let (key, raw) = set
         .split_once('=')
@@ -441,6 +455,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("batch_size"), "{e}");
+    }
+
+    #[test]
+    fn each_coverage_model_has_its_own_default_dimension() {
+        let c = Config::load(None, &["model.coverage=linguistic".into()]).unwrap();
+        assert_eq!(c.model.coverage_dim, 1);
+        let c = Config::load(None, &["model.coverage=neural".into()]).unwrap();
+        assert_eq!(c.model.coverage_dim, 10);
+        let c = Config::load(
+            None,
+            &["model.coverage=linguistic".into(), "model.coverage_dim=1".into()],
+        )
+        .unwrap();
+        assert_eq!(c.model.coverage_dim, 1);
+        // Only an explicit contradiction is an error.
+        let e = Config::load(
+            None,
+            &["model.coverage=linguistic".into(), "model.coverage_dim=10".into()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("coverage_dim") && e.contains("scalar"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "[model]\ncoverage = \"linguistic\"\n").unwrap();
+        assert_eq!(Config::load(Some(&p), &[]).unwrap().model.coverage_dim, 1);
     }
 
     #[test]
