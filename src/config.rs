@@ -465,14 +465,20 @@ mod tests {
         assert_eq!(c.model.coverage_dim, 10);
         let c = Config::load(
             None,
-            &["model.coverage=linguistic".into(), "model.coverage_dim=1".into()],
+            &[
+                "model.coverage=linguistic".into(),
+                "model.coverage_dim=1".into(),
+            ],
         )
         .unwrap();
         assert_eq!(c.model.coverage_dim, 1);
         // Only an explicit contradiction is an error.
         let e = Config::load(
             None,
-            &["model.coverage=linguistic".into(), "model.coverage_dim=10".into()],
+            &[
+                "model.coverage=linguistic".into(),
+                "model.coverage_dim=10".into(),
+            ],
         )
         .unwrap_err()
         .to_string();

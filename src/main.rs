@@ -140,6 +140,14 @@ struct TranslateArgs {
     /// Input is already tokenised (split on whitespace; no tokenizer or BPE applied).
     #[arg(long)]
     pretokenized: bool,
+    /// Longest input line in model tokens (after tokenisation and BPE); longer lines are split or truncated
+    /// (--long-input) with a warning naming the line. 0 = no limit.
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    max_input_words: usize,
+    /// What to do with a line over --max-input-words: translate it in pieces and join their outputs, or
+    /// translate its first N tokens only.
+    #[arg(long, value_enum, default_value_t = cgnmt::translate::LongInput::Split)]
+    long_input: cgnmt::translate::LongInput,
     /// Input file (default: stdin).
     #[arg(short, long)]
     input: Option<PathBuf>,
@@ -443,6 +451,14 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     }
     let dir = resolve_model_dir(&a.model);
     let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
+    if a.beam > lm.tgt_vocab.len() {
+        bail!(
+            "--beam {} is larger than the model's target vocabulary ({} words): use at most {}",
+            a.beam,
+            lm.tgt_vocab.len(),
+            lm.tgt_vocab.len()
+        );
+    }
     let lines = read_input(a.input.as_deref())?;
     let mut opts = DecodeOptions {
         beam: a.beam,
@@ -511,9 +527,36 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     let steps_before = cgnmt::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     let mut base = 0;
     for part in lines.chunks(chunk) {
-        let out = tr.translate(part, &opts, a.batch, a.pretokenized, |d| {
-            pb.set_position((base + d) as u64)
-        })?;
+        let limit = cgnmt::translate::InputLimit {
+            max_words: a.max_input_words,
+            long_input: a.long_input,
+        };
+        let (out, long) =
+            tr.translate_within(part, &opts, a.batch, a.pretokenized, limit, |d| {
+                pb.set_position((base + d) as u64)
+            })?;
+        for l in &long {
+            let what = match a.long_input {
+                cgnmt::translate::LongInput::Split => {
+                    format!("translated in {} pieces", l.pieces)
+                }
+                cgnmt::translate::LongInput::Truncate => {
+                    format!("only its first {} translated", a.max_input_words)
+                }
+            };
+            pb.suspend(|| {
+                eprintln!(
+                    "warning: {}line {}: {} tokens, more than --max-input-words {}: {what}",
+                    a.input
+                        .as_ref()
+                        .map(|p| format!("{}: ", p.display()))
+                        .unwrap_or_default(),
+                    base + l.index + 1,
+                    l.words,
+                    a.max_input_words
+                )
+            });
+        }
         for (k, t) in out.iter().enumerate() {
             if a.nbest > 1 {
                 for h in &t.hyps {

@@ -558,3 +558,110 @@ fn align_writes_valid_links_and_soft_matrices_for_aer() {
     assert!((0.0..=1.0).contains(&aer));
     assert!(v["saer"].as_f64().is_some());
 }
+
+#[test]
+fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
+    use cgnmt::translate::{InputLimit, LongInput, Translator};
+    let o = overfit();
+    let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
+    let tr = Translator {
+        model: &lm.model,
+        src_vocab: &lm.src_vocab,
+        tgt_vocab: &lm.tgt_vocab,
+        preprocess: &lm.preprocess,
+    };
+    let train = lines(&o.prepared.join("train.src"));
+    // A long line: five training sources one after another (21+ tokens); limit 8.
+    let long: Vec<&str> = train[..5]
+        .iter()
+        .flat_map(|l| l.split_whitespace())
+        .collect();
+    let n = long.len();
+    assert!(n > 16, "{n}");
+    let input = vec![train[5].clone(), long.join(" ")];
+    let opts = DecodeOptions {
+        record: true,
+        ..Default::default()
+    };
+    let lim = |long_input| InputLimit {
+        max_words: 8,
+        long_input,
+    };
+    let (split, which) = tr
+        .translate_within(&input, &opts, 4, true, lim(LongInput::Split), |_| {})
+        .unwrap();
+    let pieces = n.div_ceil(8);
+    let size = n.div_ceil(pieces);
+    assert_eq!(
+        which,
+        vec![cgnmt::translate::LongLine {
+            index: 1,
+            words: n,
+            pieces
+        }]
+    );
+    // Each piece translated as a sentence of its own, the outputs joined in order.
+    let parts: Vec<String> = long.chunks(size).map(|c| c.join(" ")).collect();
+    let alone = tr.translate(&parts, &opts, 4, true, |_| {}).unwrap();
+    let joined: Vec<String> = alone.iter().flat_map(|t| t.tokens.clone()).collect();
+    assert_eq!(split[1].tokens, joined);
+    let score: f64 = alone.iter().map(|t| t.hyps[0].score).sum();
+    assert!((split[1].hyps[0].score - score).abs() < 1e-9);
+    // The joined attention covers the whole line: one row per output word and the final EOS, each a
+    // distribution over the line's words and EOS.
+    let att = &split[1].hyps[0].attention;
+    assert_eq!(att.len(), joined.len() + 1);
+    for row in att {
+        assert_eq!(row.len(), n + 1);
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+    }
+    // The short line is untouched.
+    let plain = tr.translate(&input[..1], &opts, 4, true, |_| {}).unwrap();
+    assert_eq!(split[0].tokens, plain[0].tokens);
+    // Truncation translates the first 8 tokens.
+    let (cut, _) = tr
+        .translate_within(&input, &opts, 4, true, lim(LongInput::Truncate), |_| {})
+        .unwrap();
+    let first = tr
+        .translate(&[long[..8].join(" ")], &opts, 4, true, |_| {})
+        .unwrap();
+    assert_eq!(cut[1].tokens, first[0].tokens);
+    assert_eq!(cut[1].src_tokens.len(), 8);
+
+    // The command line: a warning naming the line, one output line per input line.
+    let tmp = tempfile::tempdir().unwrap();
+    let inp = tmp.path().join("in.txt");
+    std::fs::write(&inp, input.join("\n") + "\n").unwrap();
+    let m = o.run.to_str().unwrap();
+    let out = Command::new(bin())
+        .args([
+            "translate",
+            "-m",
+            m,
+            "--pretokenized",
+            "--quiet",
+            "--max-input-words",
+            "8",
+            "-i",
+        ])
+        .arg(&inp)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("in.txt: line 2:") && err.contains(&format!("{n} tokens")),
+        "{err}"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2);
+    let out = Command::new(bin())
+        .args(["translate", "-m", m, "--beam", "100000", "-i"])
+        .arg(&inp)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--beam 100000 is larger than"),
+        "{err}"
+    );
+}
