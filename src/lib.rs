@@ -13,6 +13,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod coverage;
+pub mod datasets;
 pub mod decoder_cell;
 pub mod decoder_sequence;
 pub mod encoder;

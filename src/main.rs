@@ -310,7 +310,7 @@ fn main() {
         Cmd::Info(a) => cmd_info(a),
         Cmd::Demo(a) => cmd_demo(a),
         Cmd::Reproduce(a) => {
-            let data = data_dir(a.data.clone());
+            let data = cgnmt::datasets::DataDir::resolve(a.data.clone());
             cgnmt::reproduce::run(a, data)
         }
         Cmd::Align(a) => cmd_align(a),
@@ -665,23 +665,20 @@ fn tmp_path(p: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-fn data_dir(explicit: Option<PathBuf>) -> PathBuf {
-    if let Some(d) = explicit {
-        return d;
-    }
-    if let Ok(d) = std::env::var("CGNMT_DATA") {
-        return PathBuf::from(d);
-    }
-    PathBuf::from("../shared/data")
-}
-
 fn cmd_demo(a: DemoArgs) -> Result<()> {
-    let data = data_dir(a.data);
-    let tat = data.join("tatoeba-zh-en");
-    if !tat.join("train.zh").is_file() {
-        bail!(
-            "{}: Tatoeba zh-en not found (set $CGNMT_DATA or --data to the data directory)",
-            tat.display()
+    let data = cgnmt::datasets::DataDir::resolve(a.data);
+    let tat = |name: &str| data.file(&format!("tatoeba-zh-en/{name}"));
+    let (train_zh, train_en) = (tat("train.zh")?, tat("train.en")?);
+    let (dev_zh, dev_en) = (tat("dev.zh")?, tat("dev.en")?);
+    let (test_zh, test_en) = (tat("test.zh")?, tat("test.en")?);
+    if !train_zh.starts_with(&data.root) {
+        eprintln!(
+            "== no data directory given and {} has no Tatoeba zh-en: using the bundled copy ({})",
+            data.root.display(),
+            train_zh
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
         );
     }
     let prepared = a.out.join("prepared");
@@ -696,17 +693,17 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         let p = P::try_parse_from([
             "prepare".to_string(),
             "--src".into(),
-            s(&tat.join("train.zh")),
+            s(&train_zh),
             "--tgt".into(),
-            s(&tat.join("train.en")),
+            s(&train_en),
             "--dev-src".into(),
-            s(&tat.join("dev.zh")),
+            s(&dev_zh),
             "--dev-tgt".into(),
-            s(&tat.join("dev.en")),
+            s(&dev_en),
             "--test-src".into(),
-            s(&tat.join("test.zh")),
+            s(&test_zh),
             "--test-tgt".into(),
-            s(&tat.join("test.en")),
+            s(&test_en),
             "--src-lang".into(),
             "zh".into(),
             "--tgt-lang".into(),
@@ -762,8 +759,8 @@ fn cmd_demo(a: DemoArgs) -> Result<()> {
         cgnmt::train::train(cfg, &run, resume, false)?;
     }
     let lm = checkpoint::load(&run.join("best"), DType::F32, &Device::Cpu)?;
-    let src = cgnmt_data::corpus::read_lines(&tat.join("test.zh"))?;
-    let refs = cgnmt_data::corpus::read_lines(&tat.join("test.en"))?;
+    let src = cgnmt_data::corpus::read_lines(&test_zh)?;
+    let refs = cgnmt_data::corpus::read_lines(&test_en)?;
     eprintln!("== translating {} test sentences (beam 10)", src.len());
     let model = lm.model.frozen(&lm.varmap)?;
     let tr = Translator {
@@ -908,7 +905,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
         compare_target_padding: a.compare_target_padding,
         profile_ops: a.profile_ops,
     };
-    let rec = cgnmt::bench::run(&cfg, &data_dir(a.data), &opts)?;
+    let rec = cgnmt::bench::run(&cfg, &cgnmt::datasets::DataDir::resolve(a.data).root, &opts)?;
     println!("{rec}");
     Ok(())
 }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use candle_core::{DType, Device};
 use cgnmt_eval::analysis::{self, word_count, ContextScaling, DumpRecord, LengthGroups};
 use cgnmt_eval::bleu::{corpus_bleu, BleuOptions};
@@ -772,15 +772,9 @@ fn align_all<'a>(
     clock: &Clock,
 ) -> Result<AlignmentResult> {
     let file = |rel: &str| -> Result<PathBuf> {
-        let p = s.data.join(rel);
-        if !p.is_file() {
-            bail!(
-                "analyses.alignment {:?}: {} not found",
-                al.name,
-                p.display()
-            );
-        }
-        Ok(p)
+        s.data
+            .file(rel)
+            .with_context(|| format!("analyses.alignment {:?}", al.name))
     };
     let (src, tgt) = (file(&al.src)?, file(&al.tgt)?);
     let mut gold = cgnmt_eval::aer::read_gold(&file(&al.gold)?)?;

@@ -106,7 +106,7 @@ pub struct Setup {
     pub plan: Plan,
     pub plan_text: String,
     pub out: PathBuf,
-    pub data: PathBuf,
+    pub data: crate::datasets::DataDir,
     pub exe: PathBuf,
     pub seeds: Vec<u64>,
     pub threads: usize,
@@ -140,7 +140,7 @@ impl Clock {
     }
 }
 
-pub fn run(args: ReproduceArgs, data_dir: PathBuf) -> Result<()> {
+pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()> {
     let started = Instant::now();
     let plan_text = std::fs::read_to_string(&args.plan)
         .with_context(|| format!("{}: cannot read the plan", args.plan.display()))?;
@@ -293,22 +293,14 @@ impl DirLock {
 fn prepare_data(
     plan: &Plan,
     args: &ReproduceArgs,
-    data: &Path,
+    data: &crate::datasets::DataDir,
     out: &Path,
     quiet: bool,
 ) -> Result<(PathBuf, PathBuf, Vec<PathBuf>)> {
     let d = &plan.data;
-    let file = |rel: &str| -> Result<PathBuf> {
-        let p = data.join(rel);
-        if !p.is_file() {
-            bail!(
-                "{}: not found (the plan's data paths are relative to the data directory {}; set \
-                 $CGNMT_DATA or --data)",
-                p.display(),
-                data.display()
-            );
-        }
-        Ok(p)
+    let file = |rel: &str| {
+        data.file(rel)
+            .context("the plan's data paths are relative to the data directory")
     };
     let s = |p: PathBuf| p.display().to_string();
     let prepared = out.join("prepared");
@@ -341,7 +333,7 @@ fn prepare_data(
     let fp = plan::fingerprint(
         &pargs
             .iter()
-            .map(|a| a.strip_prefix(&s(data.to_path_buf())).unwrap_or(a))
+            .map(|a| a.strip_prefix(&s(data.root.clone())).unwrap_or(a))
             .collect::<Vec<_>>()
             .join("\u{1f}"),
     );
