@@ -36,6 +36,14 @@ fn bench(kernels: &str, extra: &[&str]) -> serde_json::Value {
 
 #[test]
 fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
+    if common::data_set_or_skip(
+        "hansards-en-fr",
+        "bench_reports_throughput_flops_and_memory_for_both_kernel_sets",
+    )
+    .is_none()
+    {
+        return;
+    }
     for k in ["fused", "reference"] {
         let r = bench(k, &[]);
         assert_eq!(r["config"]["kernels"], k);
@@ -88,6 +96,10 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
 /// words of those lengths (tiny: 16 sentences padded to 10), fewer than the padded positions.
 #[test]
 fn bench_trains_on_the_reference_lengths() {
+    if common::data_set_or_skip("hansards-en-fr", "bench_trains_on_the_reference_lengths").is_none()
+    {
+        return;
+    }
     let r = bench("fused", &["--lengths", "reference"]);
     assert_eq!(r["config"]["lengths"], "reference");
     let want: usize = cgnmt::bench::reference_lengths(16, 10)
@@ -106,6 +118,14 @@ fn bench_trains_on_the_reference_lengths() {
 /// side's padded positions and reports both medians.
 #[test]
 fn bench_compares_skipped_and_computed_target_padding() {
+    if common::data_set_or_skip(
+        "hansards-en-fr",
+        "bench_compares_skipped_and_computed_target_padding",
+    )
+    .is_none()
+    {
+        return;
+    }
     let r = bench(
         "fused",
         &["--lengths", "reference", "--compare-target-padding"],
@@ -123,6 +143,14 @@ fn bench_compares_skipped_and_computed_target_padding() {
 /// GEMM and reports both medians.
 #[test]
 fn bench_compares_packed_and_general_gemm_steps() {
+    if common::data_set_or_skip(
+        "hansards-en-fr",
+        "bench_compares_packed_and_general_gemm_steps",
+    )
+    .is_none()
+    {
+        return;
+    }
     let r = bench("fused", &["--compare-packed-gemm"]); // 2 timed steps: one each
     let c = &r["packed_gemm_comparison"];
     assert_eq!(c["packed_steps"], 1, "{c}");
@@ -138,6 +166,9 @@ fn bench_compares_packed_and_general_gemm_steps() {
 /// fused ops is reported.
 #[test]
 fn bench_profiles_the_fused_ops() {
+    if common::data_set_or_skip("hansards-en-fr", "bench_profiles_the_fused_ops").is_none() {
+        return;
+    }
     let r = bench("fused", &["--profile-ops"]);
     let p = r["op_profile"].as_object().expect("op_profile object");
     let get = |k: &str| p.get(k).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);

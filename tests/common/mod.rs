@@ -10,11 +10,45 @@ use cgnmt::model::{Batch, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The data directory: `$CGNMT_DATA`, else `../shared/data` beside the checkout, else (a fresh clone
+/// anywhere) a directory whose `tatoeba-zh-en` is the bundled copy: tests of other data sets then skip with
+/// [`data_set_or_skip`].
 pub fn data_dir() -> PathBuf {
     if let Ok(d) = std::env::var("CGNMT_DATA") {
         return PathBuf::from(d);
     }
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data")
+    let shared = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data");
+    if shared.join("tatoeba-zh-en").is_dir() {
+        return shared;
+    }
+    static BUNDLED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUNDLED
+        .get_or_init(|| {
+            let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bundled-data");
+            let link = root.join("tatoeba-zh-en");
+            if !link.exists() {
+                std::fs::create_dir_all(&root).unwrap();
+                let dir = cgnmt::datasets::bundled_dir().expect("unpack the bundled data");
+                std::os::unix::fs::symlink(dir, &link).unwrap();
+            }
+            root
+        })
+        .clone()
+}
+
+/// A data set of the data directory, or `None` (with a message saying the test is skipped) where it is
+/// absent: only Tatoeba zh-en ships with the toolkit.
+pub fn data_set_or_skip(name: &str, test: &str) -> Option<PathBuf> {
+    let d = data_dir().join(name);
+    if d.is_dir() {
+        Some(d)
+    } else {
+        eprintln!(
+            "!!!!! {test}: SKIPPED — data set {name} not found in {} (set CGNMT_DATA to the shared data directory) !!!!!",
+            data_dir().display()
+        );
+        None
+    }
 }
 
 pub fn tiny_model_config(sets: &[&str]) -> ModelConfig {
