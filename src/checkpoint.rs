@@ -37,7 +37,7 @@ pub struct EvalRecord {
 }
 
 /// Where training stands; with the optimiser state this is all a resumed run needs.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct TrainState {
     pub step: u64,
     pub epoch: u64,
@@ -49,6 +49,34 @@ pub struct TrainState {
     pub seconds: f64,
     pub history: Vec<EvalRecord>,
     pub finished: bool,
+    /// Learning rate multiplier left by divergence rollbacks (1 without).
+    #[serde(default = "one")]
+    pub lr_scale: f64,
+    /// Rollbacks after a non-finite loss or gradient so far.
+    #[serde(default)]
+    pub rollbacks: u64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for TrainState {
+    fn default() -> Self {
+        Self {
+            step: 0,
+            epoch: 0,
+            batch_in_epoch: 0,
+            best_bleu: None,
+            best_step: 0,
+            evals_without_improvement: 0,
+            seconds: 0.0,
+            history: vec![],
+            finished: false,
+            lr_scale: 1.0,
+            rollbacks: 0,
+        }
+    }
 }
 
 /// A loaded model with its vocabularies and text pipeline.

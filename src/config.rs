@@ -173,6 +173,18 @@ pub struct TrainConfig {
     pub eval_max_sentences: usize,
     /// Threads for the CPU kernels (0 = all cores).
     pub threads: usize,
+    /// What a non-finite loss or gradient does: `stop` training with an error naming the update (the last
+    /// checkpoint stays the resumable one), or `rollback` to the last checkpoint with half the learning rate
+    /// (Adam; at most 8 times).
+    pub on_divergence: OnDivergence,
+}
+
+/// What training does when the loss or the gradient norm is not finite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDivergence {
+    Stop,
+    Rollback,
 }
 
 impl Default for TrainConfig {
@@ -195,6 +207,7 @@ impl Default for TrainConfig {
             eval_beam: 10,
             eval_max_sentences: 0,
             threads: 0,
+            on_divergence: OnDivergence::Stop,
         }
     }
 }
@@ -327,6 +340,12 @@ impl Config {
         }
         if t.clip_norm < 0.0 || !t.clip_norm.is_finite() {
             return bad("train.clip_norm", "must be ≥ 0 (0 disables clipping)");
+        }
+        if t.on_divergence == OnDivergence::Rollback && t.optimizer != OptimizerKind::Adam {
+            return bad(
+                "train.on_divergence",
+                "rollback halves the learning rate, which only Adam has: use optimizer = \"adam\" or on_divergence = \"stop\"",
+            );
         }
         if t.eval_beam == 0 {
             return bad("train.eval_beam", "must be at least 1");

@@ -171,7 +171,8 @@ impl Optimizer {
         Ok(total.sqrt())
     }
 
-    /// Clip (globally, to `clip_norm`) and apply one update. Returns the gradient norm before clipping.
+    /// Clip (globally, to `clip_norm`) and apply one update. Returns the gradient norm before clipping; a
+    /// non-finite norm applies nothing (parameters and optimiser state stay as they were).
     pub fn step(&mut self, vars: &[(String, Var)], grads: &GradStore) -> Result<f64> {
         self.step_with(vars, grads, true)
     }
@@ -181,8 +182,17 @@ impl Optimizer {
         self.step_with(vars, grads, false)
     }
 
+    /// Multiply the learning rate (Adam's) by `f`.
+    pub fn scale_learning_rate(&mut self, f: f64) {
+        self.lr *= f;
+    }
+
     fn step_with(&mut self, vars: &[(String, Var)], grads: &GradStore, fused: bool) -> Result<f64> {
         let norm = Self::grad_norm(vars, grads)?;
+        if !norm.is_finite() {
+            // A NaN or infinite gradient changes nothing; the caller sees the norm and decides.
+            return Ok(norm);
+        }
         let scale = if self.clip_norm > 0.0 && norm > self.clip_norm {
             self.clip_norm / norm
         } else {
@@ -314,6 +324,40 @@ mod tests {
         vars.iter()
             .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
             .collect()
+    }
+
+    #[test]
+    fn a_non_finite_gradient_changes_nothing() {
+        let (vars, _) = setup();
+        let cfg = TrainConfig {
+            optimizer: OptimizerKind::Adam,
+            ..Default::default()
+        };
+        let mut opt = Optimizer::new(&cfg);
+        let before: Vec<Vec<f32>> = vars
+            .iter()
+            .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+            .collect();
+        // d/dp of p·∞ is ∞ (and q's gradient is NaN).
+        let loss = ((vars[0].1.as_tensor().sum_all().unwrap() * f64::INFINITY).unwrap()
+            + (vars[1].1.as_tensor().sum_all().unwrap() * f64::NAN).unwrap())
+        .unwrap();
+        let grads = loss.backward().unwrap();
+        for fused in [true, false] {
+            let norm = if fused {
+                opt.step(&vars, &grads).unwrap()
+            } else {
+                opt.step_composed(&vars, &grads).unwrap()
+            };
+            assert!(!norm.is_finite());
+        }
+        let after: Vec<Vec<f32>> = vars
+            .iter()
+            .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+            .collect();
+        assert_eq!(before, after);
+        assert_eq!(opt.step, 0);
+        assert!(opt.state.is_empty());
     }
 
     #[test]

@@ -22,6 +22,21 @@ use crate::model::{Batch, Model};
 use crate::optim::Optimizer;
 use crate::translate::Translator;
 
+/// Rollbacks after divergence before training gives up (the learning rate is then 1/256 of the configured).
+pub const MAX_ROLLBACKS: u64 = 8;
+
+/// Test hook: `CGNMT_INJECT_NAN_AT=N` makes the loss of update N not a number, once per process (fault
+/// injection for the divergence tests).
+fn injected_nan(step: u64) -> bool {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    std::env::var("CGNMT_INJECT_NAN_AT")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        == Some(step)
+        && !DONE.swap(true, Ordering::Relaxed)
+}
+
 /// Tokenised sentences of a prepared-data file (one per line, tokens separated by spaces).
 pub fn read_tokenized(path: &Path) -> Result<Vec<Vec<String>>> {
     Ok(cgnmt_data::corpus::read_lines(path)?
@@ -249,6 +264,7 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         let mut opt = Optimizer::new(&cfg.train);
         checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
         let state = checkpoint::load_state(&dir)?;
+        opt.scale_learning_rate(state.lr_scale);
         let data = load_data(&cfg, Some((lm.src_vocab, lm.tgt_vocab)), quiet)?;
         (cfg, lm.model, lm.varmap, opt, state, data)
     } else {
@@ -343,6 +359,11 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         )
     };
     let stop_reason;
+    let rollback = tc.on_divergence == crate::config::OnDivergence::Rollback;
+    if rollback && checkpoint::complete_dir(&last_dir).is_none() {
+        // Something to roll back to before the first evaluation.
+        save(&state, &opt, &last_dir, true)?;
+    }
     'outer: loop {
         if tc.max_epochs > 0 && state.epoch >= tc.max_epochs as u64 {
             stop_reason = format!("reached train.max_epochs = {}", tc.max_epochs);
@@ -361,15 +382,77 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
             let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), dtype, &dev)?;
             let loss = model.loss(&batch)?;
-            let lv = loss.to_scalar::<f32>()? as f64;
-            if !lv.is_finite() {
-                return Err(NmtError::Data(format!(
-                    "training diverged: loss {lv} at step {}",
-                    state.step + 1
-                )));
+            let mut lv = loss.to_scalar::<f32>()? as f64;
+            if injected_nan(state.step + 1) {
+                lv = f64::NAN;
             }
-            let grads = model.backward(&loss)?;
-            opt.step(&vars, &grads)?;
+            let diverged = if !lv.is_finite() {
+                Some(format!("loss {lv}"))
+            } else {
+                let grads = model.backward(&loss)?;
+                let norm = opt.step(&vars, &grads)?;
+                (!norm.is_finite()).then(|| format!("gradient norm {norm}"))
+            };
+            if let Some(what) = diverged {
+                let at = state.step + 1;
+                let last = checkpoint::complete_dir(&last_dir);
+                let kept = match &last {
+                    Some(d) => format!(
+                        "the last checkpoint ({}, update {}) is intact",
+                        d.display(),
+                        checkpoint::load_state(d).map(|s| s.step).unwrap_or(0)
+                    ),
+                    None => "no checkpoint was written yet".into(),
+                };
+                let (Some(dir), true) = (last, rollback && state.rollbacks < MAX_ROLLBACKS) else {
+                    pb.finish_and_clear();
+                    return Err(NmtError::Data(format!(
+                        "training diverged at update {at}: {what}; {kept}{}",
+                        if rollback {
+                            format!(" (after {} rollbacks)", state.rollbacks)
+                        } else {
+                            "; resume it with a lower train.learning_rate, or set \
+                             train.on_divergence = \"rollback\""
+                                .into()
+                        }
+                    )));
+                };
+                // Back to the last checkpoint (weights, optimiser, data position) with half the rate.
+                let weights =
+                    candle_core::safetensors::load(dir.join(checkpoint::WEIGHTS_FILE), &dev)?;
+                for (name, var) in &vars {
+                    let w = weights.get(name).ok_or_else(|| {
+                        NmtError::model_dir(&dir, format!("{name} missing from the checkpoint"))
+                    })?;
+                    var.set(&w.to_dtype(dtype)?)?;
+                }
+                let (seconds, rollbacks, scale) =
+                    (state.seconds, state.rollbacks + 1, state.lr_scale * 0.5);
+                state = checkpoint::load_state(&dir)?;
+                state.seconds = seconds;
+                state.rollbacks = rollbacks;
+                state.lr_scale = scale;
+                state.finished = false;
+                opt = Optimizer::new(&tc);
+                checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
+                opt.scale_learning_rate(scale);
+                let msg = format!(
+                    "update {at}: {what}; rolled back to update {} with learning rate × {scale}",
+                    state.step
+                );
+                if !quiet {
+                    pb.suspend(|| eprintln!("warning: {msg}"));
+                }
+                writeln!(
+                    log,
+                    "{}",
+                    serde_json::json!({"rollback": at, "reason": what, "to_step": state.step,
+                        "lr_scale": scale})
+                )
+                .map_err(|e| NmtError::io(&log_path, e))?;
+                pb.set_position(state.step);
+                continue 'outer;
+            }
             state.step += 1;
             state.batch_in_epoch += 1;
             state.seconds = base_seconds + start.elapsed().as_secs_f64();
