@@ -79,17 +79,12 @@ pub fn to_words(att: &[Vec<f32>], src_word: &[usize], tgt_word: &[usize]) -> Vec
     m
 }
 
-/// Hard links `(source word, target word)`: the argmax source word of every target word row.
+/// Hard links `(source word, target word)`: the argmax source word of every target word row, the first
+/// on ties (the one rule of the toolkit: [`cgnmt_eval::aer::argmax_links`], which `aer --soft` applies too).
 pub fn argmax_links(m: &[Vec<f64>]) -> Vec<(usize, usize)> {
-    m.iter()
-        .enumerate()
-        .filter_map(|(j, row)| {
-            row.iter()
-                .enumerate()
-                .max_by(|a, b| a.1.partial_cmp(b.1).unwrap_or(std::cmp::Ordering::Equal))
-                .map(|(i, _)| (i, j))
-        })
-        .collect()
+    cgnmt_eval::aer::argmax_links(std::slice::from_ref(&m.to_vec()))
+        .pop()
+        .unwrap_or_default()
 }
 
 /// Force-decode in batches; a convenience over [`force_decode`].
@@ -126,5 +121,19 @@ mod tests {
         // Row 1 sums token rows 1 and 2: word0 = 0.8 + 0.4, word1 = 0.1 + 0.5, renormalised.
         assert!((m[1][0] - 1.2 / 1.8).abs() < 1e-6 && (m[1][1] - 0.6 / 1.8).abs() < 1e-6);
         assert_eq!(argmax_links(&m), vec![(1, 0), (0, 1)]);
+    }
+
+    #[test]
+    fn ties_go_to_the_first_source_word_as_in_aer() {
+        let m = vec![
+            vec![0.5, 0.5, 0.0],
+            vec![0.2, 0.4, 0.4],
+            vec![0.0, 0.0, 0.0],
+        ];
+        assert_eq!(argmax_links(&m), vec![(0, 0), (1, 1), (0, 2)]);
+        assert_eq!(
+            argmax_links(&m),
+            cgnmt_eval::aer::argmax_links(std::slice::from_ref(&m))[0]
+        );
     }
 }

@@ -4,8 +4,8 @@
 //! rates, attention heatmaps, a blinded sample for subjective evaluation) and writes `results.json`,
 //! `report.md` and a self-contained `report.html`. Every number in the report is read from the run files.
 //!
-//! The output directory is resumable: a finished run (`systems/<row>/seed-<s>/COMPLETE`, holding the
-//! fingerprint of its configuration) is never trained again, a killed training resumes from its last
+//! The output directory is resumable: a finished run (`systems/<row>/seed-<s>/COMPLETE`, whose saved training
+//! configuration, read through today's `Config`, is the plan's) is never trained again, a killed training resumes from its last
 //! checkpoint, and a second `reproduce` on the same directory waits for nothing: it is refused while the first
 //! holds the directory's lock. `--only ROW` trains a row again.
 
@@ -70,7 +70,10 @@ pub struct Task {
     pub seed: u64,
     pub dir: PathBuf,
     pub config: Config,
+    /// Hash of the configuration and the decoding (names the run's analysis caches).
     pub fingerprint: String,
+    pub beam: usize,
+    pub test_sentences: usize,
 }
 
 /// What a finished run left (`result.json`).
@@ -415,6 +418,7 @@ pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
 /// complete with every seed before the next table starts).
 fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
     let prepared = s.out.join("prepared");
+    let test_sentences = cgnmt_data::corpus::read_lines(&s.test_src)?.len();
     let mut tasks = vec![];
     for table in s.plan.table_ids() {
         for &seed in &s.seeds {
@@ -428,10 +432,9 @@ fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
                 }
                 let config = s.plan.config(sys, s.args.quick, &sets)?;
                 let fingerprint = plan::fingerprint(&format!(
-                    "{}\nbeam={}\ntest={}",
+                    "{}\nbeam={}\ntest={test_sentences}",
                     identity_toml(&config),
                     s.plan.decode.beam,
-                    cgnmt_data::corpus::read_lines(&s.test_src)?.len()
                 ));
                 tasks.push(Task {
                     dir: s
@@ -443,6 +446,8 @@ fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
                     seed,
                     config,
                     fingerprint,
+                    beam: s.plan.decode.beam,
+                    test_sentences,
                 });
             }
         }
@@ -459,9 +464,46 @@ fn identity_toml(c: &Config) -> String {
     c.to_toml()
 }
 
+/// A finished run's marker.
 #[derive(Debug, Serialize, Deserialize)]
 struct Complete {
     fingerprint: String,
+    /// The decoding it was scored with (absent in the markers of early versions).
+    #[serde(default)]
+    beam: Option<usize>,
+    #[serde(default)]
+    test_sentences: Option<usize>,
+}
+
+impl Complete {
+    fn decoded_as(&self, t: &Task) -> bool {
+        self.beam.is_none_or(|b| b == t.beam)
+            && self.test_sentences.is_none_or(|n| n == t.test_sentences)
+    }
+}
+
+/// How a run directory's training relates to the configuration a task wants. The saved configuration is read
+/// through today's `Config`, so keys added since (with their defaults) do not make a finished run stale.
+enum RunMatch {
+    Same,
+    /// The same system with a larger budget: training goes on from the last checkpoint.
+    Continues,
+    Other(String),
+}
+
+fn run_match(t: &Task) -> Result<Option<RunMatch>> {
+    let Some(dir) = checkpoint::complete_dir(&t.dir.join("run/last")) else {
+        return Ok(None);
+    };
+    let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
+    if identity_toml(&saved) == identity_toml(&t.config) {
+        return Ok(Some(RunMatch::Same));
+    }
+    let state = checkpoint::load_state(&dir)?;
+    Ok(Some(match check_continues(&saved, &state, &t.config) {
+        Ok(()) => RunMatch::Continues,
+        Err(why) => RunMatch::Other(why),
+    }))
 }
 
 /// A configuration without its budget (updates, seconds, epochs): what a longer run shares with a shorter.
@@ -495,41 +537,34 @@ fn check_continues(
     Ok(())
 }
 
-/// Runs whose COMPLETE marker names another configuration: a larger budget for the same system continues
-/// the run (its marker is removed); anything else was made by another plan and is refused rather than mixed
-/// into this report.
+/// Finished runs that no longer match the plan: a larger budget for the same system continues the run, other
+/// decoding settings decode again (their markers are removed); a run of another configuration was made by
+/// another plan and is refused rather than mixed into this report.
 fn check_stale(tasks: &[Task]) -> Result<()> {
     for t in tasks {
         let Some(c) = read_complete(&t.dir)? else {
             continue;
         };
-        if c.fingerprint == t.fingerprint {
-            continue;
-        }
-        let last = checkpoint::complete_dir(&t.dir.join("run/last"));
-        let continues = match &last {
-            Some(dir) => {
-                let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
-                let state = checkpoint::load_state(dir)?;
-                check_continues(&saved, &state, &t.config).is_ok()
+        let m = run_match(t)?;
+        let note = match m {
+            Some(RunMatch::Same) if c.decoded_as(t) => continue,
+            Some(RunMatch::Same) => "the plan decodes otherwise now; its test set is decoded again",
+            Some(RunMatch::Continues) => {
+                "the plan's budget grew; its run goes on from its last checkpoint"
             }
-            None => false,
-        };
-        if !continues {
-            bail!(
-                "{}: finished with another configuration than the plan now gives {:?} (fingerprint {} \
-                 against {}); train it again with --only {:?}, or use another --out",
+            Some(RunMatch::Other(why)) => bail!(
+                "{}: {why} than the plan now gives {:?}; train it again with --only {:?}, or use another --out",
                 t.dir.display(),
                 t.system.name,
-                c.fingerprint,
-                t.fingerprint,
                 t.system.name
-            );
-        }
-        eprintln!(
-            "{} seed {}: the plan's budget grew; its run goes on from its last checkpoint",
-            t.system.name, t.seed
-        );
+            ),
+            None => bail!(
+                "{}: marked finished but its checkpoint is missing; train it again with --only {:?}",
+                t.dir.display(),
+                t.system.name
+            ),
+        };
+        eprintln!("{} seed {}: {note}", t.system.name, t.seed);
         std::fs::remove_file(t.dir.join("COMPLETE"))
             .with_context(|| format!("{}: cannot remove COMPLETE", t.dir.display()))?;
     }
@@ -552,7 +587,8 @@ fn read_complete(dir: &Path) -> Result<Option<Complete>> {
 }
 
 pub fn is_complete(t: &Task) -> bool {
-    matches!(read_complete(&t.dir), Ok(Some(c)) if c.fingerprint == t.fingerprint)
+    matches!(read_complete(&t.dir), Ok(Some(c)) if c.decoded_as(t))
+        && matches!(run_match(t), Ok(Some(RunMatch::Same)))
 }
 
 pub fn read_result(t: &Task) -> Result<RunResult> {
@@ -906,6 +942,8 @@ fn run_task(
         &t.dir.join("COMPLETE"),
         serde_json::to_string(&Complete {
             fingerprint: t.fingerprint.clone(),
+            beam: Some(t.beam),
+            test_sentences: Some(t.test_sentences),
         })?
         .as_bytes(),
     )?;
@@ -927,4 +965,93 @@ pub fn append_line(p: &Path, line: &str) -> Result<()> {
         .open(p)
         .with_context(|| format!("{}: cannot open", p.display()))?;
     writeln!(f, "{line}").with_context(|| format!("{}: cannot write", p.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(dir: &Path, sets: &[&str]) -> Task {
+        let config = Config::load(
+            None,
+            &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        Task {
+            system: plan::SystemSpec {
+                name: "GRU".into(),
+                table: "2".into(),
+                set: vec![],
+                baseline: None,
+                paper: None,
+            },
+            seed: 1,
+            dir: dir.to_path_buf(),
+            config,
+            fingerprint: "f".into(),
+            beam: 10,
+            test_sentences: 5,
+        }
+    }
+
+    #[test]
+    fn a_finished_run_stays_finished_when_configuration_keys_are_added() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = task(tmp.path(), &["train.max_steps=100"]);
+        let last = tmp.path().join("run/last");
+        std::fs::create_dir_all(&last).unwrap();
+        // The configuration as an older version saved it: without a key added since.
+        let old: String = t
+            .config
+            .to_toml()
+            .lines()
+            .filter(|l| !l.starts_with("on_divergence"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_ne!(old, t.config.to_toml());
+        std::fs::write(last.join(checkpoint::CONFIG_FILE), old).unwrap();
+        let mut state = checkpoint::TrainState {
+            step: 100,
+            finished: true,
+            ..Default::default()
+        };
+        std::fs::write(
+            last.join(checkpoint::STATE_FILE),
+            serde_json::to_string(&state).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(last.join(checkpoint::COMPLETE_FILE), "").unwrap();
+        // An early marker (fingerprint only).
+        std::fs::write(tmp.path().join("COMPLETE"), r#"{"fingerprint":"0"}"#).unwrap();
+        assert!(is_complete(&t));
+        check_stale(std::slice::from_ref(&t)).unwrap();
+        assert!(tmp.path().join("COMPLETE").is_file());
+        // Another decoding decodes again; a larger budget continues; another model is refused.
+        std::fs::write(
+            tmp.path().join("COMPLETE"),
+            r#"{"fingerprint":"0","beam":5,"test_sentences":5}"#,
+        )
+        .unwrap();
+        assert!(!is_complete(&t));
+        let longer = task(tmp.path(), &["train.max_steps=200"]);
+        assert!(matches!(
+            run_match(&longer).unwrap(),
+            Some(RunMatch::Continues)
+        ));
+        state.step = 300;
+        std::fs::write(
+            last.join(checkpoint::STATE_FILE),
+            serde_json::to_string(&state).unwrap(),
+        )
+        .unwrap();
+        assert!(matches!(
+            run_match(&longer).unwrap(),
+            Some(RunMatch::Other(_))
+        ));
+        let other = task(tmp.path(), &["train.max_steps=100", "model.hidden_dim=8"]);
+        assert!(matches!(
+            run_match(&other).unwrap(),
+            Some(RunMatch::Other(_))
+        ));
+    }
 }
