@@ -165,7 +165,7 @@ pub fn figures(s: &Setup, r: &mut Results) -> Result<()> {
     Ok(())
 }
 
-fn row_cells(r: &Row, res: &Results) -> Vec<String> {
+fn row_cells(r: &Row) -> Vec<String> {
     let per_seed = r
         .seeds
         .iter()
@@ -192,7 +192,6 @@ fn row_cells(r: &Row, res: &Results) -> Vec<String> {
         ),
         None => ("–".into(), "–".into(), "–".into()),
     };
-    let _ = res;
     vec![
         r.system.clone(),
         r.params
@@ -213,7 +212,7 @@ fn row_cells(r: &Row, res: &Results) -> Vec<String> {
     ]
 }
 
-fn blocks(s: &Setup, r: &Results) -> Vec<Block> {
+fn blocks(r: &Results) -> Vec<Block> {
     use Block::*;
     let mut b = vec![];
     b.push(H(
@@ -261,7 +260,7 @@ fn blocks(s: &Setup, r: &Results) -> Vec<Block> {
             .rows
             .iter()
             .filter(|x| &x.table == id)
-            .map(|x| row_cells(x, r))
+            .map(row_cells)
             .collect();
         b.push(Table(head.clone(), rows));
         if let Some((_, st)) = r.stability.iter().find(|(t, _)| t == id) {
@@ -510,7 +509,6 @@ fn blocks(s: &Setup, r: &Results) -> Vec<Block> {
             .map(|x| vec![x.name.clone(), format!("`{}`", x.set.join(" "))])
             .collect(),
     ));
-    let _ = s;
     b
 }
 
@@ -651,7 +649,7 @@ pub fn write(s: &Setup, r: &Results) -> Result<()> {
         &s.out.join("results.json"),
         serde_json::to_string_pretty(r)?.as_bytes(),
     )?;
-    let b = blocks(s, r);
+    let b = blocks(r);
     write_atomic(&s.out.join("report.md"), md(&b).as_bytes())?;
     let title = format!("Reproduction of Tu et al. (2017): {}", r.plan);
     write_atomic(&s.out.join("report.html"), html(&b, s, &title)?.as_bytes())?;
