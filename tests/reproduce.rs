@@ -1,7 +1,8 @@
 //! `cgnmt reproduce --quick` end to end on real data (Tatoeba zh-en, the bundled plan on its tiny budget):
 //! every table and figure of the report comes from real runs, the report's numbers are the run files'
 //! (re-scored here), a killed reproduction resumes, a finished run is never trained again, `--only` trains one
-//! row again, and a plan that no longer matches a finished run is refused.
+//! row again, a plan that no longer matches a finished run is refused, and the records kept under version
+//! control (no checkpoints) write the same report again.
 
 mod common;
 
@@ -278,6 +279,88 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
             .map(|p| p[0].as_u64().unwrap())
             .collect();
         assert_eq!(steps, vec![12, 24, 36], "{}", r["system"]);
+        // The record beside the run holds the configuration it was trained with: the longer one.
+        let record =
+            std::fs::read_to_string(out.join(r["dir"].as_str().unwrap()).join("config.toml"))
+                .unwrap();
+        assert!(record.contains("max_steps = 36"), "{record}");
+    }
+
+    // What the directory's .gitignore keeps (no checkpoints, prepared data or raw alignments) is enough to
+    // tell every run finished and to write the same report again.
+    let ignore = std::fs::read_to_string(out.join(".gitignore")).unwrap();
+    for p in [".lock", "prepared/", "systems/*/*/run/"] {
+        assert!(ignore.lines().any(|l| l == p), "{p} not in .gitignore");
+    }
+    let kept = tmp.path().join("kept");
+    copy_kept(&out, &kept, Path::new(""));
+    assert!(!kept.join("systems/gru/seed-1/run").exists());
+    assert!(kept.join("systems/gru/seed-1/test.dump.jsonl.gz").is_file());
+    let err = ok(&reproduce_with(&longer, &kept, &["--report-only"])
+        .output()
+        .unwrap());
+    assert!(err.contains("14 of 14 runs finished"), "{err}");
+    let again = json(&kept.join("results.json"));
+    for key in [
+        "runs",
+        "rows",
+        "gate_correlation",
+        "gate_histogram",
+        "context_scaling",
+        "length_groups",
+        "alignment",
+    ] {
+        assert_eq!(
+            again[key], results[key],
+            "{key} differs when written from the kept records"
+        );
+    }
+    // Training on from a kept record is refused by name: its checkpoints are gone.
+    let o = reproduce_with(&plan, &kept, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("checkpoints were not kept"),
+        "{err}"
+    );
+}
+
+/// Copy an output directory as version control would keep it under its `.gitignore` (the patterns
+/// `cgnmt reproduce` writes: directories, `dir/*/*/run/` and `*.suffix` files).
+fn copy_kept(from: &Path, to: &Path, rel: &Path) {
+    let ignore = std::fs::read_to_string(from.join(".gitignore")).unwrap();
+    let patterns: Vec<&str> = ignore
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    let matches = |p: &str, rel: &str, is_dir: bool| -> bool {
+        let (p, want_dir) = match p.strip_suffix('/') {
+            Some(p) => (p, true),
+            None => (p, false),
+        };
+        if want_dir && !is_dir {
+            return false;
+        }
+        let ps: Vec<&str> = p.split('/').collect();
+        let rs: Vec<&str> = rel.split('/').collect();
+        ps.len() == rs.len()
+            && ps.iter().zip(&rs).all(|(a, b)| {
+                a == b || *a == "*" || a.strip_prefix('*').is_some_and(|suf| b.ends_with(suf))
+            })
+    };
+    std::fs::create_dir_all(to.join(rel)).unwrap();
+    for e in std::fs::read_dir(from.join(rel)).unwrap() {
+        let e = e.unwrap();
+        let r = rel.join(e.file_name());
+        let rs = r.to_str().unwrap();
+        let is_dir = e.file_type().unwrap().is_dir();
+        if patterns.iter().any(|p| matches(p, rs, is_dir)) {
+            continue;
+        }
+        if is_dir {
+            copy_kept(from, to, &r);
+        } else {
+            std::fs::copy(e.path(), to.join(&r)).unwrap();
+        }
     }
 }
 

@@ -4,14 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 use cgnmt_eval::analysis::{self, word_count, ContextScaling, DumpRecord, LengthGroups};
 use cgnmt_eval::bleu::{corpus_bleu, BleuOptions};
 use cgnmt_eval::significance::{self, Metric, SignTestResult};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::plan::slug;
 use super::{read_result, run_child, Clock, RunResult, Setup, Task, Timing};
@@ -208,6 +208,13 @@ pub struct FigureRef {
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Invocation {
+    /// Names the invocation: its lines are written as it goes (after each finished run), the last one counts.
+    #[serde(default)]
+    pub id: String,
+    /// A line written on the way: the invocation had not finished when it was written (if it is the last of
+    /// its id, it was interrupted).
+    #[serde(default)]
+    pub partial: bool,
     pub wall_seconds: f64,
     /// Child processes (training, decoding, aligning) and data preparation.
     pub work_seconds: f64,
@@ -411,15 +418,15 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
     std::fs::create_dir_all(&figures_dir)
         .with_context(|| format!("{}: cannot create", figures_dir.display()))?;
     let dump_of = |r: &RunResult| -> Result<Vec<DumpRecord>> {
-        Ok(analysis::read_dump(
-            &s.out.join(&r.dir).join("test.dump.jsonl"),
-        )?)
+        let path = super::compress_dump(&s.out.join(&r.dir))?;
+        let text = cgnmt_data::corpus::read_lines(&path)?.join("\n");
+        Ok(analysis::parse_dump(&text, &path)?)
     };
 
     let gate_correlation = match &a.gate_correlation {
         Some(g) => match (median(&g.system), median(&g.baseline)) {
             (Some(sr), Some(br)) => {
-                let path = s.out.join(&sr.dir).join("test.dump.jsonl");
+                let path = s.out.join(&sr.dir).join(super::DUMP_GZ);
                 let by_id = analysis::dump_by_id(dump_of(sr)?, src_tok.len(), &path)?;
                 let gates: Vec<Option<f64>> = by_id.iter().map(|d| d.mean_gate()).collect();
                 let ga = analysis::gate_analysis(
@@ -487,6 +494,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
                 } else {
                     let p = dir.join(format!("{x}_{y}.hyp"));
                     if !p.is_file() {
+                        need_model(s, r)?;
                         let model = best_dir(&s.out.join(&r.dir));
                         run_child(
                             &s.exe,
@@ -764,6 +772,28 @@ fn write_subjective(
 
 /// Force-decode a gold-aligned set with every finished seed of the listed systems and score the attention:
 /// AER of the row-wise argmax links (first maximum on ties) and soft AER of the matrices.
+/// A run's alignment error rates on one gold set (cached beside its raw alignments, which are not kept under
+/// version control).
+#[derive(Serialize, Deserialize)]
+struct AlignmentScores {
+    aer: f64,
+    saer: f64,
+}
+
+/// An analysis that decodes needs the run's model; a kept record whose checkpoints are gone says so.
+fn need_model(s: &Setup, r: &RunResult) -> Result<()> {
+    let dir = s.out.join(&r.dir);
+    if checkpoint::complete_dir(&best_dir(&dir)).is_none() {
+        bail!(
+            "{}: an analysis needs this run's model, but its checkpoints are not here (a kept record); \
+             train the row again with --only {:?}",
+            dir.display(),
+            r.system
+        );
+    }
+    Ok(())
+}
+
 fn align_all<'a>(
     s: &Setup,
     k: usize,
@@ -792,8 +822,19 @@ fn align_all<'a>(
         for r in of(name) {
             // Named by the run's fingerprint: a run trained further is aligned again.
             let stem = format!("{}-seed-{}-{}", slug(name), r.seed, r.fingerprint);
+            let scores = dir.join(format!("{stem}.json"));
+            if let Some(c) = std::fs::read_to_string(&scores)
+                .ok()
+                .and_then(|t| serde_json::from_str::<AlignmentScores>(&t).ok())
+            {
+                seeds.push(r.seed);
+                aers.push(c.aer);
+                saers.push(c.saer);
+                continue;
+            }
             let soft = dir.join(format!("{stem}.soft.jsonl"));
             if !soft.is_file() {
+                need_model(s, r)?;
                 run_child(
                     &s.exe,
                     &[
@@ -819,6 +860,14 @@ fn align_all<'a>(
             let hard = cgnmt_eval::aer::argmax_links(&m);
             let a = cgnmt_eval::aer::aer(&gold, &hard)?;
             let sa = cgnmt_eval::aer::saer(&gold, &m)?;
+            super::write_atomic(
+                &scores,
+                serde_json::to_string(&AlignmentScores {
+                    aer: a.aer,
+                    saer: sa.saer,
+                })?
+                .as_bytes(),
+            )?;
             seeds.push(r.seed);
             aers.push(a.aer);
             saers.push(sa.saer);
@@ -881,12 +930,27 @@ pub fn finish(s: &Setup, mut r: Results, mut inv: Invocation) -> Result<Results>
     super::append_line(&p, &serde_json::to_string(&inv)?)?;
     let text =
         std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read", p.display()))?;
-    r.invocations = text
+    r.invocations = latest_invocations(&text);
+    Ok(r)
+}
+
+/// The invocation log's last line of each invocation (lines without an id, from earlier versions, stand alone).
+pub fn latest_invocations(text: &str) -> Vec<Invocation> {
+    let mut out: Vec<Invocation> = vec![];
+    for inv in text
         .lines()
         .filter(|l| !l.trim().is_empty())
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    Ok(r)
+        .filter_map(|l| serde_json::from_str::<Invocation>(l).ok())
+    {
+        match out
+            .iter_mut()
+            .find(|o| !inv.id.is_empty() && o.id == inv.id)
+        {
+            Some(o) => *o = inv,
+            None => out.push(inv),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -936,6 +1000,39 @@ mod tests {
         assert!((st.kendall_tau.unwrap() - 1.0 / 3.0).abs() < 1e-12);
         // A row without a finished run gives no stability check.
         assert!(stability_of(&["A", "D"], &of).is_none());
+    }
+
+    #[test]
+    fn the_invocation_log_keeps_each_invocations_last_line() {
+        let line = |id: &str, partial: bool, wall: f64| {
+            serde_json::to_string(&Invocation {
+                id: id.into(),
+                partial,
+                wall_seconds: wall,
+                work_seconds: wall,
+                own_seconds: 0.0,
+                jobs: 2,
+                report_only: false,
+            })
+            .unwrap()
+        };
+        let text = [
+            r#"{"wall_seconds":5.0,"work_seconds":4.0,"report_only":true}"#.to_string(),
+            line("a", true, 10.0),
+            line("a", true, 20.0),
+            line("b", true, 7.0),
+            line("a", false, 30.0),
+            "not json".into(),
+        ]
+        .join("\n");
+        let v = latest_invocations(&text);
+        assert_eq!(v.len(), 3);
+        assert_eq!((v[0].id.as_str(), v[0].wall_seconds), ("", 5.0));
+        assert_eq!(
+            (v[1].id.as_str(), v[1].wall_seconds, v[1].partial),
+            ("a", 30.0, false)
+        );
+        assert_eq!((v[2].id.as_str(), v[2].partial), ("b", true));
     }
 
     #[test]

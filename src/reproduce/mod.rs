@@ -145,6 +145,13 @@ impl Clock {
 
 pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()> {
     let started = Instant::now();
+    let invocation_id = format!(
+        "{}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        std::process::id()
+    );
     let plan_text = std::fs::read_to_string(&args.plan)
         .with_context(|| format!("{}: cannot read the plan", args.plan.display()))?;
     let plan = Plan::load(&args.plan)?;
@@ -192,6 +199,7 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
     };
     std::fs::write(setup.out.join("plan.toml"), &setup.plan_text)
         .with_context(|| format!("{}: cannot write", setup.out.join("plan.toml").display()))?;
+    write_atomic(&setup.out.join(".gitignore"), GITIGNORE.as_bytes())?;
     let tasks = make_tasks(&setup)?;
     for name in &setup.args.only {
         let dir = setup.out.join("systems").join(slug(name));
@@ -203,7 +211,24 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
     }
     check_stale(&tasks)?;
     if !setup.args.report_only {
-        run_tasks(&setup, &tasks, &clock)?;
+        // The invocation's account so far, after each finished run: a killed invocation's time is counted too.
+        let log_progress = || {
+            let inv = analyses::Invocation {
+                id: invocation_id.clone(),
+                partial: true,
+                wall_seconds: started.elapsed().as_secs_f64(),
+                work_seconds: clock.work_seconds(),
+                own_seconds: clock.own_seconds(),
+                jobs: setup.args.jobs,
+                report_only: false,
+            };
+            if let Ok(line) = serde_json::to_string(&inv) {
+                if let Err(e) = append_line(&setup.out.join("invocations.jsonl"), &line) {
+                    eprintln!("warning: {e:#}");
+                }
+            }
+        };
+        run_tasks(&setup, &tasks, &clock, &log_progress)?;
     }
     // Reproduce's own work from here on: scoring, tests, analyses and figures, less the child processes
     // (analysis decodes) they start.
@@ -214,6 +239,8 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
     let own =
         t_own.elapsed().as_secs_f64() - (clock.work_seconds() - work_before) + clock.own_seconds();
     let timing = analyses::Invocation {
+        id: invocation_id.clone(),
+        partial: false,
         wall_seconds: started.elapsed().as_secs_f64(),
         work_seconds: clock.work_seconds(),
         own_seconds: own,
@@ -464,6 +491,27 @@ fn identity_toml(c: &Config) -> String {
     c.to_toml()
 }
 
+/// The configuration a run was trained with, beside its record (a copy of its last checkpoint's).
+const RECORD_CONFIG: &str = "config.toml";
+/// The test set's translation dump (attention, gates), gzip-compressed.
+pub const DUMP_GZ: &str = "test.dump.jsonl.gz";
+
+/// The paths left out when an output directory is kept under version control: checkpoints, prepared data and
+/// raw alignments are large and can be made again; the records (configuration, result, hypotheses, compressed
+/// dump, logs) and the analysis caches are enough to write the report again and to tell a finished run.
+const GITIGNORE: &str = "\
+# Written by `cgnmt reproduce`: what to leave out when this directory is kept under version control.
+# Checkpoints and prepared data are large and can be made again; each run's record (config.toml, result.json,
+# test.hyp, test.dump.jsonl.gz, train.log, COMPLETE) and the analysis caches are enough to write the report
+# again. A run whose checkpoints are gone stays finished; only a larger budget for it means training it again.
+.lock
+prepared/
+test/
+systems/*/*/run/
+analyses/alignment/*/*.soft.jsonl
+analyses/alignment/*/*.talp
+";
+
 /// A finished run's marker.
 #[derive(Debug, Serialize, Deserialize)]
 struct Complete {
@@ -493,7 +541,22 @@ enum RunMatch {
 
 fn run_match(t: &Task) -> Result<Option<RunMatch>> {
     let Some(dir) = checkpoint::complete_dir(&t.dir.join("run/last")) else {
-        return Ok(None);
+        // A kept record without its checkpoints (they are not put under version control): the configuration
+        // it was trained with is beside it, and only the same configuration is that run.
+        let record = t.dir.join(RECORD_CONFIG);
+        if !record.is_file() || !t.dir.join("COMPLETE").is_file() {
+            return Ok(None);
+        }
+        let saved = Config::load(Some(&record), &[])?;
+        return Ok(Some(if identity_toml(&saved) == identity_toml(&t.config) {
+            RunMatch::Same
+        } else if design_toml(&saved) == design_toml(&t.config) {
+            RunMatch::Other(
+                "was trained with another budget and its checkpoints were not kept, so it cannot go on".into(),
+            )
+        } else {
+            RunMatch::Other("holds a training run of another configuration".into())
+        }));
     };
     let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
     if identity_toml(&saved) == identity_toml(&t.config) {
@@ -559,7 +622,8 @@ fn check_stale(tasks: &[Task]) -> Result<()> {
                 t.system.name
             ),
             None => bail!(
-                "{}: marked finished but its checkpoint is missing; train it again with --only {:?}",
+                "{}: marked finished but neither its checkpoint nor its {RECORD_CONFIG} is there; train it again \
+                 with --only {:?}",
                 t.dir.display(),
                 t.system.name
             ),
@@ -599,7 +663,12 @@ pub fn read_result(t: &Task) -> Result<RunResult> {
 }
 
 /// Train and decode every unfinished run, `--jobs` at a time, with progress bars (or one line per run).
-fn run_tasks(s: &Setup, tasks: &[Task], clock: &Arc<Clock>) -> Result<()> {
+fn run_tasks(
+    s: &Setup,
+    tasks: &[Task],
+    clock: &Arc<Clock>,
+    on_finished: &(dyn Fn() + Sync),
+) -> Result<()> {
     let todo: Vec<&Task> = tasks.iter().filter(|t| !is_complete(t)).collect();
     if todo.is_empty() {
         return Ok(());
@@ -690,6 +759,7 @@ fn run_tasks(s: &Setup, tasks: &[Task], clock: &Arc<Clock>) -> Result<()> {
                     match run_task(s, t, clock, &mut report_step) {
                         Ok(r) => {
                             finished.fetch_add(1, Ordering::Relaxed);
+                            on_finished();
                             done_steps.fetch_add(steps_of(t), Ordering::Relaxed);
                             say(format!(
                                 "finished {} seed {}: test BLEU {:.2} (dev {:.2} at update {}), {} training, \
@@ -906,6 +976,23 @@ fn run_task(
         timing.train_seconds += t0.elapsed().as_secs_f64();
         write_atomic(&timing_path, serde_json::to_string(&timing)?.as_bytes())?;
     }
+    // The record: the configuration the run was trained with (after a longer budget, the longer one) and its
+    // training log, beside the checkpoints that are not kept under version control.
+    let last = checkpoint::complete_dir(&run.join("last"))
+        .with_context(|| format!("{}: training left no complete checkpoint", run.display()))?;
+    for (from, to) in [
+        (
+            last.join(checkpoint::CONFIG_FILE),
+            t.dir.join(RECORD_CONFIG),
+        ),
+        (run.join("train.log"), t.dir.join("train.log")),
+    ] {
+        if from.is_file() {
+            let bytes =
+                std::fs::read(&from).with_context(|| format!("{}: cannot read", from.display()))?;
+            write_atomic(&to, &bytes)?;
+        }
+    }
     progress(t.config.train.max_steps as u64, "decoding the test set");
     let best = if run.join("best").is_dir() {
         run.join("best")
@@ -931,6 +1018,9 @@ fn run_task(
     ];
     run_child(&s.exe, &targs, &log, s.threads, clock, || {})?;
     timing.decode_seconds = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    compress_dump(&t.dir)?;
+    clock.add_own(t1.elapsed());
     let t0 = Instant::now();
     let r = analyses::score_run(s, t, &run, &best, &timing)?;
     clock.add_own(t0.elapsed());
@@ -948,6 +1038,22 @@ fn run_task(
         .as_bytes(),
     )?;
     Ok(r)
+}
+
+/// The run's translation dump: compressed (a plain one, from earlier versions, is compressed first).
+pub fn compress_dump(dir: &Path) -> Result<PathBuf> {
+    let gz = dir.join(DUMP_GZ);
+    let plain = dir.join("test.dump.jsonl");
+    if plain.is_file() {
+        let bytes =
+            std::fs::read(&plain).with_context(|| format!("{}: cannot read", plain.display()))?;
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(&bytes)?;
+        write_atomic(&gz, &enc.finish()?)?;
+        std::fs::remove_file(&plain)
+            .with_context(|| format!("{}: cannot remove", plain.display()))?;
+    }
+    Ok(gz)
 }
 
 /// Wall time of a run's child processes (training adds up over resumed attempts).
@@ -1053,5 +1159,59 @@ mod tests {
             run_match(&other).unwrap(),
             Some(RunMatch::Other(_))
         ));
+    }
+
+    #[test]
+    fn a_kept_record_without_checkpoints_stays_finished_for_its_own_configuration_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = task(tmp.path(), &["train.max_steps=100"]);
+        // No marker, no record: nothing.
+        assert!(run_match(&t).unwrap().is_none());
+        let mut saved = t.config.clone();
+        saved.train.threads = 7;
+        saved.data.prepared = PathBuf::from("/elsewhere/prepared");
+        std::fs::write(tmp.path().join(RECORD_CONFIG), saved.to_toml()).unwrap();
+        assert!(
+            run_match(&t).unwrap().is_none(),
+            "a record without its marker is not finished"
+        );
+        std::fs::write(
+            tmp.path().join("COMPLETE"),
+            r#"{"fingerprint":"f","beam":10,"test_sentences":5}"#,
+        )
+        .unwrap();
+        assert!(is_complete(&t));
+        check_stale(std::slice::from_ref(&t)).unwrap();
+        assert!(tmp.path().join("COMPLETE").is_file());
+        // A larger budget cannot go on without the checkpoint, and another model is another run: both are
+        // refused by name rather than trained over.
+        for other in [
+            task(tmp.path(), &["train.max_steps=200"]),
+            task(tmp.path(), &["train.max_steps=100", "model.hidden_dim=8"]),
+        ] {
+            assert!(matches!(
+                run_match(&other).unwrap(),
+                Some(RunMatch::Other(_))
+            ));
+            let e = check_stale(std::slice::from_ref(&other))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--only \"GRU\""), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_plain_dump_is_compressed_once_and_reads_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let line = r#"{"id":0,"src":["a"],"hyp":["b"],"attention":[[1.0]],"gates":[0.5]}"#;
+        std::fs::write(tmp.path().join("test.dump.jsonl"), format!("{line}\n")).unwrap();
+        let gz = compress_dump(tmp.path()).unwrap();
+        assert!(!tmp.path().join("test.dump.jsonl").exists());
+        assert_eq!(&std::fs::read(&gz).unwrap()[..2], &[0x1f, 0x8b]);
+        assert_eq!(compress_dump(tmp.path()).unwrap(), gz);
+        assert_eq!(
+            cgnmt_data::corpus::read_lines(&gz).unwrap(),
+            vec![line.to_string()]
+        );
     }
 }

@@ -478,6 +478,13 @@ fn blocks(r: &Results) -> Vec<Block> {
         100.0 * own / work.max(1e-9),
         serial_over.map_or(String::new(), |o| format!("; in the invocations that ran one job at a time, wall time exceeded the children's by {o:.2}%"))
     )));
+    let interrupted = r.invocations.iter().filter(|i| i.partial).count();
+    if interrupted > 0 {
+        b.push(P(format!(
+            "{interrupted} of these invocations were interrupted; each is counted up to its last finished run \
+             (training it had started and not finished is not counted)."
+        )));
+    }
     b.push(Table(
         vec![
             "system".into(),
