@@ -4,7 +4,12 @@
 //! `model.safetensors` (weights, named by their parameter paths), `vocab.src`, `vocab.tgt`, `preprocess.json`
 //! (+ BPE files it names). A training checkpoint adds `optimizer.safetensors` and `train_state.json`.
 //! Directories are written atomically: into `NAME.tmp`, then the old `NAME` is moved aside and the new one
-//! renamed into place, so a crash never leaves a half-written model where a complete one is expected.
+//! renamed into place, so a crash never leaves a half-written model where a complete one is expected. A
+//! write that fails (a full disk) removes its `NAME.tmp` and leaves `NAME` as it was.
+//!
+//! Readers and a writer may share a directory (`translate` while `train` saves into it): every save writes a
+//! new generation id into `COMPLETE`, and [`load`] reads the id before and after the files, reading again when
+//! a save replaced the directory meanwhile, so a load is never half one checkpoint and half the next.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -32,8 +37,15 @@ pub struct EvalRecord {
     pub step: u64,
     pub epoch: u64,
     pub seconds: f64,
+    /// Mean training loss per token of the last logging window (NaN, written as null, before the first).
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_loss: f64,
     pub dev_bleu: f64,
+}
+
+/// A number that JSON wrote as null because it was not finite.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// Where training stands; with the optimiser state this is all a resumed run needs.
@@ -55,6 +67,11 @@ pub struct TrainState {
     /// Rollbacks after a non-finite loss or gradient so far.
     #[serde(default)]
     pub rollbacks: u64,
+    /// The training-loss window being summed (loss × tokens, tokens) and the last window's mean per token.
+    #[serde(default)]
+    pub loss_window: (f64, u64),
+    #[serde(default)]
+    pub last_train_loss: Option<f64>,
 }
 
 fn one() -> f64 {
@@ -75,6 +92,8 @@ impl Default for TrainState {
             finished: false,
             lr_scale: 1.0,
             rollbacks: 0,
+            loss_window: (0.0, 0),
+            last_train_loss: None,
         }
     }
 }
@@ -116,39 +135,94 @@ pub struct SaveRequest<'a> {
     pub state: Option<&'a TrainState>,
 }
 
-/// Write a model (and optionally a training checkpoint) to `dir` atomically.
+/// Test hook: `CGNMT_TEST_SAVE_PAUSE_MS=N` sleeps N ms after each file a save writes and between its renames,
+/// widening the windows a kill or a concurrent reader can fall into (the fault tests use it).
+fn save_pause() {
+    static PAUSE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let ms = *PAUSE.get_or_init(|| {
+        std::env::var("CGNMT_TEST_SAVE_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// A new generation id for `COMPLETE`: unique to this save (time, process, a counter).
+fn generation_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let k = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{nanos}-{}-{k}", std::process::id())
+}
+
+/// Write a model (and optionally a training checkpoint) to `dir` atomically. On an error (e.g. a full disk)
+/// the partial `dir.tmp` is removed and `dir` keeps the previous checkpoint.
 pub fn save(dir: &Path, req: &SaveRequest) -> Result<()> {
     let tmp = with_suffix(dir, "tmp");
+    let written = write_files(&tmp, req);
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
     let old = with_suffix(dir, "old");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| NmtError::io(&tmp, e))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(|e| NmtError::io(&tmp, e))?;
-    std::fs::write(tmp.join(CONFIG_FILE), req.config.to_toml())
-        .map_err(|e| NmtError::io(&tmp, e))?;
-    req.varmap.save(tmp.join(WEIGHTS_FILE))?;
-    req.src_vocab.save(&tmp.join("vocab.src"))?;
-    req.tgt_vocab.save(&tmp.join("vocab.tgt"))?;
-    copy_preprocess(req.preprocess_dir, &tmp)?;
-    if let Some(opt) = req.optimizer {
-        save_optimizer(opt, &tmp.join(OPTIM_FILE))?;
-    }
-    if let Some(st) = req.state {
-        let json = serde_json::to_string_pretty(st).expect("state serialises");
-        std::fs::write(tmp.join(STATE_FILE), json).map_err(|e| NmtError::io(&tmp, e))?;
-    }
-    std::fs::write(tmp.join(COMPLETE_FILE), b"").map_err(|e| NmtError::io(&tmp, e))?;
     if old.exists() {
         std::fs::remove_dir_all(&old).map_err(|e| NmtError::io(&old, e))?;
     }
     if dir.exists() {
         std::fs::rename(dir, &old).map_err(|e| NmtError::io(dir, e))?;
+        save_pause();
     }
     std::fs::rename(&tmp, dir).map_err(|e| NmtError::io(dir, e))?;
+    save_pause();
     if old.exists() {
         std::fs::remove_dir_all(&old).map_err(|e| NmtError::io(&old, e))?;
     }
     Ok(())
+}
+
+/// The files of a save, into `tmp` (emptied first), `COMPLETE` last.
+fn write_files(tmp: &Path, req: &SaveRequest) -> Result<()> {
+    if tmp.exists() {
+        std::fs::remove_dir_all(tmp).map_err(|e| NmtError::io(tmp, e))?;
+    }
+    std::fs::create_dir_all(tmp).map_err(|e| NmtError::io(tmp, e))?;
+    let write = |name: &str, bytes: &[u8]| -> Result<()> {
+        let p = tmp.join(name);
+        std::fs::write(&p, bytes).map_err(|e| NmtError::io(&p, e))
+    };
+    write(CONFIG_FILE, req.config.to_toml().as_bytes())?;
+    save_pause();
+    let weights = tmp.join(WEIGHTS_FILE);
+    req.varmap
+        .save(&weights)
+        .map_err(|e| NmtError::model_dir(tmp, format!("cannot write {WEIGHTS_FILE}: {e}")))?;
+    save_pause();
+    req.src_vocab.save(&tmp.join("vocab.src"))?;
+    req.tgt_vocab.save(&tmp.join("vocab.tgt"))?;
+    copy_preprocess(req.preprocess_dir, tmp)?;
+    save_pause();
+    if let Some(opt) = req.optimizer {
+        save_optimizer(opt, &tmp.join(OPTIM_FILE))
+            .map_err(|e| NmtError::model_dir(tmp, format!("cannot write {OPTIM_FILE}: {e}")))?;
+        save_pause();
+    }
+    if let Some(st) = req.state {
+        let json = serde_json::to_string_pretty(st).expect("state serialises");
+        write(STATE_FILE, json.as_bytes())?;
+    }
+    write(COMPLETE_FILE, generation_id().as_bytes())?;
+    save_pause();
+    Ok(())
+}
+
+/// The generation id in a directory's `COMPLETE` (empty from versions that wrote none).
+fn generation(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(COMPLETE_FILE)).ok()
 }
 
 fn with_suffix(dir: &Path, suffix: &str) -> PathBuf {
@@ -223,14 +297,43 @@ pub fn load_state(dir: &Path) -> Result<TrainState> {
 }
 
 /// Load a model directory (weights checked against the configuration: every tensor present, right shape).
+/// A save into the directory while it is read (a training run writing its checkpoints) makes it read again:
+/// the model returned is one complete checkpoint.
 pub fn load(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
-    if !dir.is_dir() {
+    const ATTEMPTS: usize = 20;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let before = complete_dir(dir).and_then(|d| generation(&d).map(|g| (d, g)));
+        let loaded = load_once(dir, dtype, dev);
+        let after = complete_dir(dir).and_then(|d| generation(&d).map(|g| (d, g)));
+        // (Neither before nor after: a directory that never had a COMPLETE, so no writer to wait for.)
+        let steady = before == after;
+        match loaded {
+            // The same generation in the same place before and after: every file was of it.
+            Ok(m) if steady => return Ok(m),
+            // No writer in sight (no complete directory at all, or an error that stays): the error is the answer.
+            Err(e) if steady || after.is_none() || attempt >= ATTEMPTS => return Err(e),
+            Ok(_) if attempt >= ATTEMPTS => {
+                return Err(NmtError::model_dir(
+                    dir,
+                    "kept changing while it was read (a training run saving into it?); try again",
+                ))
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(5 * attempt as u64)),
+        }
+    }
+}
+
+fn load_once(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
+    let resolved = complete_dir(dir);
+    if !dir.is_dir() && resolved.is_none() {
         return Err(NmtError::model_dir(
             dir,
             "not a directory (expected a model directory written by `cgnmt train`)",
         ));
     }
-    let dir = complete_dir(dir).unwrap_or_else(|| dir.to_path_buf());
+    let dir = resolved.unwrap_or_else(|| dir.to_path_buf());
     let need = |f: &str| -> Result<PathBuf> {
         let p = dir.join(f);
         if p.is_file() {

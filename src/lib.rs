@@ -6,6 +6,7 @@
 //! (BLEU, chrF, significance tests, AER) in `cgnmt-eval`.
 
 pub mod alignment;
+pub mod atomic_file;
 pub mod attention;
 pub mod batcher;
 pub mod beam_search;

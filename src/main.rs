@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
+use cgnmt::atomic_file::{write_atomic, AtomicFile};
 use clap::{Parser, Subcommand};
 
 use cgnmt::beam_search::DecodeOptions;
@@ -508,17 +509,22 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     } else {
         indicatif::ProgressBar::new(lines.len() as u64)
     };
-    let mut sink: Box<dyn Write> = match &a.output {
-        Some(p) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(tmp_path(p))
-                .with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    // -o and --dump appear whole when decoding is done, or not at all (an error removes what was written).
+    let mut file_out = match &a.output {
+        Some(p) => Some(AtomicFile::create(p)?),
+        None => None,
+    };
+    let mut stdout_out = std::io::BufWriter::new(std::io::stdout().lock());
+    let sink: &mut dyn Write = match file_out.as_mut() {
+        Some(f) => f,
+        None => &mut stdout_out,
+    };
+    let out_name = match &a.output {
+        Some(p) => p.display().to_string(),
+        None => "the standard output".into(),
     };
     let mut dump = match &a.dump {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
+        Some(p) => Some(AtomicFile::create(p)?),
         None => None,
     };
     // Decode in chunks so output streams while keeping batches full.
@@ -561,10 +567,11 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
             if a.nbest > 1 {
                 for h in &t.hyps {
                     let text = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
-                    writeln!(sink, "{} ||| {} ||| {:.4}", base + k, text, h.score)?;
+                    writeln!(sink, "{} ||| {} ||| {:.4}", base + k, text, h.score)
+                        .with_context(|| format!("writing {out_name}"))?;
                 }
             } else {
-                writeln!(sink, "{}", t.text)?;
+                writeln!(sink, "{}", t.text).with_context(|| format!("writing {out_name}"))?;
             }
             if let Some(d) = dump.as_mut() {
                 let best = t.hyps.first();
@@ -577,16 +584,24 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
                     "gates": best.map(|b| b.gates.clone()).unwrap_or_default(),
                     "coverage": best.map(|b| b.coverage.clone()).unwrap_or_default(),
                 });
-                writeln!(d, "{rec}")?;
+                writeln!(d, "{rec}").with_context(|| {
+                    format!(
+                        "writing {}",
+                        a.dump.as_deref().unwrap_or(Path::new("")).display()
+                    )
+                })?;
             }
         }
-        sink.flush()?;
+        sink.flush()
+            .with_context(|| format!("writing {out_name}"))?;
         base += part.len();
     }
     pb.finish_and_clear();
-    drop(sink);
-    if let Some(p) = &a.output {
-        std::fs::rename(tmp_path(p), p).with_context(|| format!("writing {}", p.display()))?;
+    if let Some(d) = dump {
+        d.commit()?;
+    }
+    if let Some(f) = file_out {
+        f.commit()?;
     }
     if !a.quiet {
         let secs = started.elapsed().as_secs_f64();
@@ -657,12 +672,6 @@ fn cmd_shortlist(a: ShortlistArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn tmp_path(p: &Path) -> PathBuf {
-    let mut s = p.as_os_str().to_os_string();
-    s.push(".tmp");
-    PathBuf::from(s)
 }
 
 fn cmd_demo(a: DemoArgs) -> Result<()> {
@@ -870,13 +879,6 @@ fn cmd_align(a: AlignArgs) -> Result<()> {
         res.len(),
         a.output.display()
     );
-    Ok(())
-}
-
-fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = tmp_path(p);
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
     Ok(())
 }
 

@@ -268,7 +268,8 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         let data = load_data(&cfg, Some((lm.src_vocab, lm.tgt_vocab)), quiet)?;
         (cfg, lm.model, lm.varmap, opt, state, data)
     } else {
-        if last_dir.exists() {
+        // (`last.old` alone: killed between the two renames of a save; it is the checkpoint to resume.)
+        if last_dir.exists() || checkpoint::complete_dir(&last_dir).is_some() {
             return Err(NmtError::model_dir(
                 run_dir,
                 "already holds a training run (last/); use --resume to continue it or choose another --out",
@@ -341,9 +342,11 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     pb.set_position(state.step);
     let start = Instant::now();
     let base_seconds = state.seconds;
-    let mut loss_acc = (0.0f64, 0usize);
+    // The training-loss window (and the last window's mean) go on across a resume, so the log and the dev
+    // history of a resumed run are the uninterrupted run's.
+    let mut loss_acc = (state.loss_window.0, state.loss_window.1 as usize);
     let mut tok_acc = (0usize, Instant::now());
-    let mut last_loss = f64::NAN;
+    let mut last_loss = state.last_train_loss.unwrap_or(f64::NAN);
     let save = |state: &TrainState, opt: &Optimizer, dir: &Path, with_train: bool| -> Result<()> {
         checkpoint::save(
             dir,
@@ -478,6 +481,8 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
                 loss_acc = (0.0, 0);
                 tok_acc = (0, Instant::now());
             }
+            state.loss_window = (loss_acc.0, loss_acc.1 as u64);
+            state.last_train_loss = last_loss.is_finite().then_some(last_loss);
             let at_limit = (tc.max_steps > 0 && state.step >= tc.max_steps as u64)
                 || (tc.max_seconds > 0.0 && state.seconds >= tc.max_seconds);
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {

@@ -432,14 +432,7 @@ fn prepare_data(
     Ok((src, src_tok, refs))
 }
 
-pub fn write_atomic(p: &Path, bytes: &[u8]) -> Result<()> {
-    let mut tmp = p.as_os_str().to_os_string();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, p).with_context(|| format!("writing {}", p.display()))?;
-    Ok(())
-}
+pub use crate::atomic_file::write_atomic;
 
 /// The runs in the order they are trained: table by table, seed by seed, row by row (so a table's rows are
 /// complete with every seed before the next table starts).
