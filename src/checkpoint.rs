@@ -368,3 +368,35 @@ fn load_once(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
         preprocess,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_history_with_a_nan_train_loss_reads_back() {
+        // A dev evaluation before the first training-loss window (or, before the window was kept across
+        // resumes, the first evaluation after one) has a NaN train loss, which JSON writes as null.
+        let st = TrainState {
+            step: 8,
+            history: vec![EvalRecord {
+                step: 8,
+                epoch: 0,
+                seconds: 1.0,
+                train_loss: f64::NAN,
+                dev_bleu: 3.5,
+            }],
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&st).unwrap();
+        assert!(json.contains("\"train_loss\":null"), "{json}");
+        let back: TrainState = serde_json::from_str(&json).unwrap();
+        assert!(back.history[0].train_loss.is_nan());
+        assert_eq!(back.history[0].dev_bleu, 3.5);
+        // A state written before the loss window was kept reads with an empty window.
+        let old = json.replace(",\"loss_window\":[0.0,0],\"last_train_loss\":null", "");
+        assert_ne!(old, json);
+        let back: TrainState = serde_json::from_str(&old).unwrap();
+        assert_eq!((back.loss_window, back.last_train_loss), ((0.0, 0), None));
+    }
+}

@@ -251,6 +251,39 @@ fn translate_reads_whole_checkpoints_while_training_saves_into_them() {
     assert!(rounds >= 3, "training ended before the readers ran");
 }
 
+#[test]
+fn a_run_killed_between_the_renames_of_a_save_resumes_and_is_not_started_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    prepare(&prepared, 60);
+    let run = tmp.path().join("run");
+    let args = train_args(&prepared, &run, &["--set", "train.max_steps=4"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_ok(&args);
+    // What a kill between `last` → `last.old` and `last.tmp` → `last` leaves.
+    std::fs::rename(run.join("last"), run.join("last.old")).unwrap();
+    let o = Command::new(bin()).args(&args).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--resume"),
+        "a fresh start over a resumable run: {err}"
+    );
+    assert!(
+        run.join("last.old/COMPLETE").is_file(),
+        "the checkpoint was touched"
+    );
+    run_ok(&[
+        "train",
+        "--quiet",
+        "--resume",
+        run.to_str().unwrap(),
+        "--set",
+        "train.max_steps=8",
+    ]);
+    assert_eq!(checkpoint::load_state(&run.join("last")).unwrap().step, 8);
+    assert!(!run.join("last.old").exists());
+}
+
 // ---- a full disk ------------------------------------------------------------------------------------------
 
 /// Runs `script` with `sh` in a private mount namespace where a tmpfs of `size` is mounted at `dir` (as root,
