@@ -50,6 +50,8 @@ enum Cmd {
     /// Reproduce the paper from a plan: every system with several seeds, significance, the analyses, and a
     /// report (report.md, report.html, results.json). Resumable.
     Reproduce(cgnmt::reproduce::ReproduceArgs),
+    /// Public corpora and test sets: list the registry, download (resumable, checksummed), verify.
+    Data(cgnmt::datasets::cli::DataArgs),
     /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
     Score(cgnmt_eval::cli::ScoreArgs),
     /// Significance of system differences: sign test, paired bootstrap, approximate randomisation.
@@ -314,6 +316,7 @@ fn main() {
             let data = cgnmt::datasets::DataDir::resolve(a.data.clone());
             cgnmt::reproduce::run(a, data)
         }
+        Cmd::Data(a) => cgnmt::datasets::cli::run(a),
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),
         Cmd::Bench(a) => cmd_bench(a),

@@ -3,6 +3,10 @@
 //! compiled into the binary (`data/tatoeba-zh-en`, unpacked once into a cache directory), so that a fresh
 //! clone runs its demo anywhere.
 
+pub mod cli;
+pub mod download;
+pub mod registry;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -15,33 +19,39 @@ pub const BUNDLED_SET: &str = "tatoeba-zh-en";
 const BUNDLED: &[(&str, &[u8])] = &[
     (
         "train.zh",
-        include_bytes!("../data/tatoeba-zh-en/train.zh.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/train.zh.gz"),
     ),
     (
         "train.en",
-        include_bytes!("../data/tatoeba-zh-en/train.en.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/train.en.gz"),
     ),
-    ("dev.zh", include_bytes!("../data/tatoeba-zh-en/dev.zh.gz")),
-    ("dev.en", include_bytes!("../data/tatoeba-zh-en/dev.en.gz")),
+    (
+        "dev.zh",
+        include_bytes!("../../data/tatoeba-zh-en/dev.zh.gz"),
+    ),
+    (
+        "dev.en",
+        include_bytes!("../../data/tatoeba-zh-en/dev.en.gz"),
+    ),
     (
         "test.zh",
-        include_bytes!("../data/tatoeba-zh-en/test.zh.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/test.zh.gz"),
     ),
     (
         "test.en",
-        include_bytes!("../data/tatoeba-zh-en/test.en.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/test.en.gz"),
     ),
     (
         "train.attribution",
-        include_bytes!("../data/tatoeba-zh-en/train.attribution.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/train.attribution.gz"),
     ),
     (
         "dev.attribution",
-        include_bytes!("../data/tatoeba-zh-en/dev.attribution.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/dev.attribution.gz"),
     ),
     (
         "test.attribution",
-        include_bytes!("../data/tatoeba-zh-en/test.attribution.gz"),
+        include_bytes!("../../data/tatoeba-zh-en/test.attribution.gz"),
     ),
 ];
 
@@ -98,7 +108,7 @@ impl DataDir {
 
 /// Where the bundled copy is unpacked: `$CGNMT_CACHE`, else `$XDG_CACHE_HOME/cgnmt`, else `~/.cache/cgnmt`,
 /// else the temporary directory.
-fn cache_root() -> PathBuf {
+pub(crate) fn cache_root() -> PathBuf {
     if let Some(d) = std::env::var_os("CGNMT_CACHE") {
         return PathBuf::from(d);
     }
