@@ -295,7 +295,11 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
     let kept = tmp.path().join("kept");
     copy_kept(&out, &kept, Path::new(""));
     assert!(!kept.join("systems/gru/seed-1/run").exists());
-    assert!(kept.join("systems/gru/seed-1/test.dump.jsonl.gz").is_file());
+    // Only the dumps the analyses read are kept (here: the gated systems').
+    assert!(!kept.join("systems/gru/seed-1/test.dump.jsonl.gz").exists());
+    assert!(kept
+        .join("systems/gru-both-gate/seed-1/test.dump.jsonl.gz")
+        .is_file());
     let err = ok(&reproduce_with(&longer, &kept, &["--report-only"])
         .output()
         .unwrap());
@@ -353,7 +357,16 @@ fn copy_kept(from: &Path, to: &Path, rel: &Path) {
         let r = rel.join(e.file_name());
         let rs = r.to_str().unwrap();
         let is_dir = e.file_type().unwrap().is_dir();
-        if patterns.iter().any(|p| matches(p, rs, is_dir)) {
+        // The last pattern that matches decides; `!pattern` keeps.
+        let mut ignored = false;
+        for p in &patterns {
+            match p.strip_prefix('!') {
+                Some(keep) if matches(keep, rs, is_dir) => ignored = false,
+                None if matches(p, rs, is_dir) => ignored = true,
+                _ => {}
+            }
+        }
+        if ignored {
             continue;
         }
         if is_dir {

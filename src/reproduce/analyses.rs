@@ -260,6 +260,8 @@ pub struct Results {
     pub subjective: Option<SubjectiveResult>,
     pub alignment: Vec<AlignmentResult>,
     pub figures: Vec<FigureRef>,
+    /// Run directories whose dumps the analyses read (kept under version control; other dumps are not).
+    pub dumps_read: Vec<String>,
     pub invocations: Vec<Invocation>,
 }
 
@@ -417,7 +419,9 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
     }
     std::fs::create_dir_all(&figures_dir)
         .with_context(|| format!("{}: cannot create", figures_dir.display()))?;
+    let dumps_read = std::cell::RefCell::new(std::collections::BTreeSet::<String>::new());
     let dump_of = |r: &RunResult| -> Result<Vec<DumpRecord>> {
+        dumps_read.borrow_mut().insert(r.dir.clone());
         let path = super::compress_dump(&s.out.join(&r.dir))?;
         let text = cgnmt_data::corpus::read_lines(&path)?.join("\n");
         Ok(analysis::parse_dump(&text, &path)?)
@@ -594,7 +598,9 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
         }
     }
 
+    let dumps_read: Vec<String> = dumps_read.into_inner().into_iter().collect();
     Ok(Results {
+        dumps_read,
         plan: plan.name.clone(),
         description: plan.description.clone(),
         plan_file: s.args.plan.display().to_string(),

@@ -199,7 +199,7 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
     };
     std::fs::write(setup.out.join("plan.toml"), &setup.plan_text)
         .with_context(|| format!("{}: cannot write", setup.out.join("plan.toml").display()))?;
-    write_atomic(&setup.out.join(".gitignore"), GITIGNORE.as_bytes())?;
+    write_atomic(&setup.out.join(".gitignore"), gitignore(&[]).as_bytes())?;
     let tasks = make_tasks(&setup)?;
     for name in &setup.args.only {
         let dir = setup.out.join("systems").join(slug(name));
@@ -248,6 +248,10 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
         report_only: setup.args.report_only,
     };
     let results = analyses::finish(&setup, results, timing)?;
+    write_atomic(
+        &setup.out.join(".gitignore"),
+        gitignore(&results.dumps_read).as_bytes(),
+    )?;
     report::write(&setup, &results)?;
     let done = results.runs.len();
     eprintln!(
@@ -494,16 +498,29 @@ pub const DUMP_GZ: &str = "test.dump.jsonl.gz";
 /// dump, logs) and the analysis caches are enough to write the report again and to tell a finished run.
 const GITIGNORE: &str = "\
 # Written by `cgnmt reproduce`: what to leave out when this directory is kept under version control.
-# Checkpoints and prepared data are large and can be made again; each run's record (config.toml, result.json,
-# test.hyp, test.dump.jsonl.gz, train.log, COMPLETE) and the analysis caches are enough to write the report
-# again. A run whose checkpoints are gone stays finished; only a larger budget for it means training it again.
+# Checkpoints, prepared data and most dumps are large and can be made again; each run's record (config.toml,
+# result.json, test.hyp, train.log, COMPLETE), the dumps the analyses read and the analysis caches are enough to
+# write the report again. A run whose checkpoints are gone stays finished; a larger budget means training again.
 .lock
 prepared/
 test/
 systems/*/*/run/
 analyses/alignment/*/*.soft.jsonl
 analyses/alignment/*/*.talp
+systems/*/*/test.dump.jsonl.gz
 ";
+
+/// The `.gitignore`: [`GITIGNORE`], keeping the dumps the analyses read (named by run directory).
+fn gitignore(dumps_read: &[String]) -> String {
+    let mut s = GITIGNORE.to_string();
+    if !dumps_read.is_empty() {
+        s.push_str("# The dumps the report's analyses read (the others, about 1 MB each, can be made again):\n");
+        for d in dumps_read {
+            s.push_str(&format!("!{d}/{DUMP_GZ}\n"));
+        }
+    }
+    s
+}
 
 /// A finished run's marker.
 #[derive(Debug, Serialize, Deserialize)]
