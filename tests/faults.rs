@@ -9,6 +9,8 @@
 
 mod common;
 
+use common::{prepare, run_ok};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,37 +21,6 @@ use rand::{Rng, SeedableRng};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cgnmt")
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let o = Command::new(bin()).args(args).output().unwrap();
-    assert!(
-        o.status.success(),
-        "cgnmt {args:?} failed:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn prepare(dir: &Path, limit: usize) {
-    let d = common::data_dir().join("tatoeba-zh-en");
-    let s = |p: &str| d.join(p).display().to_string();
-    run_ok(&[
-        "prepare",
-        "--src",
-        &s("train.zh"),
-        "--tgt",
-        &s("train.en"),
-        "--dev-src",
-        &s("dev.zh"),
-        "--dev-tgt",
-        &s("dev.en"),
-        "--limit",
-        &limit.to_string(),
-        "--out",
-        dir.to_str().unwrap(),
-        "--force",
-    ]);
 }
 
 fn train_args(prepared: &Path, run: &Path, extra: &[&str]) -> Vec<String> {

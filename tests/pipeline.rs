@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::{prepare, run_ok};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -14,38 +16,6 @@ use cgnmt::checkpoint;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cgnmt")
-}
-
-fn run_ok(args: &[&str]) -> String {
-    let out = Command::new(bin()).args(args).output().expect("run cgnmt");
-    assert!(
-        out.status.success(),
-        "cgnmt {:?} failed:\n{}",
-        args,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn prepare(dir: &Path, limit: usize) {
-    let d = common::data_dir().join("tatoeba-zh-en");
-    let s = |p: &str| d.join(p).display().to_string();
-    run_ok(&[
-        "prepare",
-        "--src",
-        &s("train.zh"),
-        "--tgt",
-        &s("train.en"),
-        "--dev-src",
-        &s("dev.zh"),
-        "--dev-tgt",
-        &s("dev.en"),
-        "--limit",
-        &limit.to_string(),
-        "--out",
-        dir.to_str().unwrap(),
-        "--force",
-    ]);
 }
 
 struct Overfit {

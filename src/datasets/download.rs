@@ -22,10 +22,10 @@ pub struct Downloaded {
     pub resumed: usize,
 }
 
-/// The SHA-256 of a file, as lower-case hex.
-pub fn sha256_file(p: &Path) -> Result<String> {
+/// A file's digest, as lower-case hex.
+fn digest_file<D: Digest>(p: &Path) -> Result<String> {
     let mut f = std::fs::File::open(p).with_context(|| format!("{}: cannot open", p.display()))?;
-    let mut h = Sha256::new();
+    let mut h = D::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = f
@@ -37,6 +37,16 @@ pub fn sha256_file(p: &Path) -> Result<String> {
         h.update(&buf[..n]);
     }
     Ok(hex(&h.finalize()))
+}
+
+/// The SHA-256 of a file, as lower-case hex.
+pub fn sha256_file(p: &Path) -> Result<String> {
+    digest_file::<Sha256>(p)
+}
+
+/// The MD5 of a file (some publishers give only MD5).
+pub fn md5_file(p: &Path) -> Result<String> {
+    digest_file::<md5::Md5>(p)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -47,24 +57,6 @@ fn part_path(p: &Path) -> PathBuf {
     let mut s = p.as_os_str().to_os_string();
     s.push(".part");
     PathBuf::from(s)
-}
-
-/// The MD5 of a file, as lower-case hex (some publishers give only MD5).
-pub fn md5_file(p: &Path) -> Result<String> {
-    use md5::Md5;
-    let mut f = std::fs::File::open(p).with_context(|| format!("{}: cannot open", p.display()))?;
-    let mut h = Md5::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .with_context(|| format!("{}: cannot read", p.display()))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(hex(&h.finalize()))
 }
 
 /// Download `url` to `dest` (whole or not at all). With `sha256` (or `md5`), the file must have it.

@@ -170,3 +170,40 @@ pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
     }
     worst
 }
+
+/// Run `cgnmt` with `args`; its standard output (a failure panics with its standard error).
+pub fn run_ok(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args(args)
+        .output()
+        .expect("run cgnmt");
+    assert!(
+        out.status.success(),
+        "cgnmt {:?} failed:\n{}",
+        args,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `cgnmt prepare` of the first `limit` Tatoeba zh-en training pairs (and its dev set) into `dir`.
+pub fn prepare(dir: &std::path::Path, limit: usize) {
+    let d = data_dir().join("tatoeba-zh-en");
+    let s = |p: &str| d.join(p).display().to_string();
+    run_ok(&[
+        "prepare",
+        "--src",
+        &s("train.zh"),
+        "--tgt",
+        &s("train.en"),
+        "--dev-src",
+        &s("dev.zh"),
+        "--dev-tgt",
+        &s("dev.en"),
+        "--limit",
+        &limit.to_string(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--force",
+    ]);
+}
