@@ -532,11 +532,9 @@ impl RecWeight {
 
 /// Whether candle's GEMM `[m, k] × [k, n]` is faster with a column-major right operand than with a
 /// row-major one, on this CPU (it depends on `m` and `n` only). A fixed rule from measurements, so that
-/// results never depend on timing: with AVX2+FMA micro-kernels column-major is about twice as fast at a step's shapes (76–83 against 37–45 GFLOP/s at 64 × 1024 × 1536 and
-/// 64 × 512 × 1024); with AVX-512 ones row-major is, except for wide products at batch-size rows (64 × 1024
-/// × 1536: 94–124 row-major against 61–76; 80 × 1000 × 1000: 89 / 70; but 80 × 2000 × 3000: 52–67 / 93–128,
-/// 80 × 1000 × 3000: 76 / 118, 64 × 512 × 3072: 53 / 87; at 320 rows row-major is as fast or faster).
-/// `cgnmt bench` prints both rates at the model's step shapes.
+/// results never depend on timing: column-major with AVX2+FMA micro-kernels; with AVX-512 ones row-major,
+/// except for wide products at batch-size rows (the rates per shape are in docs/RESULTS.md, "Measurements
+/// behind code choices"). `cgnmt bench` prints both rates at the model's step shapes.
 pub fn right_col_major(m: usize, n: usize) -> bool {
     if !gemm_has_avx512() {
         return true;
@@ -1623,7 +1621,7 @@ fn as_f32_mut<T: 'static>(x: &mut [T]) -> Option<&mut [f32]> {
         .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut f32, x.len()) })
 }
 
-/// Threads for one product: the pool, or the calling thread inside [`serial`].
+/// Set by `set_packed_gemm(false)`: the general GEMM for every product (a benchmark's comparison).
 static PACKED_GEMM_OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Use the packed micro-kernel for the recurrences' products where it applies (the default), or the
@@ -1650,6 +1648,7 @@ pub(crate) fn target_padding_skipped() -> bool {
     !TARGET_PADDING_COMPUTED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// Threads for one product: the pool, or the calling thread inside [`serial`].
 fn gemm_threads() -> usize {
     if SERIAL.with(|s| s.get()) {
         1

@@ -373,8 +373,7 @@ struct OutputNll {
 
 /// The last output layer's `[N, V]` buffer, kept for the next one. At paper size it holds 200 MB; a fresh
 /// buffer of that size costs a page fault for each 4 KiB page whenever the allocator maps new memory for
-/// it (measured: 52,735 faults and 0.2–0.4 s in about half the training steps; the op's forward pass went from
-/// 0.49–0.57 s to 0.28–0.37 s a step).
+/// it (measured in docs/RESULTS.md, "Measurements behind code choices").
 static SPARE_LOGITS: std::sync::Mutex<crate::kernels::AccBuf> =
     std::sync::Mutex::new(crate::kernels::AccBuf::Empty);
 
