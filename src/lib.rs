@@ -17,6 +17,7 @@ pub mod coverage;
 pub mod datasets;
 pub mod decoder_cell;
 pub mod decoder_sequence;
+pub mod demo;
 pub mod encoder;
 pub mod error;
 pub mod gate;
