@@ -30,6 +30,7 @@ pub mod profile;
 pub mod quantized_gemm;
 pub mod readout;
 pub mod reproduce;
+pub mod serve;
 pub mod shortlist;
 pub mod train;
 pub mod translate;

@@ -50,6 +50,8 @@ enum Cmd {
     /// Reproduce the paper from a plan: every system with several seeds, significance, the analyses, and a
     /// report (report.md, report.html, results.json). Resumable.
     Reproduce(cgnmt::reproduce::ReproduceArgs),
+    /// Serve translations over HTTP (JSON API: /v1/translate, /v1/models, /healthz).
+    Serve(cgnmt::serve::ServeArgs),
     /// Public corpora and test sets: list the registry, download (resumable, checksummed), verify.
     Data(cgnmt::datasets::cli::DataArgs),
     /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
@@ -294,6 +296,7 @@ fn main() {
             cgnmt::reproduce::run(a, data)
         }
         Cmd::Data(a) => cgnmt::datasets::cli::run(a),
+        Cmd::Serve(a) => cgnmt::serve::run(a),
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),
         Cmd::Bench(a) => cmd_bench(a),

@@ -1,0 +1,393 @@
+//! `cgnmt serve`: a translation server (HTTP + JSON) on axum/tokio. Decoding runs on tokio's blocking pool,
+//! never on the async threads; requests are bounded (body size, sentences, words per sentence) with JSON
+//! errors that name the limit; SIGTERM or Ctrl-C stops accepting and lets the requests in flight finish.
+//!
+//! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?,
+//! "context_scale"?: [a, b], "return_attention"?}` → `{"model", "translations": [{"translation", "tokens",
+//! "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?}]}` in the order of the sentences;
+//! `GET /v1/models`; `GET /healthz`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use candle_core::{DType, Device};
+use serde::{Deserialize, Serialize};
+
+use crate::beam_search::DecodeOptions;
+use crate::checkpoint;
+use crate::translate::Translator;
+
+/// Arguments of `cgnmt serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// A model directory, or NAME=DIR (repeatable; the first is the default model).
+    #[arg(short, long = "model", required = true, value_name = "[NAME=]DIR")]
+    pub models: Vec<String>,
+    /// Address to listen on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// Sentences decoded together in one batch.
+    #[arg(long, default_value_t = 32)]
+    pub max_batch: usize,
+    /// Most sentences in one request (more: 413).
+    #[arg(long, default_value_t = 256)]
+    pub max_sentences: usize,
+    /// Most words (tokens) in one sentence (more: 413).
+    #[arg(long, default_value_t = 200)]
+    pub max_input_words: usize,
+    /// Largest request body in bytes (more: 413).
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// Largest beam a request may ask for.
+    #[arg(long, default_value_t = 64)]
+    pub max_beam: usize,
+}
+
+/// A loaded model, ready to decode from any thread.
+struct Served {
+    name: String,
+    dir: PathBuf,
+    model: crate::model::Model,
+    lm: checkpoint::LoadedModel,
+}
+
+struct AppState {
+    models: Vec<Served>,
+    args: ServeArgs,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TranslateRequest {
+    sentences: Vec<String>,
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    beam: Option<usize>,
+    #[serde(default)]
+    nbest: Option<usize>,
+    #[serde(default)]
+    length_norm: bool,
+    #[serde(default)]
+    context_scale: Option<(f64, f64)>,
+    #[serde(default)]
+    return_attention: bool,
+}
+
+#[derive(Serialize)]
+struct Alternative {
+    translation: String,
+    score: f64,
+}
+
+#[derive(Serialize)]
+struct TranslationOut {
+    translation: String,
+    tokens: Vec<String>,
+    src_tokens: Vec<String>,
+    score: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nbest: Option<Vec<Alternative>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attention: Option<Vec<Vec<f32>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gates: Option<Vec<f32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    coverage: Option<Vec<f32>>,
+}
+
+#[derive(Serialize)]
+struct TranslateResponse {
+    model: String,
+    translations: Vec<TranslationOut>,
+}
+
+/// An error answer: `{"error": "..."}` with its status.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+fn too_large(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::PAYLOAD_TOO_LARGE, msg.into())
+}
+
+fn load_models(specs: &[String]) -> Result<Vec<Served>> {
+    let mut out: Vec<Served> = vec![];
+    for spec in specs {
+        let (name, dir) = match spec.split_once('=') {
+            Some((n, d)) if !n.is_empty() => (n.to_string(), PathBuf::from(d)),
+            _ => {
+                let d = PathBuf::from(spec);
+                let name = d
+                    .components()
+                    .filter_map(|c| c.as_os_str().to_str())
+                    .filter(|c| *c != "best" && *c != "last" && *c != ".")
+                    .next_back()
+                    .unwrap_or("model")
+                    .to_string();
+                (name, d)
+            }
+        };
+        if out.iter().any(|m| m.name == name) {
+            bail!("two models are named {name:?}: name them with -m NAME=DIR");
+        }
+        let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)
+            .with_context(|| format!("model {name:?}"))?;
+        let model = lm.model.frozen(&lm.varmap)?;
+        out.push(Served {
+            name,
+            dir,
+            model,
+            lm,
+        });
+    }
+    Ok(out)
+}
+
+/// Load the models, listen, and serve until SIGTERM or Ctrl-C.
+pub fn run(args: ServeArgs) -> Result<()> {
+    if args.max_batch == 0 || args.max_sentences == 0 || args.max_beam == 0 {
+        bail!("--max-batch, --max-sentences and --max-beam must be at least 1");
+    }
+    let models = load_models(&args.models)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.addr)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.addr))?;
+        let addr = listener.local_addr()?;
+        let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+        let state = Arc::new(AppState { models, args });
+        let app = Router::new()
+            .route(
+                "/healthz",
+                get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+            )
+            .route("/v1/models", get(list_models))
+            .route("/v1/translate", post(translate))
+            .with_state(state);
+        eprintln!(
+            "listening on http://{addr} (models: {}); SIGTERM or Ctrl-C stops",
+            names.join(", ")
+        );
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("server error")?;
+        eprintln!("stopped: every request in flight was answered");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+async fn list_models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    let models: Vec<serde_json::Value> = st
+        .models
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "name": m.name,
+                "dir": m.dir.display().to_string(),
+                "decoder": format!("{:?}", m.lm.config.model.decoder).to_lowercase(),
+                "context_gate": format!("{:?}", m.lm.config.model.context_gate).to_lowercase(),
+                "src_vocab": m.lm.src_vocab.len(),
+                "tgt_vocab": m.lm.tgt_vocab.len(),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "default": st.models[0].name,
+        "models": models,
+    }))
+}
+
+async fn translate(
+    State(st): State<Arc<AppState>>,
+    body: axum::body::Body,
+) -> std::result::Result<Json<TranslateResponse>, ApiError> {
+    let limit = st.args.max_body_bytes;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        too_large(format!(
+            "the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)"
+        ))
+    })?;
+    let req: TranslateRequest = serde_json::from_slice(&bytes).map_err(|e| {
+        bad(format!(
+            "malformed request: {e} (expected {{\"sentences\": [\"...\"], ...}})"
+        ))
+    })?;
+    let k = match &req.model {
+        None => 0,
+        Some(n) => st.models.iter().position(|m| &m.name == n).ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no model {n:?} (models: {})",
+                    st.models
+                        .iter()
+                        .map(|m| m.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )
+        })?,
+    };
+    let a = &st.args;
+    if req.sentences.len() > a.max_sentences {
+        return Err(too_large(format!(
+            "{} sentences in one request; the limit is {} (--max-sentences)",
+            req.sentences.len(),
+            a.max_sentences
+        )));
+    }
+    let beam = req.beam.unwrap_or(10);
+    let nbest = req.nbest.unwrap_or(1);
+    let vocab = st.models[k].lm.tgt_vocab.len();
+    if beam == 0 || beam > a.max_beam.min(vocab) {
+        return Err(bad(format!(
+            "beam {beam}: it must be between 1 and {} (--max-beam, and the target vocabulary)",
+            a.max_beam.min(vocab)
+        )));
+    }
+    if nbest == 0 || nbest > beam {
+        return Err(bad(format!(
+            "nbest {nbest}: it must be between 1 and the beam ({beam})"
+        )));
+    }
+    if let Some((x, y)) = req.context_scale {
+        if !(x.is_finite() && y.is_finite()) {
+            return Err(bad("context_scale must be two finite numbers"));
+        }
+    }
+    {
+        let m = &st.models[k];
+        let tr = Translator {
+            model: &m.model,
+            src_vocab: &m.lm.src_vocab,
+            tgt_vocab: &m.lm.tgt_vocab,
+            preprocess: &m.lm.preprocess,
+        };
+        for (i, s) in req.sentences.iter().enumerate() {
+            let n = tr.source_tokens(s, false).len();
+            if n > a.max_input_words {
+                return Err(too_large(format!(
+                    "sentence {i} has {n} words; the limit is {} (--max-input-words)",
+                    a.max_input_words
+                )));
+            }
+        }
+    }
+    let st2 = st.clone();
+    let out = tokio::task::spawn_blocking(move || decode(&st2, k, req, beam, nbest))
+        .await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("decoding failed: {e}"),
+            )
+        })?
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("decoding failed: {e:#}"),
+            )
+        })?;
+    Ok(Json(out))
+}
+
+fn decode(
+    st: &AppState,
+    k: usize,
+    req: TranslateRequest,
+    beam: usize,
+    nbest: usize,
+) -> Result<TranslateResponse> {
+    let m = &st.models[k];
+    let tr = Translator {
+        model: &m.model,
+        src_vocab: &m.lm.src_vocab,
+        tgt_vocab: &m.lm.tgt_vocab,
+        preprocess: &m.lm.preprocess,
+    };
+    let opts = DecodeOptions {
+        beam,
+        nbest,
+        length_norm: req.length_norm,
+        context_scale: req.context_scale.unwrap_or((1.0, 1.0)),
+        record: req.return_attention,
+        ..DecodeOptions::default()
+    };
+    let out = tr.translate(&req.sentences, &opts, st.args.max_batch, false, |_| {})?;
+    let translations = out
+        .into_iter()
+        .map(|t| {
+            let best = t.hyps.first();
+            TranslationOut {
+                score: best.map(|h| h.score),
+                nbest: (nbest > 1).then(|| {
+                    t.hyps
+                        .iter()
+                        .map(|h| Alternative {
+                            translation: tr.detok(&m.lm.tgt_vocab.decode(&h.tokens)),
+                            score: h.score,
+                        })
+                        .collect()
+                }),
+                attention: req
+                    .return_attention
+                    .then(|| best.map(|h| h.attention.clone()).unwrap_or_default()),
+                gates: req
+                    .return_attention
+                    .then(|| best.map(|h| h.gates.clone()).unwrap_or_default()),
+                coverage: req
+                    .return_attention
+                    .then(|| best.map(|h| h.coverage.clone()).unwrap_or_default()),
+                translation: t.text,
+                tokens: t.tokens,
+                src_tokens: t.src_tokens,
+            }
+        })
+        .collect();
+    Ok(TranslateResponse {
+        model: m.name.clone(),
+        translations,
+    })
+}
