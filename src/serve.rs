@@ -48,6 +48,9 @@ pub struct ServeArgs {
     /// Largest beam a request may ask for.
     #[arg(long, default_value_t = 64)]
     pub max_beam: usize,
+    /// Translation requests admitted at once (decoding or waiting); more are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    pub queue: usize,
 }
 
 /// A loaded model, ready to decode from any thread.
@@ -61,6 +64,8 @@ struct Served {
 struct AppState {
     models: Vec<Served>,
     args: ServeArgs,
+    /// One permit per admitted translation request.
+    admitted: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Deserialize)]
@@ -161,8 +166,8 @@ fn load_models(specs: &[String]) -> Result<Vec<Served>> {
 
 /// Load the models, listen, and serve until SIGTERM or Ctrl-C.
 pub fn run(args: ServeArgs) -> Result<()> {
-    if args.max_batch == 0 || args.max_sentences == 0 || args.max_beam == 0 {
-        bail!("--max-batch, --max-sentences and --max-beam must be at least 1");
+    if args.max_batch == 0 || args.max_sentences == 0 || args.max_beam == 0 || args.queue == 0 {
+        bail!("--max-batch, --max-sentences, --max-beam and --queue must be at least 1");
     }
     let models = load_models(&args.models)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -175,13 +180,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}", args.addr))?;
         let addr = listener.local_addr()?;
         let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
-        let state = Arc::new(AppState { models, args });
+        let state = Arc::new(AppState {
+            models,
+            admitted: Arc::new(tokio::sync::Semaphore::new(args.queue)),
+            args,
+        });
         let app = Router::new()
             .route(
                 "/healthz",
                 get(|| async { Json(serde_json::json!({"status": "ok"})) }),
             )
             .route("/v1/models", get(list_models))
+            .route("/v1/openapi.json", get(|| async { Json(openapi()) }))
             .route("/v1/translate", post(translate))
             .with_state(state);
         eprintln!(
@@ -239,8 +249,33 @@ async fn list_models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
     }))
 }
 
-async fn translate(
-    State(st): State<Arc<AppState>>,
+async fn translate(State(st): State<Arc<AppState>>, body: axum::body::Body) -> Response {
+    // Admitted, or 429 at once: the queue of requests is bounded.
+    let Ok(permit) = st.admitted.clone().try_acquire_owned() else {
+        let mut r = ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "the server is busy: {} requests are in its queue (--queue); try again",
+                st.args.queue
+            ),
+        )
+        .into_response();
+        r.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+        return r;
+    };
+    let r = translate_admitted(st, body).await;
+    drop(permit);
+    match r {
+        Ok(j) => j.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn translate_admitted(
+    st: Arc<AppState>,
     body: axum::body::Body,
 ) -> std::result::Result<Json<TranslateResponse>, ApiError> {
     let limit = st.args.max_body_bytes;
@@ -389,5 +424,59 @@ fn decode(
     Ok(TranslateResponse {
         model: m.name.clone(),
         translations,
+    })
+}
+
+/// The API's OpenAPI 3 description (served at /v1/openapi.json).
+fn openapi() -> serde_json::Value {
+    let error = serde_json::json!({
+        "description": "a JSON error naming the problem",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    });
+    serde_json::json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "cgnmt translation server",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Context-gated RNN translation (Tu et al., 2017). Decoding with beam search; attention, gate values and coverage on request."
+        },
+        "paths": {
+            "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "{\"status\": \"ok\"}"}}}},
+            "/v1/models": {"get": {"summary": "the models served (the first is the default)", "responses": {"200": {"description": "{\"default\", \"models\": [{\"name\", \"dir\", \"decoder\", \"context_gate\", \"src_vocab\", \"tgt_vocab\"}]}"}}}},
+            "/v1/translate": {"post": {
+                "summary": "translate sentences (answers in the same order)",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}}}},
+                "responses": {
+                    "200": {"description": "translations", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TranslateResponse"}}}},
+                    "400": error, "404": error, "413": error,
+                    "429": {"description": "the queue is full; see Retry-After"}
+                }
+            }}
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "string"}}},
+            "TranslateRequest": {"type": "object", "required": ["sentences"], "properties": {
+                "sentences": {"type": "array", "items": {"type": "string"}},
+                "model": {"type": "string"},
+                "beam": {"type": "integer", "minimum": 1, "default": 10},
+                "nbest": {"type": "integer", "minimum": 1, "default": 1},
+                "length_norm": {"type": "boolean", "default": false},
+                "context_scale": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
+                "return_attention": {"type": "boolean", "default": false}
+            }},
+            "TranslateResponse": {"type": "object", "properties": {
+                "model": {"type": "string"},
+                "translations": {"type": "array", "items": {"type": "object", "properties": {
+                    "translation": {"type": "string"},
+                    "tokens": {"type": "array", "items": {"type": "string"}},
+                    "src_tokens": {"type": "array", "items": {"type": "string"}},
+                    "score": {"type": "number"},
+                    "nbest": {"type": "array", "items": {"type": "object", "properties": {"translation": {"type": "string"}, "score": {"type": "number"}}}},
+                    "attention": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                    "gates": {"type": "array", "items": {"type": "number"}},
+                    "coverage": {"type": "array", "items": {"type": "number"}}
+                }}}
+            }}
+        }}
     })
 }

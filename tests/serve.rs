@@ -1,7 +1,7 @@
 //! `cgnmt serve` started for real on 127.0.0.1 (a free port) and asked with a real HTTP client: its
 //! translations equal `cgnmt translate`'s byte for byte, concurrent clients each get their own answers, bad
-//! requests get 4xx with a JSON message naming the problem (never a panic), and SIGTERM lets the request in
-//! flight finish.
+//! requests get 4xx with a JSON message naming the problem (never a panic), a full queue answers 429 with
+//! Retry-After, and SIGTERM lets the request in flight finish.
 
 mod common;
 
@@ -248,7 +248,16 @@ fn sigterm_lets_the_request_in_flight_finish() {
         "--set",
         "train.eval_every=0",
     ]);
-    let mut s = start(&run.join("last"), &["--max-sentences", "2000"]);
+    let mut s = start(
+        &run.join("last"),
+        &["--max-sentences", "2000", "--queue", "1"],
+    );
+    let api: serde_json::Value = ureq::get(&format!("{}/v1/openapi.json", s.base))
+        .call()
+        .map(json)
+        .unwrap();
+    assert_eq!(api["openapi"], "3.0.3");
+    assert!(api["paths"]["/v1/translate"]["post"].is_object());
     let src =
         cgnmt_data::corpus::read_lines(&common::data_dir().join("tatoeba-zh-en/test.zh")).unwrap();
     let body = serde_json::json!({ "sentences": src[..1500], "beam": 20 }).to_string();
@@ -259,6 +268,15 @@ fn sigterm_lets_the_request_in_flight_finish() {
         !pending.is_finished(),
         "the request ended before SIGTERM: make it longer"
     );
+    // The queue (of one) is full: a second request is told to come back.
+    match ureq::post(&format!("{}/v1/translate", s.base)).send_string("{\"sentences\": [\"你好\"]}")
+    {
+        Err(ureq::Error::Status(429, r)) => {
+            assert_eq!(r.header("Retry-After"), Some("1"));
+            assert!(json(r)["error"].as_str().unwrap().contains("--queue"));
+        }
+        other => panic!("expected 429, got {:?}", other.map(|r| r.status())),
+    }
     unsafe {
         libc::kill(s.child.id() as i32, libc::SIGTERM);
     }
