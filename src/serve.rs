@@ -2,6 +2,9 @@
 //! never on the async threads; requests are bounded (body size, sentences, words per sentence) with JSON
 //! errors that name the limit; SIGTERM or Ctrl-C stops accepting and lets the requests in flight finish.
 //!
+//! Requests that arrive within a few milliseconds of each other are decoded together (dynamic batching, one
+//! decoding thread whose calls decode their batches concurrently).
+//!
 //! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?,
 //! "context_scale"?: [a, b], "return_attention"?}` → `{"model", "translations": [{"translation", "tokens",
 //! "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?}]}` in the order of the sentences;
@@ -22,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::beam_search::DecodeOptions;
 use crate::checkpoint;
-use crate::translate::Translator;
+use crate::translate::{Translation, Translator};
 
 /// Arguments of `cgnmt serve`.
 #[derive(clap::Args, Debug, Clone)]
@@ -48,6 +51,10 @@ pub struct ServeArgs {
     /// Largest beam a request may ask for.
     #[arg(long, default_value_t = 64)]
     pub max_beam: usize,
+    /// Requests arriving within this many milliseconds of each other (with the same model and options) are
+    /// decoded in one batch.
+    #[arg(long, default_value_t = 5)]
+    pub batch_window_ms: u64,
     /// Translation requests admitted at once (decoding or waiting); more are answered 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
@@ -62,8 +69,13 @@ struct Served {
 }
 
 struct AppState {
-    models: Vec<Served>,
+    models: Arc<Vec<Served>>,
     args: ServeArgs,
+    /// The batcher's queue: requests decoded together when they arrive within `--batch-window-ms`.
+    jobs: std::sync::mpsc::Sender<Job>,
+    /// Translation requests answered by the decoder, and the decoding calls that answered them (fewer when
+    /// requests were batched together): shown by /healthz.
+    counts: Arc<Counts>,
     /// One permit per admitted translation request.
     admitted: Arc<tokio::sync::Semaphore>,
 }
@@ -180,16 +192,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {}", args.addr))?;
         let addr = listener.local_addr()?;
         let names: Vec<String> = models.iter().map(|m| m.name.clone()).collect();
+        let models = Arc::new(models);
+        let (jobs, rx) = std::sync::mpsc::channel();
+        let counts = Arc::new(Counts::default());
+        {
+            let (models, max_batch, counts) = (models.clone(), args.max_batch, counts.clone());
+            let window = std::time::Duration::from_millis(args.batch_window_ms);
+            std::thread::Builder::new()
+                .name("batcher".into())
+                .spawn(move || batcher(&models, &rx, max_batch, window, &counts))
+                .context("cannot start the decoding thread")?;
+        }
         let state = Arc::new(AppState {
             models,
+            jobs,
+            counts,
             admitted: Arc::new(tokio::sync::Semaphore::new(args.queue)),
             args,
         });
         let app = Router::new()
-            .route(
-                "/healthz",
-                get(|| async { Json(serde_json::json!({"status": "ok"})) }),
-            )
+            .route("/healthz", get(health))
             .route("/v1/models", get(list_models))
             .route("/v1/openapi.json", get(|| async { Json(openapi()) }))
             .route("/v1/translate", post(translate))
@@ -226,6 +248,15 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> impl IntoResponse {
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    Json(serde_json::json!({
+        "status": "ok",
+        "requests": get(&st.counts.requests),
+        "decode_calls": get(&st.counts.decode_calls),
+    }))
 }
 
 async fn list_models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
@@ -350,47 +381,165 @@ async fn translate_admitted(
             }
         }
     }
-    let st2 = st.clone();
-    let out = tokio::task::spawn_blocking(move || decode(&st2, k, req, beam, nbest))
+    let key = OptionsKey {
+        beam,
+        nbest,
+        length_norm: req.length_norm,
+        context_scale: req
+            .context_scale
+            .map_or((1f64.to_bits(), 1f64.to_bits()), |(x, y)| {
+                (x.to_bits(), y.to_bits())
+            }),
+        record: req.return_attention,
+    };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    st.jobs
+        .send(Job {
+            k,
+            key,
+            sentences: req.sentences,
+            reply,
+        })
+        .map_err(|_| {
+            ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the decoder has stopped".into(),
+            )
+        })?;
+    let translated = answer
         .await
-        .map_err(|e| {
+        .map_err(|_| {
             ApiError(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("decoding failed: {e}"),
+                "the decoder has stopped".into(),
             )
         })?
         .map_err(|e| {
             ApiError(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("decoding failed: {e:#}"),
+                format!("decoding failed: {e}"),
             )
         })?;
+    let out = respond(&st.models[k], translated, nbest, req.return_attention);
     Ok(Json(out))
 }
 
-fn decode(
-    st: &AppState,
-    k: usize,
-    req: TranslateRequest,
+/// Decoding options as a batch's key (requests with equal keys share a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OptionsKey {
     beam: usize,
     nbest: usize,
-) -> Result<TranslateResponse> {
-    let m = &st.models[k];
+    length_norm: bool,
+    /// The context scale's bits (a, b).
+    context_scale: (u64, u64),
+    record: bool,
+}
+
+impl OptionsKey {
+    fn options(&self) -> DecodeOptions {
+        DecodeOptions {
+            beam: self.beam,
+            nbest: self.nbest,
+            length_norm: self.length_norm,
+            context_scale: (
+                f64::from_bits(self.context_scale.0),
+                f64::from_bits(self.context_scale.1),
+            ),
+            record: self.record,
+            ..DecodeOptions::default()
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    requests: std::sync::atomic::AtomicU64,
+    decode_calls: std::sync::atomic::AtomicU64,
+}
+
+/// One request's sentences, waiting for the batcher.
+struct Job {
+    k: usize,
+    key: OptionsKey,
+    sentences: Vec<String>,
+    reply: tokio::sync::oneshot::Sender<std::result::Result<Vec<Translation>, String>>,
+}
+
+/// The decoding thread: takes a request, gathers those that arrive within `window` (up to `max_batch`
+/// sentences), decodes each group of one model and options as one call (its batches run concurrently), and
+/// hands every request its own translations. Ends when the server's state is dropped.
+fn batcher(
+    models: &[Served],
+    rx: &std::sync::mpsc::Receiver<Job>,
+    max_batch: usize,
+    window: std::time::Duration,
+    counts: &Counts,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut n = first.sentences.len();
+        let mut jobs = vec![first];
+        let until = std::time::Instant::now() + window;
+        while n < max_batch {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(j) => {
+                    n += j.sentences.len();
+                    jobs.push(j);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut groups: Vec<((usize, OptionsKey), Vec<Job>)> = vec![];
+        for j in jobs {
+            match groups.iter_mut().find(|(g, _)| *g == (j.k, j.key)) {
+                Some((_, v)) => v.push(j),
+                None => groups.push(((j.k, j.key), vec![j])),
+            }
+        }
+        for ((k, key), jobs) in groups {
+            let m = &models[k];
+            let tr = Translator {
+                model: &m.model,
+                src_vocab: &m.lm.src_vocab,
+                tgt_vocab: &m.lm.tgt_vocab,
+                preprocess: &m.lm.preprocess,
+            };
+            let all: Vec<String> = jobs
+                .iter()
+                .flat_map(|j| j.sentences.iter().cloned())
+                .collect();
+            counts
+                .requests
+                .fetch_add(jobs.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            counts
+                .decode_calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match tr.translate(&all, &key.options(), max_batch, false, |_| {}) {
+                Ok(out) => {
+                    let mut it = out.into_iter();
+                    for j in jobs {
+                        let part: Vec<Translation> = it.by_ref().take(j.sentences.len()).collect();
+                        let _ = j.reply.send(Ok(part));
+                    }
+                }
+                Err(e) => {
+                    for j in jobs {
+                        let _ = j.reply.send(Err(format!("{e:#}")));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A request's answer from its translations.
+fn respond(m: &Served, out: Vec<Translation>, nbest: usize, record: bool) -> TranslateResponse {
     let tr = Translator {
         model: &m.model,
         src_vocab: &m.lm.src_vocab,
         tgt_vocab: &m.lm.tgt_vocab,
         preprocess: &m.lm.preprocess,
     };
-    let opts = DecodeOptions {
-        beam,
-        nbest,
-        length_norm: req.length_norm,
-        context_scale: req.context_scale.unwrap_or((1.0, 1.0)),
-        record: req.return_attention,
-        ..DecodeOptions::default()
-    };
-    let out = tr.translate(&req.sentences, &opts, st.args.max_batch, false, |_| {})?;
     let translations = out
         .into_iter()
         .map(|t| {
@@ -406,25 +555,19 @@ fn decode(
                         })
                         .collect()
                 }),
-                attention: req
-                    .return_attention
-                    .then(|| best.map(|h| h.attention.clone()).unwrap_or_default()),
-                gates: req
-                    .return_attention
-                    .then(|| best.map(|h| h.gates.clone()).unwrap_or_default()),
-                coverage: req
-                    .return_attention
-                    .then(|| best.map(|h| h.coverage.clone()).unwrap_or_default()),
+                attention: record.then(|| best.map(|h| h.attention.clone()).unwrap_or_default()),
+                gates: record.then(|| best.map(|h| h.gates.clone()).unwrap_or_default()),
+                coverage: record.then(|| best.map(|h| h.coverage.clone()).unwrap_or_default()),
                 translation: t.text,
                 tokens: t.tokens,
                 src_tokens: t.src_tokens,
             }
         })
         .collect();
-    Ok(TranslateResponse {
+    TranslateResponse {
         model: m.name.clone(),
         translations,
-    })
+    }
 }
 
 /// The API's OpenAPI 3 description (served at /v1/openapi.json).

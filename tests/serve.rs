@@ -171,6 +171,18 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
         }
     });
 
+    // They were decoded in fewer calls than requests (dynamic batching).
+    let health: serde_json::Value = ureq::get(&format!("{}/healthz", s.base))
+        .call()
+        .map(json)
+        .unwrap();
+    let (requests, calls) = (
+        health["requests"].as_u64().unwrap(),
+        health["decode_calls"].as_u64().unwrap(),
+    );
+    eprintln!("{requests} requests in {calls} decoding calls");
+    assert_eq!(requests, 2 + 40);
+    assert!(calls < requests, "no two requests shared a batch: {health}");
     // Bad requests: 4xx with a message naming the problem.
     for (body, code, says) in [
         ("{\"sentences\": [", 400, "malformed request".to_string()),
