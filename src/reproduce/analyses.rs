@@ -283,6 +283,8 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
     let mut pending = vec![];
     for t in tasks {
         if super::is_complete(t) {
+            // (A plain dump of an earlier version is compressed, so that every record has the same files.)
+            super::compress_dump(&t.dir)?;
             runs.push(read_result(t)?);
         } else {
             pending.push(format!("{} seed {}", t.system.name, t.seed));
