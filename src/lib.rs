@@ -8,6 +8,7 @@
 pub mod alignment;
 pub mod atomic_file;
 pub mod attention;
+pub mod averaging;
 pub mod batcher;
 pub mod beam_search;
 pub mod bench;

@@ -50,6 +50,8 @@ enum Cmd {
     /// Reproduce the paper from a plan: every system with several seeds, significance, the analyses, and a
     /// report (report.md, report.html, results.json). Resumable.
     Reproduce(cgnmt::reproduce::ReproduceArgs),
+    /// Average the parameters of several checkpoints of one model into a new model directory.
+    Average(cgnmt::averaging::AverageArgs),
     /// Serve translations over HTTP (JSON API: /v1/translate, /v1/models, /healthz).
     Serve(cgnmt::serve::ServeArgs),
     /// Public corpora and test sets: list the registry, download (resumable, checksummed), verify.
@@ -297,6 +299,7 @@ fn main() {
         }
         Cmd::Data(a) => cgnmt::datasets::cli::run(a),
         Cmd::Serve(a) => cgnmt::serve::run(a),
+        Cmd::Average(a) => cgnmt::averaging::run(a),
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),
         Cmd::Bench(a) => cmd_bench(a),
