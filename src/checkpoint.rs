@@ -220,6 +220,25 @@ fn write_files(tmp: &Path, req: &SaveRequest) -> Result<()> {
     Ok(())
 }
 
+/// Remove all but the newest `keep` of a run's `ckpt-STEP/` model directories (`train.keep_checkpoints`).
+pub fn prune_kept(run_dir: &Path, keep: usize) -> Result<()> {
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(run_dir)
+        .map_err(|e| NmtError::io(run_dir, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("ckpt-") && n[5..].chars().all(|c| c.is_ascii_digit())
+            })
+        })
+        .collect();
+    kept.sort();
+    for old in &kept[..kept.len().saturating_sub(keep)] {
+        std::fs::remove_dir_all(old).map_err(|e| NmtError::io(old, e))?;
+    }
+    Ok(())
+}
+
 /// The generation id in a directory's `COMPLETE` (empty from versions that wrote none).
 fn generation(dir: &Path) -> Option<String> {
     std::fs::read_to_string(dir.join(COMPLETE_FILE)).ok()

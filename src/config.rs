@@ -167,6 +167,9 @@ pub struct TrainConfig {
     pub patience: usize,
     /// Write a resumable checkpoint every N updates (0 = only at evaluations and at the end).
     pub save_every: usize,
+    /// Also keep the model of each of the last N saves of `last` as `ckpt-STEP/` beside it (for `cgnmt
+    /// average`; 0 = none).
+    pub keep_checkpoints: usize,
     /// Beam used for dev BLEU.
     pub eval_beam: usize,
     /// Evaluate on at most this many dev sentences (0 = all).
@@ -204,6 +207,7 @@ impl Default for TrainConfig {
             eval_every: 1000,
             patience: 10,
             save_every: 0,
+            keep_checkpoints: 0,
             eval_beam: 10,
             eval_max_sentences: 0,
             threads: 0,

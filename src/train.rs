@@ -348,18 +348,24 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     let mut tok_acc = (0usize, Instant::now());
     let mut last_loss = state.last_train_loss.unwrap_or(f64::NAN);
     let save = |state: &TrainState, opt: &Optimizer, dir: &Path, with_train: bool| -> Result<()> {
-        checkpoint::save(
-            dir,
-            &SaveRequest {
-                config: &cfg,
-                varmap: &varmap,
-                src_vocab: &data.src_vocab,
-                tgt_vocab: &data.tgt_vocab,
-                preprocess_dir: &cfg.data.prepared,
-                optimizer: if with_train { Some(opt) } else { None },
-                state: if with_train { Some(state) } else { None },
-            },
-        )
+        let request = |with_train: bool| SaveRequest {
+            config: &cfg,
+            varmap: &varmap,
+            src_vocab: &data.src_vocab,
+            tgt_vocab: &data.tgt_vocab,
+            preprocess_dir: &cfg.data.prepared,
+            optimizer: if with_train { Some(opt) } else { None },
+            state: if with_train { Some(state) } else { None },
+        };
+        checkpoint::save(dir, &request(with_train))?;
+        if dir == last_dir && cfg.train.keep_checkpoints > 0 {
+            checkpoint::save(
+                &run_dir.join(format!("ckpt-{:07}", state.step)),
+                &request(false),
+            )?;
+            checkpoint::prune_kept(run_dir, cfg.train.keep_checkpoints)?;
+        }
+        Ok(())
     };
     let stop_reason;
     let rollback = tc.on_divergence == crate::config::OnDivergence::Rollback;

@@ -1,5 +1,6 @@
 //! `cgnmt average` on real checkpoints: one checkpoint's average is that model (the same translations, byte
-//! for byte), two checkpoints average element-wise, and checkpoints of different models are refused.
+//! for byte), two checkpoints average element-wise, checkpoints of different models are refused, and
+//! `train.keep_checkpoints` keeps the last saves to average.
 
 mod common;
 
@@ -119,4 +120,31 @@ fn averaging_checkpoints() {
         "{err}"
     );
     assert!(!tmp.path().join("bad").exists());
+
+    // A run keeps its last N saves for averaging.
+    let k = tmp.path().join("k");
+    train(
+        &prepared,
+        &k,
+        &["train.save_every=2", "train.keep_checkpoints=2"],
+    );
+    let mut kept: Vec<String> = std::fs::read_dir(&k)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("ckpt-"))
+        .collect();
+    kept.sort();
+    assert_eq!(kept, ["ckpt-0000004", "ckpt-0000006"]);
+    assert_eq!(weights(&k.join("ckpt-0000006")), weights(&k.join("last")));
+    let avg = tmp.path().join("avg");
+    run_ok(&[
+        "average",
+        "-m",
+        k.join("ckpt-0000004").to_str().unwrap(),
+        k.join("ckpt-0000006").to_str().unwrap(),
+        "-o",
+        avg.to_str().unwrap(),
+    ]);
+    assert_eq!(translate(&avg).lines().count(), 15);
 }
