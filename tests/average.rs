@@ -10,27 +10,9 @@ use candle_core::Device;
 use common::{prepare, run_ok};
 
 fn train(prepared: &Path, out: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "train".to_string(),
-        "--quiet".into(),
-        "--out".into(),
-        out.display().to_string(),
-    ];
-    for s in [
-        format!("data.prepared={:?}", prepared.display().to_string()),
-        "model.embedding_dim=16".into(),
-        "model.hidden_dim=24".into(),
-        "model.attention_dim=16".into(),
-        "train.max_steps=6".into(),
-        "train.eval_every=0".into(),
-    ]
-    .into_iter()
-    .chain(extra.iter().map(|s| s.to_string()))
-    {
-        args.push("--set".into());
-        args.push(s);
-    }
-    run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut sets = vec!["train.max_steps=6"];
+    sets.extend_from_slice(extra);
+    common::train_tiny(prepared, out, &sets);
 }
 
 fn weights(dir: &Path) -> Vec<(String, Vec<f32>)> {

@@ -80,26 +80,11 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
     let prepared = tmp.path().join("prep");
     prepare(&prepared, 200);
     let run = tmp.path().join("run");
-    run_ok(&[
-        "train",
-        "--quiet",
-        "--out",
-        run.to_str().unwrap(),
-        "--set",
-        &format!("data.prepared={:?}", prepared.display().to_string()),
-        "--set",
-        "model.embedding_dim=16",
-        "--set",
-        "model.hidden_dim=24",
-        "--set",
-        "model.attention_dim=16",
-        "--set",
-        "model.context_gate=both",
-        "--set",
-        "train.max_steps=40",
-        "--set",
-        "train.eval_every=0",
-    ]);
+    common::train_tiny(
+        &prepared,
+        &run,
+        &["model.context_gate=both", "train.max_steps=40"],
+    );
     let model = run.join("last");
     let src =
         cgnmt_data::corpus::read_lines(&common::data_dir().join("tatoeba-zh-en/test.zh")).unwrap();
@@ -242,24 +227,7 @@ fn sigterm_lets_the_request_in_flight_finish() {
     let prepared = tmp.path().join("prep");
     prepare(&prepared, 120);
     let run = tmp.path().join("run");
-    run_ok(&[
-        "train",
-        "--quiet",
-        "--out",
-        run.to_str().unwrap(),
-        "--set",
-        &format!("data.prepared={:?}", prepared.display().to_string()),
-        "--set",
-        "model.embedding_dim=16",
-        "--set",
-        "model.hidden_dim=24",
-        "--set",
-        "model.attention_dim=16",
-        "--set",
-        "train.max_steps=10",
-        "--set",
-        "train.eval_every=0",
-    ]);
+    common::train_tiny(&prepared, &run, &["train.max_steps=10"]);
     let mut s = start(
         &run.join("last"),
         &["--max-sentences", "2000", "--queue", "1"],

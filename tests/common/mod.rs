@@ -207,3 +207,28 @@ pub fn prepare(dir: &std::path::Path, limit: usize) {
         "--force",
     ]);
 }
+
+/// `cgnmt train` of a tiny model (E 16 / H 24 / A 16, no dev evaluations) on `prepared` into `out`, with
+/// further `section.key=value` settings.
+pub fn train_tiny(prepared: &std::path::Path, out: &std::path::Path, sets: &[&str]) {
+    let mut args = vec![
+        "train".to_string(),
+        "--quiet".into(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    for s in [
+        format!("data.prepared={:?}", prepared.display().to_string()),
+        "model.embedding_dim=16".into(),
+        "model.hidden_dim=24".into(),
+        "model.attention_dim=16".into(),
+        "train.eval_every=0".into(),
+    ]
+    .into_iter()
+    .chain(sets.iter().map(|s| s.to_string()))
+    {
+        args.push("--set".into());
+        args.push(s);
+    }
+    run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+}
