@@ -475,6 +475,12 @@ fn batcher(
     window: std::time::Duration,
     counts: &Counts,
 ) {
+    // Test hook: `CGNMT_TEST_DECODE_DELAY_MS=N` waits N ms before each decoding call (so that a test can
+    // signal the server while a request is surely in flight).
+    let delay = std::env::var("CGNMT_TEST_DECODE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis);
     while let Ok(first) = rx.recv() {
         let mut n = first.sentences.len();
         let mut jobs = vec![first];
@@ -514,6 +520,9 @@ fn batcher(
             counts
                 .decode_calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(d) = delay {
+                std::thread::sleep(d);
+            }
             match tr.translate(&all, &key.options(), max_batch, false, |_| {}) {
                 Ok(out) => {
                     let mut it = out.into_iter();

@@ -24,7 +24,12 @@ impl Drop for Server {
 }
 
 fn start(model: &Path, extra: &[&str]) -> Server {
+    start_with(model, extra, &[])
+}
+
+fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .envs(env.iter().copied())
         .args(["serve", "-m"])
         .arg(model)
         .args(["--addr", "127.0.0.1:0"])
@@ -228,9 +233,11 @@ fn sigterm_lets_the_request_in_flight_finish() {
     prepare(&prepared, 120);
     let run = tmp.path().join("run");
     common::train_tiny(&prepared, &run, &["train.max_steps=10"]);
-    let mut s = start(
+    // Each decoding call waits 1.5 s first: the request is surely in flight when SIGTERM comes.
+    let mut s = start_with(
         &run.join("last"),
         &["--max-sentences", "2000", "--queue", "1"],
+        &[("CGNMT_TEST_DECODE_DELAY_MS", "1500")],
     );
     let api: serde_json::Value = ureq::get(&format!("{}/v1/openapi.json", s.base))
         .call()
