@@ -129,12 +129,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let refs = cgnmt_data::corpus::read_lines(&test_en)?;
     eprintln!("== translating {} test sentences (beam 10)", src.len());
     let model = lm.model.frozen(&lm.varmap)?;
-    let tr = Translator {
-        model: &model,
-        src_vocab: &lm.src_vocab,
-        tgt_vocab: &lm.tgt_vocab,
-        preprocess: &lm.preprocess,
-    };
+    let tr = Translator::of(&model, &lm);
     let pb = indicatif::ProgressBar::new(src.len() as u64);
     let t0 = std::time::Instant::now();
     let out = tr.translate(&src, &DecodeOptions::default(), 32, false, |d| {

@@ -495,12 +495,7 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         opts.shortlist = Some(std::sync::Arc::new(sl));
     }
     let model = lm.model.frozen(&lm.varmap)?;
-    let tr = Translator {
-        model: &model,
-        src_vocab: &lm.src_vocab,
-        tgt_vocab: &lm.tgt_vocab,
-        preprocess: &lm.preprocess,
-    };
+    let tr = Translator::of(&model, &lm);
     let pb = if a.quiet || lines.len() < 50 {
         indicatif::ProgressBar::hidden()
     } else {

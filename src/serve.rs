@@ -365,12 +365,7 @@ async fn translate_admitted(
     }
     {
         let m = &st.models[k];
-        let tr = Translator {
-            model: &m.model,
-            src_vocab: &m.lm.src_vocab,
-            tgt_vocab: &m.lm.tgt_vocab,
-            preprocess: &m.lm.preprocess,
-        };
+        let tr = Translator::of(&m.model, &m.lm);
         for (i, s) in req.sentences.iter().enumerate() {
             let n = tr.source_tokens(s, false).len();
             if n > a.max_input_words {
@@ -504,12 +499,7 @@ fn batcher(
         }
         for ((k, key), jobs) in groups {
             let m = &models[k];
-            let tr = Translator {
-                model: &m.model,
-                src_vocab: &m.lm.src_vocab,
-                tgt_vocab: &m.lm.tgt_vocab,
-                preprocess: &m.lm.preprocess,
-            };
+            let tr = Translator::of(&m.model, &m.lm);
             let all: Vec<String> = jobs
                 .iter()
                 .flat_map(|j| j.sentences.iter().cloned())
@@ -543,12 +533,7 @@ fn batcher(
 
 /// A request's answer from its translations.
 fn respond(m: &Served, out: Vec<Translation>, nbest: usize, record: bool) -> TranslateResponse {
-    let tr = Translator {
-        model: &m.model,
-        src_vocab: &m.lm.src_vocab,
-        tgt_vocab: &m.lm.tgt_vocab,
-        preprocess: &m.lm.preprocess,
-    };
+    let tr = Translator::of(&m.model, &m.lm);
     let translations = out
         .into_iter()
         .map(|t| {

@@ -61,7 +61,17 @@ pub struct Translator<'a> {
     pub preprocess: &'a Preprocessor,
 }
 
-impl Translator<'_> {
+impl<'a> Translator<'a> {
+    /// A translator of a loaded model directory, decoding with `model` (its frozen form).
+    pub fn of(model: &'a Model, lm: &'a crate::checkpoint::LoadedModel) -> Self {
+        Translator {
+            model,
+            src_vocab: &lm.src_vocab,
+            tgt_vocab: &lm.tgt_vocab,
+            preprocess: &lm.preprocess,
+        }
+    }
+
     /// Source tokens of a line: through the model's tokenizer/BPE, or split on whitespace when `pretokenized`.
     pub fn source_tokens(&self, line: &str, pretokenized: bool) -> Vec<String> {
         if pretokenized {
