@@ -33,6 +33,7 @@ pub mod readout;
 pub mod reproduce;
 pub mod serve;
 pub mod shortlist;
+pub mod subjective;
 pub mod train;
 pub mod translate;
 

@@ -52,8 +52,14 @@ enum Cmd {
     Reproduce(cgnmt::reproduce::ReproduceArgs),
     /// Average the parameters of several checkpoints of one model into a new model directory.
     Average(cgnmt::averaging::AverageArgs),
-    /// Serve translations over HTTP (JSON API: /v1/translate, /v1/models, /healthz).
+    /// Serve translations over HTTP (JSON API: /v1/translate, /v1/models, /healthz), the attention-and-gate
+    /// explorer (/) and the subjective-evaluation page (/eval, with --eval-db).
     Serve(cgnmt::serve::ServeArgs),
+    /// A blinded sample of two systems' outputs for the subjective evaluation (pairs.jsonl and key.jsonl).
+    EvalPairs(cgnmt::subjective::EvalPairsArgs),
+    /// The subjective evaluation's report (paper Table 3): mean adequacy and fluency, better / equal / worse
+    /// with the sign test.
+    EvalReport(cgnmt::subjective::EvalReportArgs),
     /// Public corpora and test sets: list the registry, download (resumable, checksummed), verify.
     Data(cgnmt::datasets::cli::DataArgs),
     /// Corpus BLEU (NIST mteval-v11b or sacreBLEU-compatible) and chrF of hypotheses against references.
@@ -299,6 +305,8 @@ fn main() {
         }
         Cmd::Data(a) => cgnmt::datasets::cli::run(a),
         Cmd::Serve(a) => cgnmt::serve::run(a),
+        Cmd::EvalPairs(a) => cgnmt::subjective::cmd_eval_pairs(&a),
+        Cmd::EvalReport(a) => cgnmt::subjective::cmd_eval_report(&a),
         Cmd::Average(a) => cgnmt::averaging::run(a),
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),

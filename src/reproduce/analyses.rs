@@ -9,8 +9,6 @@ use candle_core::{DType, Device};
 use cgnmt_eval::analysis::{self, word_count, ContextScaling, DumpRecord, LengthGroups};
 use cgnmt_eval::bleu::{corpus_bleu, BleuOptions};
 use cgnmt_eval::significance::{self, Metric, SignTestResult};
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use super::plan::slug;
@@ -731,47 +729,41 @@ fn write_subjective(
     let src = cgnmt_data::corpus::read_lines(&s.test_src)?;
     let bh = cgnmt_data::corpus::read_lines(&s.out.join(&base.dir).join("test.hyp"))?;
     let sh = cgnmt_data::corpus::read_lines(&s.out.join(&sys.dir).join("test.hyp"))?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(2017);
-    let mut ids: Vec<usize> = (0..src.len()).collect();
-    ids.shuffle(&mut rng);
-    ids.truncate(sj.sentences.min(src.len()));
-    ids.sort_unstable();
+    let (pairs, mut key) = crate::subjective::blind_sample(
+        &src,
+        refs,
+        &crate::subjective::SystemOutputs {
+            name: &sj.baseline,
+            lines: &bh,
+        },
+        &crate::subjective::SystemOutputs {
+            name: &sj.system,
+            lines: &sh,
+        },
+        sj.sentences,
+        2017,
+    )?;
+    for k in &mut key {
+        k.seeds = Some(if k.systems[0] == sj.baseline {
+            [base.seed, sys.seed]
+        } else {
+            [sys.seed, base.seed]
+        });
+    }
+    let identical = pairs
+        .iter()
+        .filter(|p| p.outputs[0] == p.outputs[1])
+        .count();
     let dir = s.out.join("subjective");
     std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
-    let (mut pairs, mut key) = (String::new(), String::new());
-    let mut identical = 0;
-    for (k, &i) in ids.iter().enumerate() {
-        let swap = rng.random::<bool>();
-        let (first, second) = if swap {
-            ((&sj.system, &sh[i]), (&sj.baseline, &bh[i]))
-        } else {
-            ((&sj.baseline, &bh[i]), (&sj.system, &sh[i]))
-        };
-        identical += usize::from(bh[i] == sh[i]);
-        pairs += &serde_json::json!({
-            "id": k,
-            "line": i,
-            "source": src[i],
-            "references": refs.iter().map(|r| &r[i]).collect::<Vec<_>>(),
-            "outputs": [first.1, second.1],
-        })
-        .to_string();
-        pairs.push('\n');
-        key += &serde_json::json!({
-            "id": k,
-            "line": i,
-            "systems": [first.0, second.0],
-            "seeds": [if swap { sys.seed } else { base.seed }, if swap { base.seed } else { sys.seed }],
-        })
-        .to_string();
-        key.push('\n');
-    }
+    let pairs = crate::subjective::to_jsonl(&pairs);
+    let key = crate::subjective::to_jsonl(&key);
     super::write_atomic(&dir.join("pairs.jsonl"), pairs.as_bytes())?;
     super::write_atomic(&dir.join("key.jsonl"), key.as_bytes())?;
     Ok(SubjectiveResult {
         baseline: sj.baseline.clone(),
         system: sj.system.clone(),
-        pairs: ids.len(),
+        pairs: pairs.lines().count(),
         identical,
         pairs_file: "subjective/pairs.jsonl".into(),
         key_file: "subjective/key.jsonl".into(),

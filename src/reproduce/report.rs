@@ -445,8 +445,8 @@ fn blocks(r: &Results) -> Vec<Block> {
     if let Some(sj) = &r.subjective {
         b.push(H(2, "Subjective evaluation sample (paper Table 3)".into()));
         b.push(P(format!(
-            "{} test sentences sampled at random (seed 2017), each with the outputs of {} and {} in a random order: `{}` (for raters), `{}` (which output is which). {} of the pairs are identical.",
-            sj.pairs, sj.baseline, sj.system, sj.pairs_file, sj.key_file, sj.identical
+            "{} test sentences sampled at random (seed 2017), each with the outputs of {} and {} in a random order: `{}` (for raters), `{}` (which output is which). {} of the pairs are identical. To judge them: `cgnmt serve -m MODEL --eval-db judgements.sqlite --eval-pairs {}` and open `/eval`; the table: `cgnmt eval-report judgements.sqlite --key {} --baseline {:?}`.",
+            sj.pairs, sj.baseline, sj.system, sj.pairs_file, sj.key_file, sj.identical, sj.pairs_file, sj.key_file, sj.baseline
         )));
     }
     if !r.figures.is_empty() {

@@ -27,6 +27,8 @@ use crate::beam_search::DecodeOptions;
 use crate::checkpoint;
 use crate::translate::{Translation, Translator};
 
+mod pages;
+
 /// Arguments of `cgnmt serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
@@ -58,6 +60,13 @@ pub struct ServeArgs {
     /// Translation requests admitted at once (decoding or waiting); more are answered 429 with Retry-After.
     #[arg(long, default_value_t = 256)]
     pub queue: usize,
+    /// Judgement database (SQLite) of the subjective-evaluation page `/eval`; created when missing.
+    #[arg(long, value_name = "FILE")]
+    pub eval_db: Option<PathBuf>,
+    /// Blinded pairs to judge (`pairs.jsonl` from `cgnmt eval-pairs` or `cgnmt reproduce`); needed when the
+    /// database is new, and kept in it.
+    #[arg(long, value_name = "FILE", requires = "eval_db")]
+    pub eval_pairs: Option<PathBuf>,
 }
 
 /// A loaded model, ready to decode from any thread.
@@ -78,6 +87,8 @@ struct AppState {
     counts: Arc<Counts>,
     /// One permit per admitted translation request.
     admitted: Arc<tokio::sync::Semaphore>,
+    /// The subjective evaluation's judgements (with `--eval-db`).
+    eval: Option<Arc<std::sync::Mutex<crate::subjective::Store>>>,
 }
 
 #[derive(Deserialize)]
@@ -182,6 +193,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         bail!("--max-batch, --max-sentences, --max-beam and --queue must be at least 1");
     }
     let models = load_models(&args.models)?;
+    let eval = match &args.eval_db {
+        Some(db) => {
+            let store = crate::subjective::Store::open(db, args.eval_pairs.as_deref())?;
+            eprintln!(
+                "subjective evaluation: {} items, {} judgements stored in {}",
+                store.items.len(),
+                store.rows()?,
+                db.display()
+            );
+            Some(Arc::new(std::sync::Mutex::new(store)))
+        }
+        None => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -208,6 +232,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             jobs,
             counts,
             admitted: Arc::new(tokio::sync::Semaphore::new(args.queue)),
+            eval,
             args,
         });
         let app = Router::new()
@@ -215,9 +240,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .route("/v1/models", get(list_models))
             .route("/v1/openapi.json", get(|| async { Json(openapi()) }))
             .route("/v1/translate", post(translate))
+            .route("/", get(pages::explorer))
+            .route("/eval", get(pages::eval))
+            .route("/v1/eval/items", get(pages::eval_items))
+            .route("/v1/eval/judgements", post(pages::eval_judgement))
             .with_state(state);
         eprintln!(
-            "listening on http://{addr} (models: {}); SIGTERM or Ctrl-C stops",
+            "listening on http://{addr} (models: {}; explorer at /, evaluation at /eval); SIGTERM or Ctrl-C stops",
             names.join(", ")
         );
         axum::serve(listener, app)
