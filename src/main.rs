@@ -575,16 +575,17 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
             }
             if let Some(d) = dump.as_mut() {
                 let best = t.hyps.first();
-                let rec = serde_json::json!({
-                    "id": base + k,
-                    "src": t.src_tokens.iter().cloned().chain(std::iter::once("</s>".to_string())).collect::<Vec<_>>(),
-                    "hyp": t.tokens.iter().cloned().chain(std::iter::once("</s>".to_string())).collect::<Vec<_>>(),
-                    "score": best.map(|b| b.score),
-                    "attention": best.map(|b| b.attention.clone()).unwrap_or_default(),
-                    "gates": best.map(|b| b.gates.clone()).unwrap_or_default(),
-                    "coverage": best.map(|b| b.coverage.clone()).unwrap_or_default(),
-                });
-                writeln!(d, "{rec}").with_context(|| {
+                let eos = || std::iter::once("</s>".to_string());
+                let rec = cgnmt_eval::analysis::DumpRecord::<f32> {
+                    id: Some(base + k),
+                    src: t.src_tokens.iter().cloned().chain(eos()).collect(),
+                    hyp: t.tokens.iter().cloned().chain(eos()).collect(),
+                    score: best.map(|b| b.score),
+                    attention: best.map(|b| b.attention.clone()).unwrap_or_default(),
+                    gates: best.map(|b| b.gates.clone()).unwrap_or_default(),
+                    coverage: best.map(|b| b.coverage.clone()).unwrap_or_default(),
+                };
+                writeln!(d, "{}", serde_json::to_string(&rec)?).with_context(|| {
                     format!(
                         "writing {}",
                         a.dump.as_deref().unwrap_or(Path::new("")).display()

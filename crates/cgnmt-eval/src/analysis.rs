@@ -277,20 +277,34 @@ pub fn length_groups(
 // Translation dumps
 // ---------------------------------------------------------------------------------------------
 
+/// The number type of a dump's weights: `f32` where `translate` writes them (each value printed as the
+/// shortest decimal that reads back as the same `f32`), `f64` where the analyses read them.
+pub trait DumpFloat: Copy + Serialize + for<'de> Deserialize<'de> {
+    const NAN: Self;
+}
+
+impl DumpFloat for f32 {
+    const NAN: Self = f32::NAN;
+}
+
+impl DumpFloat for f64 {
+    const NAN: Self = f64::NAN;
+}
+
 /// Deserialises a list of numbers where `null` (how JSON writers spell NaN) becomes NaN.
-fn nullable_vec<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
-    let v: Option<Vec<Option<f64>>> = Option::deserialize(d)?;
+fn nullable_vec<'de, D: Deserializer<'de>, F: DumpFloat>(d: D) -> Result<Vec<F>, D::Error> {
+    let v: Option<Vec<Option<F>>> = Option::deserialize(d)?;
     Ok(v.unwrap_or_default()
         .into_iter()
-        .map(|x| x.unwrap_or(f64::NAN))
+        .map(|x| x.unwrap_or(F::NAN))
         .collect())
 }
 
-fn nullable_matrix<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<f64>>, D::Error> {
-    let v: Option<Vec<Vec<Option<f64>>>> = Option::deserialize(d)?;
+fn nullable_matrix<'de, D: Deserializer<'de>, F: DumpFloat>(d: D) -> Result<Vec<Vec<F>>, D::Error> {
+    let v: Option<Vec<Vec<Option<F>>>> = Option::deserialize(d)?;
     Ok(v.unwrap_or_default()
         .into_iter()
-        .map(|r| r.into_iter().map(|x| x.unwrap_or(f64::NAN)).collect())
+        .map(|r| r.into_iter().map(|x| x.unwrap_or(F::NAN)).collect())
         .collect())
 }
 
@@ -299,9 +313,11 @@ fn nullable_tokens<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Er
     Ok(v.unwrap_or_default())
 }
 
-/// One line of a translation dump (`cgnmt translate --dump FILE`).
+/// One line of a translation dump: written by `cgnmt translate --dump FILE` (as `DumpRecord<f32>`) and read
+/// by the analyses, plots and `reproduce` (as `DumpRecord`, in f64). The one definition of the format.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
-pub struct DumpRecord {
+#[serde(bound(deserialize = "F: DumpFloat", serialize = "F: DumpFloat"))]
+pub struct DumpRecord<F: DumpFloat = f64> {
     /// 0-based sentence index (the line's position when absent).
     #[serde(default)]
     pub id: Option<usize>,
@@ -316,13 +332,13 @@ pub struct DumpRecord {
     pub score: Option<f64>,
     /// Attention weights: one row per output token, one weight per source token.
     #[serde(default, deserialize_with = "nullable_matrix")]
-    pub attention: Vec<Vec<f64>>,
+    pub attention: Vec<Vec<F>>,
     /// Mean gate value per output token except the final `</s>` (empty without a gate).
     #[serde(default, deserialize_with = "nullable_vec")]
-    pub gates: Vec<f64>,
+    pub gates: Vec<F>,
     /// Final coverage per source token (may be empty).
     #[serde(default, deserialize_with = "nullable_vec")]
-    pub coverage: Vec<f64>,
+    pub coverage: Vec<F>,
 }
 
 impl DumpRecord {
