@@ -13,8 +13,8 @@ use candle_nn::VarBuilder;
 
 use crate::attention::Context;
 use crate::config::{DecoderKind, GateForm};
-use crate::encoder::{gru_update, Gru};
 use crate::gate::{mix_fused, Scales};
+use crate::gru::{gru_update, Gru};
 use crate::kernels::{rec_matmul, Kernels};
 
 pub struct DecoderCell {

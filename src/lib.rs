@@ -22,6 +22,7 @@ pub mod demo;
 pub mod encoder;
 pub mod error;
 pub mod gate;
+pub mod gru;
 pub mod init;
 pub mod kernels;
 pub mod model;

@@ -9,7 +9,7 @@ use cgnmt::attention::{
     scores_fused, scores_reference, softmax_context_fused, softmax_context_reference,
 };
 use cgnmt::beam_search::{beam_search, greedy, DecodeOptions};
-use cgnmt::encoder::{gru_update_fused, gru_update_reference};
+use cgnmt::gru::{gru_update_fused, gru_update_reference};
 use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
 use cgnmt::model::{Batch, Model};
 use cgnmt::readout::{
@@ -1224,7 +1224,8 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
 #[test]
 fn fused_bidirectional_gru_matches_step_by_step() {
     use candle_core::IndexOp;
-    use cgnmt::encoder::{bigru_fused, Gru};
+    use cgnmt::encoder::bigru_fused;
+    use cgnmt::gru::Gru;
     // Sentence lengths 6, 4, 1, 6, 2 (the fused op runs the rows longest first, each step over the rows with a
     // word), and a mask with a gap in one row (not a run of words then padding: all rows under the mask).
     for (gap, (dtype, ft, gt)) in [false, true].into_iter().flat_map(|g| {

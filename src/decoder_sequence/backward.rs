@@ -6,7 +6,7 @@ use candle_core::{Result, Tensor};
 use super::gate_mix::bwd_mix_row_d;
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
 use super::{CgruView, DecoderSequence, Dims, Saved, ZPreOp};
-use crate::encoder::GruStep;
+use crate::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
 
 impl DecoderSequence {

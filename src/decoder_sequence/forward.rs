@@ -5,7 +5,7 @@ use candle_core::{CpuStorage, Result, Shape};
 use super::gate_mix::gate_mix_row_d;
 use super::transition::{paper_transition, vanilla_row_d};
 use super::{CgruView, DecoderSequence, Dims, Saved, ZConst};
-use crate::encoder::{gru_step_forward, GruActs};
+use crate::gru::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
 
 impl DecoderSequence {

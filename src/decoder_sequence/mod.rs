@@ -15,7 +15,7 @@
 //!
 //! Here: the op's inputs, state and helpers; `forward` and `backward`, its two passes; `gate_mix`, the gate
 //! and the mix of the word and context terms per sentence row; `transition`, the vanilla unit's and the
-//! paper form's transitions (the GRU's row kernels are `encoder`'s).
+//! paper form's transitions (the GRU's row kernels are in `gru`).
 
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 

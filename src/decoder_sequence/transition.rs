@@ -1,4 +1,4 @@
-//! The transitions' row kernels of the fused decoder op beyond the GRU's (which `encoder` shares): the
+//! The transitions' row kernels of the fused decoder op beyond the GRU's (in `gru`, shared with the encoder): the
 //! vanilla tanh unit, and the paper-literal gate form (`T` scaling the recurrent products after them), with
 //! their backward passes.
 
@@ -75,7 +75,7 @@ pub(super) fn paper_update_row<T: Real>(
     for k in 0..h {
         let c = (pre[k] + sc[k] * rc[k]).tanh_v();
         ht[k] = c;
-        out[k] = t[k] + ru[h + k] * (c - t[k]);
+        out[k] = crate::gru::interpolate(t[k], ru[h + k], c, T::one());
     }
 }
 simd_dispatch!(paper_update_row_d, paper_update_row_avx, paper_update_row, (pre: &[T], rc: &[T], sc: &[T], ru: &[T], t: &[T], ht: &mut [T], out: &mut [T]));
