@@ -55,17 +55,6 @@ impl Scale {
             }
         }
     }
-
-    fn times(self, a: f64) -> Result<Scale> {
-        if a == 1.0 {
-            return Ok(self);
-        }
-        Ok(match self {
-            Scale::One => Scale::Const(a),
-            Scale::Const(c) => Scale::Const(c * a),
-            Scale::T(t) => Scale::T(t.affine(a, 0.0)?),
-        })
-    }
 }
 
 /// The scales for one decoder step, and the gate value (for analysis) when there is one.
@@ -78,7 +67,7 @@ pub struct Scales {
     pub mix: Option<GateMix>,
 }
 
-/// How a scale depends on the gate value `z`.
+/// How a scale depends on the gate value `z`: `1`, `z` or `1 − z`, times a constant.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ZKind {
     One,
@@ -87,32 +76,62 @@ pub enum ZKind {
 }
 
 impl ZKind {
-    /// The scale `c·kind(z)` and its derivative in `z`.
+    /// The scale `c·kind(z)` as `α + β·z`: `(α, β)` (`β` is also its derivative in `z`). The one
+    /// parametrisation of the gate's scales: decoding's fused mix, the fused training op
+    /// (`decoder_sequence::gate_mix`) and the reference's [`Scale`]s are all built from it.
     #[inline(always)]
-    pub fn eval(self, c: f64, z: f64) -> (f64, f64) {
+    pub fn affine<T: Real>(self, c: T) -> (T, T) {
         match self {
-            ZKind::One => (c, 0.0),
-            ZKind::Z => (c * z, c),
-            ZKind::OneMinusZ => (c * (1.0 - z), -c),
+            ZKind::One => (c, T::zero()),
+            ZKind::Z => (T::zero(), c),
+            ZKind::OneMinusZ => (c, -c),
         }
     }
 }
 
-/// How a context-gate strategy's source and target scales depend on `z` (the table above).
-pub fn strategy_kinds(strategy: ContextGate) -> (ZKind, ZKind) {
-    match strategy {
-        ContextGate::Source => (ZKind::Z, ZKind::One),
-        ContextGate::Target => (ZKind::One, ZKind::Z),
-        _ => (ZKind::Z, ZKind::OneMinusZ),
+/// A gate's two scales as functions of its value: `src = c_s·kind_s(z)`, `tgt = c_t·kind_t(z)` (the table
+/// above; the constants are the context scale `(a, b)`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateKinds {
+    pub src: (ZKind, f64),
+    pub tgt: (ZKind, f64),
+}
+
+impl GateKinds {
+    /// `((α_s, β_s), (α_t, β_t))`: the source and target scales as `α + β·z`.
+    #[inline(always)]
+    pub fn affine<T: Real>(&self) -> ((T, T), (T, T)) {
+        (
+            self.src.0.affine(T::from_f64c(self.src.1)),
+            self.tgt.0.affine(T::from_f64c(self.tgt.1)),
+        )
     }
 }
 
-/// A context gate's scales as `src = c_s·kind_s(z)`, `tgt = c_t·kind_t(z)`.
+/// The scale `c·kind(z)` of the reference path as a [`Scale`] over the gate value tensor `z`.
+fn scale_of(kind: ZKind, c: f64, z: &Tensor) -> Result<Scale> {
+    let (alpha, beta) = kind.affine(c);
+    Ok(match kind {
+        ZKind::One => constant(c),
+        ZKind::Z if c == 1.0 => Scale::T(z.clone()),
+        _ => Scale::T(z.affine(beta, alpha)?),
+    })
+}
+
+/// The constant scale `c`.
+fn constant(c: f64) -> Scale {
+    if c == 1.0 {
+        Scale::One
+    } else {
+        Scale::Const(c)
+    }
+}
+
+/// A context gate's value and its scales, for the fused mix of decoding's step.
 #[derive(Debug, Clone)]
 pub struct GateMix {
     pub z: Tensor,
-    pub src: (ZKind, f64),
-    pub tgt: (ZKind, f64),
+    pub kinds: GateKinds,
 }
 
 impl Scales {
@@ -218,6 +237,27 @@ impl Gate {
         }
     }
 
+    /// How this gate's scales depend on its value, with the context scale `(a, b)` (`None`: no gate): the
+    /// one place where every variant's scales are written (the table in the module's doc).
+    pub fn kinds(&self, (a, b): (f64, f64)) -> Option<GateKinds> {
+        let (src, tgt) = match self {
+            Gate::None => return None,
+            Gate::Context { strategy, .. } => match strategy {
+                ContextGate::Source => (ZKind::Z, ZKind::One),
+                ContextGate::Target => (ZKind::One, ZKind::Z),
+                ContextGate::Both => (ZKind::Z, ZKind::OneMinusZ),
+                ContextGate::None => unreachable!("no gate is Gate::None"),
+            },
+            // Gating scalar: the source scales by β; static interpolation: σ(θ) and 1 − σ(θ).
+            Gate::Scalar { .. } => (ZKind::Z, ZKind::One),
+            Gate::Static { .. } => (ZKind::Z, ZKind::OneMinusZ),
+        };
+        Some(GateKinds {
+            src: (src, a),
+            tgt: (tgt, b),
+        })
+    }
+
     /// Scales for one step. `wz_e` is `W_z e(y)` for the word fed to the transition.
     pub fn scales(
         &self,
@@ -227,25 +267,22 @@ impl Gate {
         ctx: &crate::attention::Context,
         context_scale: (f64, f64),
     ) -> Result<Scales> {
-        let (a, b) = context_scale;
-        let mut mix = None;
-        let (src, tgt, gate) = match self {
-            Gate::None => (Scale::One, Scale::One, None),
+        let Some(kinds) = self.kinds(context_scale) else {
+            return Ok(Scales {
+                src: constant(context_scale.0),
+                tgt: constant(context_scale.1),
+                gate: None,
+                mix: None,
+            });
+        };
+        // The gate value: `β` `[B, 1]`, the static `σ(θ)` `[H]` or `z` `[B, H]`.
+        let z = match self {
+            Gate::None => unreachable!("a gate has kinds"),
             Gate::Scalar { w, b: bias } => {
-                let beta = candle_nn::ops::sigmoid(&t_prev.matmul(w)?.broadcast_add(bias)?)?;
-                (Scale::T(beta.clone()), Scale::One, Some(beta))
+                candle_nn::ops::sigmoid(&t_prev.matmul(w)?.broadcast_add(bias)?)?
             }
-            Gate::Static { z_logit } => {
-                let z = candle_nn::ops::sigmoid(z_logit)?;
-                let g = z.affine(-1.0, 1.0)?;
-                (Scale::T(z.clone()), Scale::T(g), Some(z))
-            }
-            Gate::Context {
-                strategy,
-                w_z: _,
-                u_z,
-                c_z,
-            } => {
+            Gate::Static { z_logit } => candle_nn::ops::sigmoid(z_logit)?,
+            Gate::Context { u_z, c_z, .. } => {
                 let mut pre: Option<Tensor> = wz_e.cloned();
                 let mut add = |t: Tensor| -> Result<()> {
                     pre = Some(match pre.take() {
@@ -260,29 +297,17 @@ impl Gate {
                 if let Some(c) = c_z {
                     add(ctx.product(kernels, c)?)?;
                 }
-                let z =
-                    crate::kernels::sigmoid(kernels, &pre.expect("a gate has at least one input"))?;
-                let kinds = strategy_kinds(*strategy);
-                mix = Some(GateMix {
-                    z: z.clone(),
-                    src: (kinds.0, a),
-                    tgt: (kinds.1, b),
-                });
-                match strategy {
-                    ContextGate::Source => (Scale::T(z.clone()), Scale::One, Some(z)),
-                    ContextGate::Target => (Scale::One, Scale::T(z.clone()), Some(z)),
-                    ContextGate::Both => {
-                        (Scale::T(z.clone()), Scale::T(z.affine(-1.0, 1.0)?), Some(z))
-                    }
-                    ContextGate::None => unreachable!("no gate is Gate::None"),
-                }
+                crate::kernels::sigmoid(kernels, &pre.expect("a gate has at least one input"))?
             }
         };
         Ok(Scales {
-            src: src.times(a)?,
-            tgt: tgt.times(b)?,
-            gate,
-            mix,
+            src: scale_of(kinds.src.0, kinds.src.1, &z)?,
+            tgt: scale_of(kinds.tgt.0, kinds.tgt.1, &z)?,
+            mix: matches!(self, Gate::Context { .. }).then(|| GateMix {
+                z: z.clone(),
+                kinds,
+            }),
+            gate: Some(z),
         })
     }
 }
@@ -298,68 +323,47 @@ pub fn mix_fused(a: &Tensor, b: &Tensor, m: &GateMix) -> Result<Tensor> {
     a.contiguous()?.apply_op3(
         &b.contiguous()?,
         &m.z.contiguous()?,
-        MixOp {
-            src: m.src,
-            tgt: m.tgt,
-        },
+        MixOp { kinds: m.kinds },
     )
 }
 
 struct MixOp {
-    src: (ZKind, f64),
-    tgt: (ZKind, f64),
+    kinds: GateKinds,
 }
 
 #[inline(always)]
-fn mix_row<T: Real>(
-    a: &[T],
-    b: &[T],
-    z: &[T],
-    out: &mut [T],
-    src: (ZKind, f64),
-    tgt: (ZKind, f64),
-) {
+fn mix_row<T: Real>(a: &[T], b: &[T], z: &[T], out: &mut [T], kinds: GateKinds) {
     let h = z.len();
     let k = a.len() / h;
+    let ((sa, sb), (ta, tb)) = kinds.affine::<f64>();
     for j in 0..h {
         let zj = WithDType::to_f64(z[j]);
-        let (s, _) = src.0.eval(src.1, zj);
-        let (t, _) = tgt.0.eval(tgt.1, zj);
-        let (s, t) = (T::from_f64c(s), T::from_f64c(t));
+        let (s, t) = (T::from_f64c(sa + sb * zj), T::from_f64c(ta + tb * zj));
         for blk in 0..k {
             let i = blk * h + j;
             out[i] = t * a[i] + s * b[i];
         }
     }
 }
-simd_dispatch!(mix_row_d, mix_row_avx, mix_row, (a: &[T], b: &[T], z: &[T], out: &mut [T], src: (ZKind, f64), tgt: (ZKind, f64)));
+simd_dispatch!(mix_row_d, mix_row_avx, mix_row, (a: &[T], b: &[T], z: &[T], out: &mut [T], kinds: GateKinds));
 
 /// Packed gradient row `[∂a (kH) | ∂b (kH) | ∂z (H)]`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn mix_grad_row<T: Real>(
-    a: &[T],
-    b: &[T],
-    z: &[T],
-    g: &[T],
-    out: &mut [T],
-    src: (ZKind, f64),
-    tgt: (ZKind, f64),
-) {
+fn mix_grad_row<T: Real>(a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], kinds: GateKinds) {
     let h = z.len();
     let kh = a.len();
     let k = kh / h;
     let (da, rest) = out.split_at_mut(kh);
     let (db, dz) = rest.split_at_mut(kh);
+    let ((sa, sb), (ta, tb)) = kinds.affine::<f64>();
     for j in 0..h {
         let zj = WithDType::to_f64(z[j]);
-        let (s, ds) = src.0.eval(src.1, zj);
-        let (t, dt) = tgt.0.eval(tgt.1, zj);
         let (s, ds, t, dt) = (
-            T::from_f64c(s),
-            T::from_f64c(ds),
-            T::from_f64c(t),
-            T::from_f64c(dt),
+            T::from_f64c(sa + sb * zj),
+            T::from_f64c(sb),
+            T::from_f64c(ta + tb * zj),
+            T::from_f64c(tb),
         );
         let mut acc = T::zero();
         for blk in 0..k {
@@ -371,7 +375,7 @@ fn mix_grad_row<T: Real>(
         dz[j] = acc;
     }
 }
-simd_dispatch!(mix_grad_row_d, mix_grad_row_avx, mix_grad_row, (a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], src: (ZKind, f64), tgt: (ZKind, f64)));
+simd_dispatch!(mix_grad_row_d, mix_grad_row_avx, mix_grad_row, (a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], kinds: GateKinds));
 
 fn mix_fwd<T: Real>(
     op: &MixOp,
@@ -399,8 +403,7 @@ fn mix_fwd<T: Real>(
             &b[i * kh..(i + 1) * kh],
             &z[i * h..(i + 1) * h],
             o,
-            op.src,
-            op.tgt,
+            op.kinds,
         )
     });
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, kh))))
@@ -432,8 +435,7 @@ impl CustomOp3 for MixOp {
         let (_, kh) = a.dims2()?;
         let h = z.dim(1)?;
         let op = MixGrad {
-            src: self.src,
-            tgt: self.tgt,
+            kinds: self.kinds,
             grad: grad.contiguous()?,
         };
         let packed = a.apply_op3_no_bwd(b, z, &op)?;
@@ -446,8 +448,7 @@ impl CustomOp3 for MixOp {
 }
 
 struct MixGrad {
-    src: (ZKind, f64),
-    tgt: (ZKind, f64),
+    kinds: GateKinds,
     grad: Tensor,
 }
 
@@ -477,8 +478,7 @@ fn mix_grad<T: Real>(
             &z[i * h..(i + 1) * h],
             &g[i * kh..(i + 1) * kh],
             o,
-            op.src,
-            op.tgt,
+            op.kinds,
         )
     });
     Ok((T::to_cpu_storage_owned(out), Shape::from((n, w))))

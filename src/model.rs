@@ -10,9 +10,18 @@ use crate::config::ModelConfig;
 use crate::coverage::{CovKeys, Coverage};
 use crate::decoder_cell::DecoderCell;
 use crate::encoder::Encoder;
-use crate::gate::{Gate, Scales, ZKind};
+use crate::gate::{Gate, GateKinds, Scales};
 use crate::kernels::Kernels;
 use crate::readout::{output_nll_fused, output_nll_reference, Readout};
+
+/// How training runs the decoder (see [`Model::decoder_path`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DecoderPath {
+    /// Step by step from the composed pieces (the reference kernels, or a device without the fused ops).
+    Composed,
+    /// One fused op per batch, with the gate's scales as functions of its value (`None`: no gate).
+    Fused { gate: Option<GateKinds> },
+}
 
 pub struct Model {
     pub cfg: ModelConfig,
@@ -484,25 +493,17 @@ impl Model {
         })
     }
 
-    /// Whether training runs the decoder as one fused op per batch ([`crate::decoder_sequence`]): fused
-    /// kernels on the CPU, any decoder (GRU, vanilla, cGRU; either gate form), any gate, any coverage;
-    /// then `Some` of the gate's scales as functions of `z` (`None` inside for no gate).
-    #[allow(clippy::type_complexity)]
-    pub fn sequence_gate(&self) -> Option<Option<((ZKind, f64), (ZKind, f64))>> {
+    /// How training runs the decoder: as one fused op per batch ([`crate::decoder_sequence`]) with fused
+    /// kernels on the CPU (any decoder: GRU, vanilla, cGRU; either gate form; any gate; any coverage),
+    /// otherwise step by step from the composed pieces.
+    pub fn decoder_path(&self) -> DecoderPath {
         if !self.kernels.fused_on(self.cell.u.device())
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
         {
-            return None;
+            return DecoderPath::Composed;
         }
-        match &self.gate {
-            Gate::None => Some(None),
-            Gate::Context { strategy, .. } => {
-                let (ks, kt) = crate::gate::strategy_kinds(*strategy);
-                Some(Some(((ks, 1.0), (kt, 1.0))))
-            }
-            // Gating scalar: the source scales by β; static interpolation: σ(θ) and 1 − σ(θ).
-            Gate::Scalar { .. } => Some(Some(((ZKind::Z, 1.0), (ZKind::One, 1.0)))),
-            Gate::Static { .. } => Some(Some(((ZKind::Z, 1.0), (ZKind::OneMinusZ, 1.0)))),
+        DecoderPath::Fused {
+            gate: self.gate.kinds((1.0, 1.0)),
         }
     }
 
@@ -650,7 +651,8 @@ impl Model {
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        let mut src = if self.sequence_gate().is_some() {
+        let fused = self.decoder_path();
+        let mut src = if matches!(fused, DecoderPath::Fused { .. }) {
             self.encode_shared(&batch.src, &batch.src_mask)?
         } else {
             self.encode(&batch.src, &batch.src_mask)?
@@ -668,13 +670,14 @@ impl Model {
         let e3 = e_all.reshape((b, t_len, e_dim))?;
         // With the fused decoder op, the sentences' target lengths: the op, the readout and the output layer
         // then compute the words' positions only (when the mask is words then padding).
-        let lengths = if self.sequence_gate().is_some() && crate::kernels::target_padding_skipped()
+        let lengths = if matches!(fused, DecoderPath::Fused { .. })
+            && crate::kernels::target_padding_skipped()
         {
             mask_lengths(&batch.tgt_mask)?
         } else {
             None
         };
-        let readin = if let Some(gate) = self.sequence_gate() {
+        let readin = if let DecoderPath::Fused { gate } = fused {
             // The whole decoder recurrence as one fused op (see `decoder_sequence`).
             let (ah, ann) = src
                 .keys

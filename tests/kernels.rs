@@ -293,7 +293,7 @@ fn fused_ops_match_their_composed_reference() {
             );
         }
         // The gate's scales on word and context terms (3 blocks), every strategy, with decode-time constants.
-        use cgnmt::gate::{mix_fused, mix_reference, GateMix, Scale, Scales, ZKind};
+        use cgnmt::gate::{mix_fused, mix_reference, GateKinds, GateMix, Scale, Scales, ZKind};
         for (ks, kt) in [
             (ZKind::Z, ZKind::One),
             (ZKind::One, ZKind::Z),
@@ -322,8 +322,10 @@ fn fused_ops_match_their_composed_reference() {
                 &|x| {
                     let m = GateMix {
                         z: x[2].clone(),
-                        src: (ks, ca),
-                        tgt: (kt, cb),
+                        kinds: GateKinds {
+                            src: (ks, ca),
+                            tgt: (kt, cb),
+                        },
                     };
                     vec![mix_fused(&x[0], &x[1], &m).unwrap()]
                 },

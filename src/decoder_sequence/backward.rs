@@ -74,7 +74,7 @@ impl DecoderSequence {
         let u_ru = Oriented::new(&u_ru_v, h, if gru { 2 * h } else { 0 });
         let u = Oriented::new(&u_v, h, h);
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
-        let kinds = self.kinds::<T>();
+        let scales = self.scales::<T>();
         let bh = b * h;
         let cd = self.cov_data::<T>()?;
         let cr = cd.as_ref().map(|c| c.rows());
@@ -296,7 +296,7 @@ impl DecoderSequence {
                             },
                             &cp_i[r * wc..r * wc + kh],
                             if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
-                            kinds,
+                            scales,
                             gated,
                             dww.row(if cg { r } else { toff[r] + i }),
                             &mut dcw.row(r)[..kh],

@@ -50,7 +50,7 @@ impl DecoderSequence {
         let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
         let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
         let lens = &self.src_lens;
-        let kinds = self.kinds::<T>();
+        let scales = self.scales::<T>();
         let cd = self.cov_data::<T>()?;
         let cr = cd.as_ref().map(|c| c.rows());
         let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
@@ -280,7 +280,7 @@ impl DecoderSequence {
                                 &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
                             },
                             &cp_i[r * wc..r * wc + kh],
-                            kinds,
+                            scales,
                             zw.row(r),
                             tsw.row(r),
                             prew.row(r),

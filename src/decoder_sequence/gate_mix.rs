@@ -1,18 +1,11 @@
 //! The gate and the mix of one sentence row in the fused decoder op: `z = σ(Σ terms)`, the scales as
-//! `α + β z`, `T∘t` and the pre-activations `T∘(W e) + S∘(C s)`, and their backward pass.
+//! `α + β z` (from `gate::GateKinds::affine`, the gate's one parametrisation), `T∘t` and the
+//! pre-activations `T∘(W e) + S∘(C s)`, and their backward pass.
 
-use crate::gate::ZKind;
 use crate::kernels::{simd_dispatch, Real};
 
-/// `c·kind(z)` as `α + β z`: `(α, β)` (`β` is also the derivative in `z`).
-#[inline(always)]
-pub(super) fn affine<T: Real>(k: ZKind, c: T) -> (T, T) {
-    match k {
-        ZKind::One => (c, T::zero()),
-        ZKind::Z => (T::zero(), c),
-        ZKind::OneMinusZ => (c, -c),
-    }
-}
+/// The source and target scales of a row as `((α_s, β_s), (α_t, β_t))`: `S = α_s + β_s z`, `T = α_t + β_t z`.
+pub(super) type RowScales<T> = ((T, T), (T, T));
 
 /// Gate and mix for one row: `z = σ(Σ terms)`, the scales, `T∘t` and the pre-activations `T∘(W e) + S∘(C s)`
 /// of the three blocks. (Each pass a plain loop over the row, so that it vectorises.)
@@ -23,13 +16,13 @@ pub(super) fn gate_mix_row<T: Real>(
     t: &[T],
     wp: &[T],
     cp: &[T],
-    kinds: (ZKind, T, ZKind, T),
+    scales: RowScales<T>,
     z: &mut [T],
     ts: &mut [T],
     pre: &mut [T],
 ) {
     let h = t.len();
-    let ((sa, sb), (ta, tb)) = (affine(kinds.0, kinds.1), affine(kinds.2, kinds.3));
+    let ((sa, sb), (ta, tb)) = scales;
     let gated = terms.iter().any(|x| x.is_some());
     if gated {
         let z = &mut z[..h];
@@ -75,7 +68,7 @@ pub(super) fn gate_mix_row<T: Real>(
         }
     }
 }
-simd_dispatch!(gate_mix_row_d, gate_mix_row_avx, gate_mix_row, (terms: [Option<&[T]>; 3], t: &[T], wp: &[T], cp: &[T], kinds: (ZKind, T, ZKind, T), z: &mut [T], ts: &mut [T], pre: &mut [T]));
+simd_dispatch!(gate_mix_row_d, gate_mix_row_avx, gate_mix_row, (terms: [Option<&[T]>; 3], t: &[T], wp: &[T], cp: &[T], scales: RowScales<T>, z: &mut [T], ts: &mut [T], pre: &mut [T]));
 
 /// Backward through the mix and the gate: `∂(W e)` (`dwp`), `∂(C s)` (`dcp`), `∂t_{i−1}` through `T∘t`
 /// (`dt`, overwritten) and `∂` of the gate's pre-activation (`dzp`).
@@ -88,7 +81,7 @@ pub(super) fn bwd_mix_row<T: Real>(
     wp: &[T],
     cp: &[T],
     z: &[T],
-    kinds: (ZKind, T, ZKind, T),
+    scales: RowScales<T>,
     gated: bool,
     dwp: &mut [T],
     dcp: &mut [T],
@@ -96,7 +89,7 @@ pub(super) fn bwd_mix_row<T: Real>(
     dzp: &mut [T],
 ) {
     let h = t.len();
-    let ((sa, sb), (ta, tb)) = (affine(kinds.0, kinds.1), affine(kinds.2, kinds.3));
+    let ((sa, sb), (ta, tb)) = scales;
     let (dts, t, dt) = (&dts[..h], &t[..h], &mut dt[..h]);
     if !gated {
         for (o, &d) in dt.iter_mut().zip(dts) {
@@ -139,4 +132,4 @@ pub(super) fn bwd_mix_row<T: Real>(
         *dz = *dz * zj * (T::one() - zj);
     }
 }
-simd_dispatch!(bwd_mix_row_d, bwd_mix_row_avx, bwd_mix_row, (dpre: &[T], dts: &[T], t: &[T], wp: &[T], cp: &[T], z: &[T], kinds: (ZKind, T, ZKind, T), gated: bool, dwp: &mut [T], dcp: &mut [T], dt: &mut [T], dzp: &mut [T]));
+simd_dispatch!(bwd_mix_row_d, bwd_mix_row_avx, bwd_mix_row, (dpre: &[T], dts: &[T], t: &[T], wp: &[T], cp: &[T], z: &[T], scales: RowScales<T>, gated: bool, dwp: &mut [T], dcp: &mut [T], dt: &mut [T], dzp: &mut [T]));

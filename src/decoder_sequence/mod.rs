@@ -19,7 +19,7 @@
 
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 
-use crate::gate::ZKind;
+use crate::gate::GateKinds;
 use crate::kernels::{storage_slice, Input, Oriented, Real, Shared};
 
 mod backward;
@@ -120,7 +120,7 @@ pub fn decoder_sequence_fused<'a>(
     mask_bias: &Tensor,
     targets: Targets,
     w: &DecoderWeights,
-    gate: Option<((ZKind, f64), (ZKind, f64))>,
+    gate: Option<GateKinds>,
     coverage: Option<CoverageInputs>,
 ) -> Result<Shared> {
     let wp: Input = wp.into();
@@ -342,7 +342,7 @@ struct DecoderSequence {
     c_z: Option<Shared>,
     z_pre: Option<ZPreOp>,
     paper: bool,
-    gate: Option<((ZKind, f64), (ZKind, f64))>,
+    gate: Option<GateKinds>,
     cov: Option<CovOp>,
     cgru: Option<CgruOp>,
     saved: crate::kernels::SavedSlot,
@@ -653,10 +653,11 @@ impl DecoderSequence {
         })
     }
 
-    fn kinds<T: Real>(&self) -> (ZKind, T, ZKind, T) {
-        match self.gate {
-            Some(((ks, cs), (kt, ct))) => (ks, T::from_f64c(cs), kt, T::from_f64c(ct)),
-            None => (ZKind::One, T::one(), ZKind::One, T::one()),
+    /// The gate's scales as `((α_s, β_s), (α_t, β_t))` (no gate: both 1).
+    fn scales<T: Real>(&self) -> gate_mix::RowScales<T> {
+        match &self.gate {
+            Some(k) => k.affine::<T>(),
+            None => ((T::one(), T::zero()), (T::one(), T::zero())),
         }
     }
 
