@@ -13,6 +13,16 @@
 //! | static interpolation | a·σ(θ) | b·(1−σ(θ)) |
 //!
 //! `(a, b)` is the decode-time context scaling of the paper's Figure 2 (1, 1 in training).
+//!
+//! The table is written once, in [`Gate::kinds`], as [`GateKinds`]: each scale is `α + β·z`
+//! ([`ZKind::affine`]). Where the scales are applied:
+//! - **decoding**, step by step: [`Gate::scales`] builds them, `decoder_cell::DecoderCell::step` applies
+//!   them (a context gate in the released-code form through the fused [`mix_fused`], otherwise through
+//!   [`Scale::apply`], the composed reference [`mix_reference`]); the cGRU applies them in its context GRU
+//!   (`Model::condition_term`);
+//! - **training**, by default in the fused decoder op: `Model::decoder_path` hands the [`GateKinds`] to
+//!   `decoder_sequence`, whose `gate_mix` rows compute `z`, the scales and the mixed pre-activations
+//!   forward and back; with `--kernels reference` training runs the decoding step's path above.
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
