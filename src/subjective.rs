@@ -182,8 +182,21 @@ pub fn cmd_eval_pairs(a: &EvalPairsArgs) -> Result<()> {
     if a.sentences == 0 {
         bail!("--sentences must be at least 1");
     }
-    let read = |p: &Path| cgnmt_data::corpus::read_lines(p);
-    let src = read(&a.src)?;
+    let src = cgnmt_data::corpus::read_lines(&a.src)?;
+    // A file's lines, which must be as many as the source's.
+    let read = |p: &Path| -> Result<Vec<String>> {
+        let lines = cgnmt_data::corpus::read_lines(p)?;
+        if lines.len() != src.len() {
+            bail!(
+                "{}: {} lines, but the source {} has {}: the files must be line-aligned",
+                p.display(),
+                lines.len(),
+                a.src.display(),
+                src.len()
+            );
+        }
+        Ok(lines)
+    };
     let mut systems = vec![];
     for s in &a.systems {
         let (name, file) = match s.split_once('=') {
@@ -196,32 +209,9 @@ pub fn cmd_eval_pairs(a: &EvalPairsArgs) -> Result<()> {
                 (n, f)
             }
         };
-        let lines = read(&file)?;
-        if lines.len() != src.len() {
-            bail!(
-                "{}: {} lines, but the source {} has {}: the files must be line-aligned",
-                file.display(),
-                lines.len(),
-                a.src.display(),
-                src.len()
-            );
-        }
-        systems.push((name, lines));
+        systems.push((name, read(&file)?));
     }
-    let mut refs = vec![];
-    for r in &a.refs {
-        let lines = read(r)?;
-        if lines.len() != src.len() {
-            bail!(
-                "{}: {} lines, but the source {} has {}: the files must be line-aligned",
-                r.display(),
-                lines.len(),
-                a.src.display(),
-                src.len()
-            );
-        }
-        refs.push(lines);
-    }
+    let refs = a.refs.iter().map(|r| read(r)).collect::<Result<Vec<_>>>()?;
     let (x, y) = (&systems[0], &systems[1]);
     let (pairs, key) = blind_sample(
         &src,

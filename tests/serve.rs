@@ -346,6 +346,26 @@ fn evaluation_judgements_are_stored_durably_resumed_and_reported() {
     let run = tmp.path().join("run");
     common::train_tiny(&prepared, &run, &["train.max_steps=5"]);
     let (pairs, key, good, shout) = eval_sample(tmp.path());
+    // Misaligned outputs are refused, naming the file.
+    let short = tmp.path().join("short.hyp");
+    std::fs::write(&short, "one line\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args(["eval-pairs", "--src"])
+        .arg(tmp.path().join("src.zh"))
+        .arg("--sys")
+        .arg(tmp.path().join("good.hyp"))
+        .arg("--sys")
+        .arg(&short)
+        .arg("-o")
+        .arg(tmp.path().join("bad-sample"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("short.hyp: 1 lines") && err.contains("line-aligned"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("bad-sample/pairs.jsonl").exists());
     // The sample: 8 items, each showing both systems' line in the order the key gives.
     let items: Vec<serde_json::Value> = std::fs::read_to_string(&pairs)
         .unwrap()
