@@ -102,34 +102,34 @@ pub fn gemm_gflops(m: usize, k: usize, n: usize, col_major: bool) -> Result<f64>
     Ok(2.0 * (m * k * n) as f64 / median(&mut t) / 1e9)
 }
 
-/// GFLOP/s of `[m, k] × [k, n]` with the packed micro-kernel ([`crate::packed_gemm`], the weight packed
+/// GFLOP/s of `[m, k] × [k, n]` with the packed micro-kernel ([`crate::kernels::packed_gemm`], the weight packed
 /// once as in the recurrences); `None` where this CPU has no packed kernel.
 pub fn packed_gemm_gflops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
-    let Some(isa) = crate::packed_gemm::Isa::detect() else {
+    let Some(isa) = crate::kernels::packed_gemm::Isa::detect() else {
         return Ok(None);
     };
     packed_rate(m, k, n, |b| {
-        Some(crate::packed_gemm::Packed::new(isa, b, k, n, n, 1))
+        Some(crate::kernels::packed_gemm::Packed::new(isa, b, k, n, n, 1))
     })
 }
 
 /// Multiply-adds × 2 per second (in billions, "GOP/s", comparable to GFLOP/s) of `[m, k] × [k, n]` with the
-/// int8 product ([`crate::quantized_gemm`]; the weight quantised once, each call quantising its rows);
+/// int8 product ([`crate::kernels::quantized_gemm`]; the weight quantised once, each call quantising its rows);
 /// `None` without AVX2.
 pub fn int8_gemm_gops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
     packed_rate(m, k, n, |b| {
-        crate::packed_gemm::Packed::new_int8(b, k, n, n, 1)
+        crate::kernels::packed_gemm::Packed::new_int8(b, k, n, n, 1)
     })
 }
 
 /// [`int8_gemm_gops`] with the AVX2 int8 kernel, where the CPU's fastest is another (VNNI); `None` otherwise.
 pub fn int8_avx2_gemm_gops(m: usize, k: usize, n: usize) -> Result<Option<f64>> {
-    use crate::quantized_gemm::Kernel;
+    use crate::kernels::quantized_gemm::Kernel;
     if Kernel::detect() == Some(Kernel::Avx2) {
         return Ok(None);
     }
     packed_rate(m, k, n, |b| {
-        crate::packed_gemm::Packed::new_int8_with(Kernel::Avx2, b, k, n, n, 1)
+        crate::kernels::packed_gemm::Packed::new_int8_with(Kernel::Avx2, b, k, n, n, 1)
     })
 }
 
@@ -139,7 +139,7 @@ fn packed_rate(
     m: usize,
     k: usize,
     n: usize,
-    pack: impl Fn(&[f32]) -> Option<crate::packed_gemm::Packed>,
+    pack: impl Fn(&[f32]) -> Option<crate::kernels::packed_gemm::Packed>,
 ) -> Result<Option<f64>> {
     let a: Vec<f32> = Tensor::randn(0f32, 1.0, m * k, &Device::Cpu)?.to_vec1()?;
     let b: Vec<f32> = Tensor::randn(0f32, 1.0, k * n, &Device::Cpu)?.to_vec1()?;
@@ -593,7 +593,8 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
     // Beam 10 with int8 products (`translate --int8`), where they run: fused kernels on an AVX2 CPU.
-    let int8_on = crate::quantized_gemm::available() && model.kernels.fused_on(&Device::Cpu);
+    let int8_on =
+        crate::kernels::quantized_gemm::available() && model.kernels.fused_on(&Device::Cpu);
     let mut int8_t = vec![];
     let (mut beam_rows, mut greedy_rows, mut int8_rows) = (0u64, 0u64, 0u64);
     let rows = || crate::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);

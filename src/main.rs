@@ -477,7 +477,7 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         shortlist: None,
         int8: a.int8,
     };
-    if a.int8 && !cgnmt::quantized_gemm::available() && !a.quiet {
+    if a.int8 && !cgnmt::kernels::quantized_gemm::available() && !a.quiet {
         eprintln!("warning: --int8 needs a CPU with AVX2; decoding in f32");
     }
     if let Some(p) = &a.shortlist {

@@ -144,7 +144,7 @@ impl Readout {
         let x = x.contiguous()?;
         let (xs, xl) = x.storage_and_layout();
         let xv = crate::kernels::storage_slice::<f32>(&xs, xl)?;
-        let start = crate::packed_gemm::Start::Row(&bias);
+        let start = crate::kernels::packed_gemm::Start::Row(&bias);
         let packed = match words {
             Some(o) => match &o.packed {
                 Some(p) => {
@@ -177,7 +177,7 @@ impl Readout {
 
     /// The output layer over the target words `ids` only (a decoding shortlist, see
     /// [`crate::shortlist`]): their columns of `W_2` and `b`, packed once for the batch that decodes over them.
-    /// `int8`: the columns packed quantised to 8 bits (see [`crate::quantized_gemm`]).
+    /// `int8`: the columns packed quantised to 8 bits (see [`crate::kernels::quantized_gemm`]).
     pub fn output_words(&self, ids: &[u32], int8: bool) -> Result<OutputWords> {
         let v = self.w_2.dim(1)?;
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
@@ -206,7 +206,7 @@ pub struct OutputWords {
     pub ids: Vec<u32>,
     w_2: Tensor,
     b: Tensor,
-    packed: Option<crate::packed_gemm::Packed>,
+    packed: Option<crate::kernels::packed_gemm::Packed>,
 }
 
 /// Maxout over adjacent pairs `[N, H]` → `[N, H/2]`, composed (reference).

@@ -71,7 +71,7 @@ fn bench_reports_throughput_flops_and_memory_for_both_kernel_sets() {
         assert!(r["threads"].as_u64().unwrap() >= 1);
         // Int8 decoding runs with fused kernels on AVX2 CPUs only.
         let int8 = &r["decode_beam10_int8_sent_per_s"];
-        if k == "fused" && cgnmt::quantized_gemm::available() {
+        if k == "fused" && cgnmt::kernels::quantized_gemm::available() {
             assert!(int8.as_f64().unwrap_or(0.0) > 0.0, "{k}: int8 {int8}");
             assert!(r["decode_beam10_int8_hyp_steps"].as_u64().unwrap() >= 4);
         } else {

@@ -13,7 +13,7 @@
 //! - AVX-512 VNNI ([`Kernel::Vnni`], chosen where the CPU has it): one `vpdpbusd` sums four byte products
 //!   into each of sixteen 32-bit lanes, 6 rows × 64 columns (four panels) per call.
 
-use crate::packed_gemm::SendPtr;
+use crate::kernels::packed_gemm::SendPtr;
 use rayon::prelude::*;
 
 /// Columns per panel (two 256-bit registers of eight 32-bit sums).
@@ -87,7 +87,7 @@ pub struct QPacked {
 }
 
 impl QPacked {
-    /// Quantise `B` `[k, n]` whose element `(i, j)` is `b[i·rs + j·cs]` (as [`crate::packed_gemm::Packed::new`]),
+    /// Quantise `B` `[k, n]` whose element `(i, j)` is `b[i·rs + j·cs]` (as [`crate::kernels::packed_gemm::Packed::new`]),
     /// its products to run `kernel`.
     pub fn new(kernel: Kernel, b: &[f32], k: usize, n: usize, rs: usize, cs: usize) -> QPacked {
         assert!(
@@ -155,10 +155,10 @@ impl QPacked {
         lda: usize,
         dst: *mut f32,
         ldc: usize,
-        start: crate::packed_gemm::Start,
+        start: crate::kernels::packed_gemm::Start,
         threads: usize,
     ) {
-        use crate::packed_gemm::Start;
+        use crate::kernels::packed_gemm::Start;
         let (k, n, kernel) = (self.k, self.n, self.kernel);
         if let Start::Row(bias) = start {
             assert!(bias.len() >= n, "int8 GEMM: bias shorter than the columns");
@@ -456,7 +456,7 @@ unsafe fn tile_vnni<const R: usize>(_t: &Tile) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::packed_gemm::Start;
+    use crate::kernels::packed_gemm::Start;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     /// `start + a · B` into a new `[m, ldc]` buffer that starts as `fill`.
@@ -479,7 +479,7 @@ mod tests {
 
     /// The VNNI kernel (four panels, six rows per call, masked edges) gives the AVX2 kernel's results bit for
     /// bit, for every start, ragged row and column counts, and 1 and 2 threads; columns past `n` untouched.
-    /// (Depth 0 never reaches these kernels: [`crate::packed_gemm::Packed`] fills the output itself.)
+    /// (Depth 0 never reaches these kernels: [`crate::kernels::packed_gemm::Packed`] fills the output itself.)
     #[test]
     fn vnni_equals_avx2_bit_for_bit() {
         if !Kernel::Vnni.runs_here() {

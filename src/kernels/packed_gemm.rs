@@ -61,8 +61,8 @@ pub struct Packed {
     n: usize,
     isa: Isa,
     /// The weight quantised to 8 bits instead (`data` empty): products run in integers
-    /// ([`crate::quantized_gemm`]).
-    int8: Option<crate::quantized_gemm::QPacked>,
+    /// ([`crate::kernels::quantized_gemm`]).
+    int8: Option<crate::kernels::quantized_gemm::QPacked>,
 }
 
 impl Packed {
@@ -111,15 +111,22 @@ impl Packed {
     }
 
     /// `B` (laid out as for [`Packed::new`]) quantised to 8 bits per column: its products are approximate and
-    /// run in integers ([`crate::quantized_gemm`]), by the fastest int8 kernel this CPU has. `None` without AVX2.
+    /// run in integers ([`crate::kernels::quantized_gemm`]), by the fastest int8 kernel this CPU has. `None` without AVX2.
     pub fn new_int8(b: &[f32], k: usize, n: usize, rs: usize, cs: usize) -> Option<Packed> {
-        Packed::new_int8_with(crate::quantized_gemm::Kernel::detect()?, b, k, n, rs, cs)
+        Packed::new_int8_with(
+            crate::kernels::quantized_gemm::Kernel::detect()?,
+            b,
+            k,
+            n,
+            rs,
+            cs,
+        )
     }
 
     /// [`Packed::new_int8`] with the given int8 kernel (`None` where this CPU cannot run it); every kernel gives
     /// the same results.
     pub fn new_int8_with(
-        kernel: crate::quantized_gemm::Kernel,
+        kernel: crate::kernels::quantized_gemm::Kernel,
         b: &[f32],
         k: usize,
         n: usize,
@@ -134,7 +141,9 @@ impl Packed {
             k,
             n,
             isa: Isa::Avx2,
-            int8: Some(crate::quantized_gemm::QPacked::new(kernel, b, k, n, rs, cs)),
+            int8: Some(crate::kernels::quantized_gemm::QPacked::new(
+                kernel, b, k, n, rs, cs,
+            )),
         })
     }
 

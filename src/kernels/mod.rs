@@ -1,0 +1,82 @@
+//! Shared machinery of the fused CPU kernels. Here: the `--kernels reference|fused` switch ([`Kernels`]);
+//! in the files beside it, one role each:
+//! - `cpu`: CPU feature probes, the element types ([`Real`]) with vectorisable `exp`/`tanh`/`σ`, the dtype
+//!   and SIMD dispatch macros, storage slices, reductions, buffer fills, row parallelism;
+//! - `gemm`: products into caller buffers ([`Mat`], [`gemm_into`], [`Oriented`]), their gradients, the
+//!   blocked transpose;
+//! - `pass`: the recurrent weights prepared once per pass ([`begin_pass`], [`rec_matmul`]) and the gradient
+//!   hand-over;
+//! - `shared`: inputs and outputs whose gradients accumulate in place ([`Shared`]);
+//! - `ops`: [`linear`], [`sigmoid`], [`embedding`], [`select_rows`];
+//! - [`packed_gemm`]: the per-step products' micro-kernel over weights packed once per pass, and
+//!   [`quantized_gemm`], its int8 form for `translate --int8`.
+//!
+//! The fused kernels themselves sit next to their composed reference in the module of the paper concept
+//! they compute: `attention` (scores; softmax + context), `gru` (the GRU update and step, shared by the
+//! encoder and the decoder), `gate` (the gate's scales on word and context terms), `readout` (maxout; output
+//! layer + log-softmax + NLL; inference log-softmax), `decoder_sequence` (the decoder's whole recurrence).
+//! Each is a candle custom op with a hand-derived backward pass; on devices without a fused twin (CUDA,
+//! Metal) the composed reference runs instead.
+
+use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Tensor, WithDType};
+use serde::{Deserialize, Serialize};
+
+mod cpu;
+mod gemm;
+mod ops;
+pub mod packed_gemm;
+mod pass;
+pub mod quantized_gemm;
+mod shared;
+
+pub use cpu::*;
+pub use gemm::*;
+pub use ops::*;
+pub use pass::*;
+pub use shared::*;
+
+/// Which implementation of the hot recurrent steps runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Kernels {
+    /// Composed candle ops (the reference every fused kernel is tested against).
+    Reference,
+    /// Fused CPU kernels with hand-derived backward passes (composed ops on other devices).
+    Fused,
+}
+
+static PROCESS_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+impl Default for Kernels {
+    /// Fused, unless the process chose otherwise with [`Kernels::set_process_default`] (the CLI's
+    /// `--kernels`).
+    fn default() -> Self {
+        match PROCESS_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => Kernels::Reference,
+            _ => Kernels::Fused,
+        }
+    }
+}
+
+impl Kernels {
+    /// Whether a fused kernel should run for tensors on `dev`.
+    pub fn fused_on(self, dev: &Device) -> bool {
+        self == Kernels::Fused && dev.is_cpu()
+    }
+
+    /// The kernels every model built afterwards in this process uses.
+    pub fn set_process_default(k: Kernels) {
+        let v = match k {
+            Kernels::Fused => 0,
+            Kernels::Reference => 1,
+        };
+        PROCESS_KERNELS.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernels::Reference => "reference",
+            Kernels::Fused => "fused",
+        }
+    }
+}
