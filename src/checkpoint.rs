@@ -41,6 +41,11 @@ pub struct EvalRecord {
     #[serde(deserialize_with = "nan_if_null")]
     pub train_loss: f64,
     pub dev_bleu: f64,
+    /// Dev BLEU with `exp` smoothing and dev chrF2 (absent in runs from before they were computed).
+    #[serde(default)]
+    pub dev_bleu_smoothed: Option<f64>,
+    #[serde(default)]
+    pub dev_chrf: Option<f64>,
 }
 
 /// A number that JSON wrote as null because it was not finite.
@@ -72,6 +77,9 @@ pub struct TrainState {
     pub loss_window: (f64, u64),
     #[serde(default)]
     pub last_train_loss: Option<f64>,
+    /// The best dev score of `train.select_by` so far (runs from before it was kept: `best_bleu`).
+    #[serde(default)]
+    pub best_selection: Option<f64>,
 }
 
 fn one() -> f64 {
@@ -94,6 +102,7 @@ impl Default for TrainState {
             rollbacks: 0,
             loss_window: (0.0, 0),
             last_train_loss: None,
+            best_selection: None,
         }
     }
 }
@@ -404,6 +413,8 @@ mod tests {
                 seconds: 1.0,
                 train_loss: f64::NAN,
                 dev_bleu: 3.5,
+                dev_bleu_smoothed: None,
+                dev_chrf: None,
             }],
             ..Default::default()
         };

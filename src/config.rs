@@ -180,6 +180,19 @@ pub struct TrainConfig {
     /// checkpoint stays the resumable one), or `rollback` to the last checkpoint with half the learning rate
     /// (Adam; at most 8 times).
     pub on_divergence: OnDivergence,
+    /// The dev score that picks `best/` and drives `patience`: `bleu` (mteval-v11b, the paper's),
+    /// `smoothed-bleu` (the same with sacreBLEU's `exp` smoothing, so that an early model whose dev output
+    /// has no matching 4-gram does not score 0 like every other), or `chrf` (chrF2).
+    pub select_by: SelectBy,
+}
+
+/// The dev score of model selection (see [`TrainConfig::select_by`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SelectBy {
+    Bleu,
+    SmoothedBleu,
+    Chrf,
 }
 
 /// What training does when the loss or the gradient norm is not finite.
@@ -212,6 +225,7 @@ impl Default for TrainConfig {
             eval_max_sentences: 0,
             threads: 0,
             on_divergence: OnDivergence::Stop,
+            select_by: SelectBy::Bleu,
         }
     }
 }

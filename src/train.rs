@@ -185,7 +185,47 @@ pub fn bleu_v11b(hyps: &[String], refs: &[String]) -> f64 {
     }
 }
 
-/// Dev BLEU with beam search.
+/// The dev scores of one evaluation (see `train.select_by`).
+#[derive(Debug, Clone, Copy)]
+pub struct DevScores {
+    /// mteval-v11b BLEU (the paper's).
+    pub bleu: f64,
+    /// The same with sacreBLEU's `exp` smoothing of zero n-gram matches.
+    pub bleu_smoothed: f64,
+    /// chrF2.
+    pub chrf: f64,
+}
+
+impl DevScores {
+    /// The scores of detokenised hypotheses against one reference each.
+    pub fn of(hyps: &[String], refs: &[String]) -> DevScores {
+        let refs = [refs.to_vec()];
+        let mut smoothed = cgnmt_eval::bleu::BleuOptions::mteval_v11b();
+        smoothed.smooth = cgnmt_eval::bleu::Smooth::Exp;
+        DevScores {
+            bleu: bleu_v11b(hyps, &refs[0]),
+            bleu_smoothed: cgnmt_eval::bleu::corpus_bleu(hyps, &refs, &smoothed)
+                .map_or(0.0, |s| s.score),
+            chrf: cgnmt_eval::chrf::corpus_chrf(
+                hyps,
+                &refs,
+                &cgnmt_eval::chrf::ChrfOptions::chrf(),
+            )
+            .map_or(0.0, |s| s.score),
+        }
+    }
+
+    /// The score `select_by` names.
+    pub fn selected(&self, by: crate::config::SelectBy) -> f64 {
+        match by {
+            crate::config::SelectBy::Bleu => self.bleu,
+            crate::config::SelectBy::SmoothedBleu => self.bleu_smoothed,
+            crate::config::SelectBy::Chrf => self.chrf,
+        }
+    }
+}
+
+/// Dev scores with beam search.
 pub fn evaluate(
     model: &Model,
     src_vocab: &Vocab,
@@ -194,7 +234,7 @@ pub fn evaluate(
     dev_src: &[String],
     dev_ref: &[String],
     beam: usize,
-) -> Result<f64> {
+) -> Result<DevScores> {
     let tr = Translator {
         model,
         src_vocab,
@@ -207,7 +247,7 @@ pub fn evaluate(
     };
     let out = tr.translate(dev_src, &opts, 32, true, |_| {})?;
     let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
-    Ok(bleu_v11b(&hyps, dev_ref))
+    Ok(DevScores::of(&hyps, dev_ref))
 }
 
 /// Mean per-token loss (EOS included) on tokenised pairs.
@@ -588,7 +628,7 @@ fn eval_and_keep(
         "evaluating dev BLEU on {} sentences",
         data.dev_src.len()
     ));
-    let bleu = evaluate(
+    let scores = evaluate(
         model,
         &data.src_vocab,
         &data.tgt_vocab,
@@ -597,6 +637,7 @@ fn eval_and_keep(
         &data.dev_ref,
         tc.eval_beam,
     )?;
+    let bleu = scores.bleu;
     let dev_loss = if data.dev_tgt.is_empty() {
         None
     } else {
@@ -614,19 +655,36 @@ fn eval_and_keep(
         seconds: state.seconds,
         train_loss,
         dev_bleu: bleu,
+        dev_bleu_smoothed: Some(scores.bleu_smoothed),
+        dev_chrf: Some(scores.chrf),
     };
     writeln!(
         log,
         "{}",
         serde_json::json!({"eval": rec.step, "epoch": rec.epoch, "seconds": rec.seconds,
-        "loss_per_token": dev_loss, "train_loss_per_token": train_loss, "dev_bleu": bleu})
+        "loss_per_token": dev_loss, "train_loss_per_token": train_loss, "dev_bleu": bleu,
+        "dev_bleu_smoothed": scores.bleu_smoothed, "dev_chrf": scores.chrf})
     )
     .map_err(|e| NmtError::io(log_path, e))?;
     state.history.push(rec);
-    let improved = state.best_bleu.map(|b| bleu > b).unwrap_or(true);
+    let by = tc.select_by;
+    let score = scores.selected(by);
+    let best = state
+        .best_selection
+        .or(if by == crate::config::SelectBy::Bleu {
+            state.best_bleu
+        } else {
+            None
+        });
+    let improved = best.map(|b| score > b).unwrap_or(true);
     let line = format!(
-        "step {}: dev BLEU {bleu:.2}{}{}",
+        "step {}: dev BLEU {bleu:.2}{}{}{}",
         state.step,
+        match by {
+            crate::config::SelectBy::Bleu => String::new(),
+            crate::config::SelectBy::SmoothedBleu => format!(", smoothed BLEU {score:.2}"),
+            crate::config::SelectBy::Chrf => format!(", chrF {score:.2}"),
+        },
         dev_loss
             .map(|l| format!(", dev loss/token {l:.3}"))
             .unwrap_or_default(),
@@ -642,6 +700,7 @@ fn eval_and_keep(
     }
     if improved {
         state.best_bleu = Some(bleu);
+        state.best_selection = Some(score);
         state.best_step = state.step;
         state.evals_without_improvement = 0;
         let best = log_path.parent().expect("run dir").join("best");
