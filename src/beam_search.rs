@@ -17,6 +17,9 @@ pub struct DecodeOptions {
     pub beam: usize,
     /// Rank finished hypotheses by log-probability / (length + 1) instead of the total.
     pub length_norm: bool,
+    /// GNMT's length penalty α (Wu et al., 2016): rank finished hypotheses by log-probability /
+    /// ((5 + length + 1) / 6)^α; 0 (the default, GroundHog's) ranks by the total. Ignored with `length_norm`.
+    pub length_penalty: f64,
     /// How many hypotheses to return per sentence (≤ beam).
     pub nbest: usize,
     /// Decode-time context scaling `(a, b)`: source terms × a, target terms × b.
@@ -52,6 +55,7 @@ impl Default for DecodeOptions {
         Self {
             beam: 10,
             length_norm: false,
+            length_penalty: 0.0,
             nbest: 1,
             context_scale: (1.0, 1.0),
             record: false,
@@ -82,9 +86,14 @@ pub fn length_limits(n: usize) -> (usize, usize) {
     ((n + 1) / 2, 3 * (n + 1))
 }
 
-fn rank_key(h: &Hypothesis, norm: bool) -> f64 {
-    if norm {
-        h.score / (h.tokens.len() + 1) as f64
+/// What finished hypotheses are ranked by: the total log-probability, per word (`length_norm`), or over
+/// GNMT's length penalty `((5 + |y|) / 6)^α` (`|y|` counting EOS).
+fn rank_key(h: &Hypothesis, opts: &DecodeOptions) -> f64 {
+    let words = (h.tokens.len() + 1) as f64;
+    if opts.length_norm {
+        h.score / words
+    } else if opts.length_penalty != 0.0 {
+        h.score / ((5.0 + words) / 6.0).powf(opts.length_penalty)
     } else {
         h.score
     }
@@ -237,7 +246,7 @@ pub fn beam_search_with(
     let mut step = 0usize;
     // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
     let nbest = opts.nbest.clamp(1, beam);
-    let settle = opts.settle && !opts.length_norm;
+    let settle = opts.settle && !opts.length_norm && opts.length_penalty == 0.0;
     // With a shortlist, the batch's output layer covers its words only; rows then hold their columns.
     let words = match &opts.shortlist {
         Some(sl) => Some(
@@ -494,8 +503,8 @@ pub fn beam_search_with(
         .into_iter()
         .map(|mut f| {
             f.sort_by(|a, b| {
-                rank_key(b, opts.length_norm)
-                    .partial_cmp(&rank_key(a, opts.length_norm))
+                rank_key(b, opts)
+                    .partial_cmp(&rank_key(a, opts))
                     .unwrap_or(std::cmp::Ordering::Equal)
             });
             f.truncate(opts.nbest.max(1));
@@ -636,6 +645,27 @@ pub fn translate_ids(
 #[cfg(test)]
 mod tests {
     use super::top_k;
+
+    #[test]
+    fn length_penalty_ranks_like_gnmt() {
+        use super::{rank_key, DecodeOptions, Hypothesis};
+        let hyp = |n: usize, score: f64| Hypothesis {
+            tokens: vec![0; n],
+            score,
+            ..Default::default()
+        };
+        let (short, long) = (hyp(2, -3.0), hyp(8, -4.0));
+        let total = DecodeOptions::default();
+        assert!(rank_key(&short, &total) > rank_key(&long, &total));
+        // α = 1: −3 / (8/6) = −2.25 against −4 / (14/6) ≈ −1.714: the longer one wins.
+        let lp = DecodeOptions {
+            length_penalty: 1.0,
+            ..Default::default()
+        };
+        assert!((rank_key(&short, &lp) + 2.25).abs() < 1e-12);
+        assert!((rank_key(&long, &lp) + 4.0 * 6.0 / 14.0).abs() < 1e-12);
+        assert!(rank_key(&long, &lp) > rank_key(&short, &lp));
+    }
 
     /// The `k` best by a full sort (ties: lower word id first), skipping `skip`.
     fn sorted_top(x: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {

@@ -121,6 +121,15 @@ struct TranslateArgs {
     /// Rank hypotheses by log-probability per word instead of the total.
     #[arg(long)]
     length_norm: bool,
+    /// GNMT's length penalty α: rank hypotheses by log-probability / ((5 + length) / 6)^α (0: the total,
+    /// GroundHog's; 0.6 to 1 lengthens short outputs).
+    #[arg(
+        long,
+        value_name = "ALPHA",
+        default_value_t = 0.0,
+        conflicts_with = "length_norm"
+    )]
+    length_penalty: f64,
     /// Decode every sentence until its beam has shrunk to nothing, as GroundHog does, instead of stopping
     /// once no live hypothesis can enter the N best (same output, more hypothesis steps).
     #[arg(long)]
@@ -449,6 +458,12 @@ fn read_input(path: Option<&Path>) -> Result<Vec<String>> {
 }
 
 fn cmd_translate(a: TranslateArgs) -> Result<()> {
+    if !(a.length_penalty.is_finite() && a.length_penalty >= 0.0) {
+        bail!(
+            "--length-penalty {}: it must be a number ≥ 0",
+            a.length_penalty
+        );
+    }
     if a.beam == 0 {
         bail!("--beam must be at least 1");
     }
@@ -469,6 +484,7 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     let mut opts = DecodeOptions {
         beam: a.beam,
         length_norm: a.length_norm,
+        length_penalty: a.length_penalty,
         nbest: a.nbest,
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),

@@ -202,6 +202,11 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
             400,
             "nbest 5".to_string(),
         ),
+        (
+            "{\"sentences\": [\"你好\"], \"length_penalty\": -1}",
+            400,
+            "length_penalty -1".to_string(),
+        ),
     ] {
         let (got, v) = post(&s.base, body);
         assert_eq!(got, code, "{body:.60}: {v}");

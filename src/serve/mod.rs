@@ -5,7 +5,7 @@
 //! Requests that arrive within a few milliseconds of each other are decoded together (dynamic batching, one
 //! decoding thread whose calls decode their batches concurrently).
 //!
-//! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?,
+//! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?, "length_penalty"?,
 //! "context_scale"?: [a, b], "return_attention"?}` → `{"model", "translations": [{"translation", "tokens",
 //! "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?}]}` in the order of the sentences;
 //! `GET /v1/models`; `GET /healthz`.
@@ -103,6 +103,8 @@ struct TranslateRequest {
     nbest: Option<usize>,
     #[serde(default)]
     length_norm: bool,
+    #[serde(default)]
+    length_penalty: Option<f64>,
     #[serde(default)]
     context_scale: Option<(f64, f64)>,
     #[serde(default)]
@@ -387,6 +389,12 @@ async fn translate_admitted(
             "nbest {nbest}: it must be between 1 and the beam ({beam})"
         )));
     }
+    let length_penalty = req.length_penalty.unwrap_or(0.0);
+    if !(length_penalty.is_finite() && length_penalty >= 0.0) {
+        return Err(bad(format!(
+            "length_penalty {length_penalty}: it must be a number ≥ 0"
+        )));
+    }
     if let Some((x, y)) = req.context_scale {
         if !(x.is_finite() && y.is_finite()) {
             return Err(bad("context_scale must be two finite numbers"));
@@ -409,6 +417,7 @@ async fn translate_admitted(
         beam,
         nbest,
         length_norm: req.length_norm,
+        length_penalty: length_penalty.to_bits(),
         context_scale: req
             .context_scale
             .map_or((1f64.to_bits(), 1f64.to_bits()), |(x, y)| {
@@ -454,6 +463,8 @@ struct OptionsKey {
     beam: usize,
     nbest: usize,
     length_norm: bool,
+    /// GNMT's length penalty α, as bits.
+    length_penalty: u64,
     /// The context scale's bits (a, b).
     context_scale: (u64, u64),
     record: bool,
@@ -465,6 +476,7 @@ impl OptionsKey {
             beam: self.beam,
             nbest: self.nbest,
             length_norm: self.length_norm,
+            length_penalty: f64::from_bits(self.length_penalty),
             context_scale: (
                 f64::from_bits(self.context_scale.0),
                 f64::from_bits(self.context_scale.1),
@@ -627,6 +639,7 @@ fn openapi() -> serde_json::Value {
                 "beam": {"type": "integer", "minimum": 1, "default": 10},
                 "nbest": {"type": "integer", "minimum": 1, "default": 1},
                 "length_norm": {"type": "boolean", "default": false},
+                "length_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's length penalty α"},
                 "context_scale": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
                 "return_attention": {"type": "boolean", "default": false}
             }},
