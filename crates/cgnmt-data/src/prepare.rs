@@ -132,6 +132,11 @@ pub struct SetSummary {
     pub dropped_empty: usize,
     /// Pairs dropped because a side was longer than --max-len (train only).
     pub dropped_too_long: usize,
+    /// Dev and test: the fraction of running source and target tokens outside the vocabularies written here
+    /// (what the model reads and must produce as `<unk>`; a model trained with a smaller vocabulary size
+    /// sees more).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unk_rate: Option<[f64; 2]>,
 }
 
 /// The content of `prepare.json`.
@@ -447,6 +452,7 @@ fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
 
     // Counts and vocabularies.
     let mut side_summaries = Vec::new();
+    let mut vocabs = Vec::new();
     for side in 0..2 {
         let p = &plans[side];
         let counts: WordCounts = count_tokens(&kept[side]);
@@ -464,6 +470,7 @@ fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
             running_tokens: counts.total(),
             coverage: coverage(&vocab, &counts),
         });
+        vocabs.push(vocab);
     }
     drop(kept);
 
@@ -496,7 +503,18 @@ fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
         write_tokens(&dir.join(format!("{name}.src")), &st)?;
         write_tokens(&dir.join(format!("{name}.tgt")), &tt)?;
         write_lines(&dir.join(format!("{name}.ref")), &tl)?;
-        eprintln!("wrote {} {name} pairs", sl.len());
+        let unk = |toks: &[Vec<String>], v: &Vocab| {
+            let all: usize = toks.iter().map(Vec::len).sum();
+            let out: usize = toks.iter().flatten().filter(|w| !v.contains(w)).count();
+            out as f64 / all.max(1) as f64
+        };
+        let unk_rate = [unk(&st, &vocabs[0]), unk(&tt, &vocabs[1])];
+        eprintln!(
+            "wrote {} {name} pairs; out of vocabulary: {:.2}% of source tokens, {:.2}% of target tokens",
+            sl.len(),
+            100.0 * unk_rate[0],
+            100.0 * unk_rate[1]
+        );
         eval_sets.push(Some(SetSummary {
             src_file: s.display().to_string(),
             tgt_file: t.display().to_string(),
@@ -504,6 +522,7 @@ fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
             pairs_kept: sl.len(),
             dropped_empty: 0,
             dropped_too_long: 0,
+            unk_rate: Some(unk_rate),
         }));
     }
 
@@ -523,6 +542,7 @@ fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
             pairs_kept: kept_lines.len(),
             dropped_empty,
             dropped_too_long: dropped_long,
+            unk_rate: None,
         },
         dev,
         test,

@@ -171,6 +171,24 @@ fn prepare_first_500_tatoeba_pairs() {
     assert_eq!(j["train"]["pairs_read"], 500);
     assert_eq!(j["dev"]["pairs_read"], 982);
     assert_eq!(j["src"]["tokenizer"]["kind"], "jieba");
+    // The dev set's out-of-vocabulary rates: its tokens missing from the vocabularies written beside it.
+    for (k, side, vocab) in [(0, "dev.src", "vocab.src"), (1, "dev.tgt", "vocab.tgt")] {
+        let words: std::collections::HashSet<String> = read(&out, vocab)
+            .into_iter()
+            .map(|l| l.split_whitespace().next().unwrap_or_default().to_string())
+            .collect();
+        let toks: Vec<String> = read(&out, side)
+            .iter()
+            .flat_map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .collect();
+        let oov = toks.iter().filter(|t| !words.contains(*t)).count() as f64 / toks.len() as f64;
+        let got = j["dev"]["unk_rate"][k].as_f64().unwrap();
+        assert!(
+            (got - oov).abs() < 1e-12 && got > 0.05,
+            "{side}: {got} against {oov}"
+        );
+    }
+    assert!(j["train"].get("unk_rate").is_none());
 
     // A second run refuses the non-empty directory, and leaves it intact.
     let err = prepare(&a).unwrap_err().to_string();
