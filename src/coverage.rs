@@ -43,6 +43,36 @@ impl CovKeys {
 }
 
 impl Coverage {
+    /// Coverage's inputs to the fused decoder op ([`crate::decoder_sequence::decoder_sequence_fused`]): the
+    /// per-position terms read from the annotations' handle `ann` (`h W_c` neural, `h U_f` fertility, from
+    /// which the op forms `1/Φ`, or ones) and the update's weights.
+    pub fn sequence_inputs<'a>(
+        &'a self,
+        ann: &crate::kernels::Shared,
+    ) -> Result<crate::decoder_sequence::CoverageInputs<'a>> {
+        use crate::kernels::{product_shared, Input, Shared};
+        let (pre, fertility): (Input, Option<f64>) = match (self.kind, &self.w_c, &self.u_f) {
+            (CoverageKind::Neural, Some(w_c), _) => (product_shared(ann, w_c)?.into(), None),
+            (_, _, Some(u_f)) => (product_shared(ann, u_f)?.into(), Some(self.max_fertility)),
+            _ => {
+                let (bs, s) = (ann.tensor.dim(0)?, ann.tensor.dim(1)?);
+                let ones = Tensor::ones((bs, s, 1), ann.tensor.dtype(), ann.tensor.device())?;
+                (Shared::new(&ones)?.into(), None)
+            }
+        };
+        Ok(crate::decoder_sequence::CoverageInputs {
+            neural: self.kind == CoverageKind::Neural,
+            gated: self.gated,
+            v_cov: &self.v_cov,
+            pre,
+            fertility,
+            w_h: self.w_h.as_ref(),
+            p: self.p.as_ref(),
+            u: self.u.as_ref(),
+            u_ru: self.u_ru.as_ref(),
+        })
+    }
+
     pub fn new(vb: VarBuilder, cfg: &ModelConfig) -> Result<Option<Self>> {
         if cfg.coverage == CoverageKind::None {
             return Ok(None);

@@ -215,6 +215,15 @@ impl Gate {
         })
     }
 
+    /// A context gate's recurrent weights `(U_z, C_z)` (each present when the gate reads the state / the
+    /// context), for the fused decoder op.
+    pub fn recurrent_weights(&self) -> (Option<&Tensor>, Option<&Tensor>) {
+        match self {
+            Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref()),
+            _ => (None, None),
+        }
+    }
+
     /// `W_z e` for a batch of word embeddings `[N, E]` (computed once for all time steps in training).
     pub fn word_term(
         &self,

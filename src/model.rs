@@ -684,10 +684,7 @@ impl Model {
                 .shared
                 .as_ref()
                 .expect("shared keys with fused kernels");
-            let (u_z, c_z) = match &self.gate {
-                Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref()),
-                _ => (None, None),
-            };
+            let (u_z, c_z) = self.gate.recurrent_weights();
             // The cGRU's transition in the op is its context GRU; its word GRU follows it.
             let (c, u_ru, u, cgru) = match &self.cell.cgru {
                 Some((word, ctx)) => (
@@ -744,38 +741,8 @@ impl Model {
             } else {
                 self.gate.word_term_shared(&e_all, tgt_rows)?
             };
-            // Coverage's per-position inputs read from the annotations' handle: `h W_c` (neural), `h U_f`
-            // (fertility; the op forms 1/Φ from it) or ones.
             let cov = match &self.coverage {
-                Some(c) => {
-                    use crate::config::CoverageKind;
-                    use crate::kernels::{product_shared, Input, Shared};
-                    let (pre, fertility): (Input, Option<f64>) = match (c.kind, &c.w_c, &c.u_f) {
-                        (CoverageKind::Neural, Some(w_c), _) => {
-                            (product_shared(ann, w_c)?.into(), None)
-                        }
-                        (_, _, Some(u_f)) => {
-                            (product_shared(ann, u_f)?.into(), Some(c.max_fertility))
-                        }
-                        _ => {
-                            let (bs, s) = (ann.tensor.dim(0)?, ann.tensor.dim(1)?);
-                            let ones =
-                                Tensor::ones((bs, s, 1), ann.tensor.dtype(), ann.tensor.device())?;
-                            (Shared::new(&ones)?.into(), None)
-                        }
-                    };
-                    Some(crate::decoder_sequence::CoverageInputs {
-                        neural: c.kind == CoverageKind::Neural,
-                        gated: c.gated,
-                        v_cov: &c.v_cov,
-                        pre,
-                        fertility,
-                        w_h: c.w_h.as_ref(),
-                        p: c.p.as_ref(),
-                        u: c.u.as_ref(),
-                        u_ru: c.u_ru.as_ref(),
-                    })
-                }
+                Some(c) => Some(c.sequence_inputs(ann)?),
                 None => None,
             };
             let y = crate::decoder_sequence::decoder_sequence_fused(
