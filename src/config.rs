@@ -184,6 +184,9 @@ pub struct TrainConfig {
     /// `smoothed-bleu` (the same with sacreBLEU's `exp` smoothing, so that an early model whose dev output
     /// has no matching 4-gram does not score 0 like every other), or `chrf` (chrF2).
     pub select_by: SelectBy,
+    /// Decoupled weight decay λ (AdamW, Adam only): each update also subtracts `lr · λ · θ` from every
+    /// parameter (0, the paper's recipe: none).
+    pub weight_decay: f64,
 }
 
 /// The dev score of model selection (see [`TrainConfig::select_by`]).
@@ -226,6 +229,7 @@ impl Default for TrainConfig {
             threads: 0,
             on_divergence: OnDivergence::Stop,
             select_by: SelectBy::Bleu,
+            weight_decay: 0.0,
         }
     }
 }
@@ -358,6 +362,15 @@ impl Config {
         }
         if t.clip_norm < 0.0 || !t.clip_norm.is_finite() {
             return bad("train.clip_norm", "must be ≥ 0 (0 disables clipping)");
+        }
+        if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+            return bad("train.weight_decay", "must be ≥ 0 (0: no decay)");
+        }
+        if t.weight_decay > 0.0 && t.optimizer != OptimizerKind::Adam {
+            return bad(
+                "train.weight_decay",
+                "decoupled weight decay scales Adam's learning rate: use optimizer = \"adam\"",
+            );
         }
         if t.on_divergence == OnDivergence::Rollback && t.optimizer != OptimizerKind::Adam {
             return bad(
@@ -492,6 +505,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("batch_size"), "{e}");
+        let e = Config::load(None, &["train.weight_decay=0.01".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("train.weight_decay") && e.contains("adam"),
+            "{e}"
+        );
+        let e = Config::load(None, &["train.select_by=\"ter\"".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ter"), "{e}");
+        let c = Config::load(
+            None,
+            &[
+                "train.optimizer=\"adam\"".into(),
+                "train.weight_decay=0.01".into(),
+                "train.select_by=\"smoothed-bleu\"".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.train.weight_decay, 0.01);
+        assert_eq!(c.train.select_by, SelectBy::SmoothedBleu);
     }
 
     #[test]
