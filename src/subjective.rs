@@ -333,7 +333,7 @@ impl Store {
                 std::fs::read_to_string(p).with_context(|| format!("{}: cannot read", p.display()))
             })
             .transpose()?;
-        let text = match (stored, given) {
+        let (text, new) = match (stored, given) {
             (None, None) => bail!(
                 "{}: a new judgement database needs the pairs file to judge (--eval-pairs)",
                 path.display()
@@ -343,18 +343,17 @@ impl Store {
                 path.display(),
                 pairs.map(|p| p.display().to_string()).unwrap_or_default()
             ),
-            (Some(s), _) => s,
-            (None, Some(g)) => {
-                parse_pairs(&g, pairs.unwrap_or(Path::new("pairs")))?;
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('pairs', ?1)",
-                    [&g],
-                )
-                .with_context(ctx)?;
-                g
-            }
+            (Some(s), _) => (s, false),
+            (None, Some(g)) => (g, true),
         };
         let items = parse_pairs(&text, pairs.unwrap_or(path))?;
+        if new {
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('pairs', ?1)",
+                [&text],
+            )
+            .with_context(ctx)?;
+        }
         Ok(Store {
             conn,
             path: path.to_path_buf(),
