@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Throughput and latency of `cgnmt serve` against `cgnmt translate` on the same sentences.
 
+With wrk installed (Debian's package), wrk drives the load (a C client: its own CPU use does not hide the
+server's); the Python clients then run as well, checking that every answer equals `translate`'s (with 2 cores
+they are themselves the bottleneck at 64 clients).
+
 Starts the server on 127.0.0.1 (a free port), sends every sentence as its own request from C concurrent
 clients (C = 1, 8, 64 by default), and prints, per C: sentences/s, p50 and p99 latency, and the ratio to
 `cgnmt translate`'s batch throughput on the same file (its median of --repeats runs). Standard library only.
@@ -11,6 +15,7 @@ clients (C = 1, 8, 64 by default), and prints, per C: sentences/s, p50 and p99 l
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,6 +86,7 @@ def main():
     ap.add_argument("--limit", type=int, default=500)
     ap.add_argument("--clients", default="1,8,64")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=10, help="length of each wrk run")
     ap.add_argument("--cgnmt", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "cgnmt"))
     a = ap.parse_args()
     with open(a.input, encoding="utf-8") as f:
@@ -94,7 +100,27 @@ def main():
     os.remove(tmp)
     print(f"cgnmt translate: {batch:.1f} sentences/s decoding (median of {a.repeats}; loading not counted)")
     proc, base = start_server(a.cgnmt, a.model, [])
+    wrk = shutil.which("wrk")
     try:
+        if wrk:
+            # wrk (Debian's package) as the load: a C client whose own CPU use is small next to the server's,
+            # one sentence a request, connections kept alive. The Python clients below still check answers.
+            with open(a.input + ".bench-serve.txt", "w", encoding="utf-8") as f:
+                f.write("\n".join(sentences) + "\n")
+            lua = os.path.join(os.path.dirname(__file__), "bench_serve.lua")
+            for c in [int(x) for x in a.clients.split(",")]:
+                rates = []
+                for _ in range(a.repeats):
+                    r = subprocess.run([wrk, "-t1", f"-c{c}", f"-d{a.seconds}s", "--latency", "-s", lua,
+                                        base + "/v1/translate"], check=True, capture_output=True, text=True,
+                                       env=dict(os.environ, SENTENCES=a.input + ".bench-serve.txt"))
+                    rate = float([l for l in r.stdout.splitlines() if l.startswith("Requests/sec")][0].split()[1])
+                    last = [l for l in r.stdout.splitlines() if l.startswith("requests ")][0]
+                    rates.append((rate, last))
+                rates.sort()
+                rate, last = rates[len(rates) // 2]
+                print(f"serve (wrk), {c:>3} clients: {rate:7.1f} sentences/s ({rate / batch:.0%} of translate); {last}")
+            os.remove(a.input + ".bench-serve.txt")
         for c in [int(x) for x in a.clients.split(",")]:
             rates = []
             for _ in range(a.repeats):

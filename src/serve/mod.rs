@@ -38,8 +38,8 @@ pub struct ServeArgs {
     /// Address to listen on (port 0: any free port; the address is printed).
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
-    /// Sentences decoded together in one batch.
-    #[arg(long, default_value_t = 32)]
+    /// Sentences decoded together in one batch (a decoding call runs one such batch per core at once).
+    #[arg(long, default_value_t = 16)]
     pub max_batch: usize,
     /// Most sentences in one request (more: 413).
     #[arg(long, default_value_t = 256)]
@@ -502,7 +502,7 @@ struct Job {
 }
 
 /// The decoding thread: takes a request, gathers those that arrive within `window` (up to `max_batch`
-/// sentences), decodes each group of one model and options as one call (its batches run concurrently), and
+/// sentences per core), decodes each group of one model and options as one call (its batches run concurrently), and
 /// hands every request its own translations. Ends when the server's state is dropped.
 fn batcher(
     models: &[Served],
@@ -517,11 +517,14 @@ fn batcher(
         .ok()
         .and_then(|v| v.parse().ok())
         .map(std::time::Duration::from_millis);
+    // A decoding call runs its batches of `max_batch` concurrently, one a core (as `translate` does): gather
+    // enough sentences for every core.
+    let gather = max_batch * rayon::current_num_threads().max(1);
     while let Ok(first) = rx.recv() {
         let mut n = first.sentences.len();
         let mut jobs = vec![first];
         let until = std::time::Instant::now() + window;
-        while n < max_batch {
+        while n < gather {
             let left = until.saturating_duration_since(std::time::Instant::now());
             match rx.recv_timeout(left) {
                 Ok(j) => {
