@@ -12,7 +12,6 @@ pub struct Attention {
     pub b: Tensor,
     pub v: Tensor,
     pub dim: usize,
-    pub kernels: Kernels,
 }
 
 /// Per-sentence attention keys: `A h_j` and the additive padding mask.
@@ -43,7 +42,6 @@ impl Attention {
             b: vb.get_with_hints((hidden, dim), "B", crate::init::ZERO)?,
             v: vb.get_with_hints((dim, 1), "v", crate::init::ZERO)?,
             dim,
-            kernels: Kernels::default(),
         })
     }
 
@@ -63,11 +61,12 @@ impl Attention {
     /// [`attend_rows`] with this attention's `B` and `v`: hypothesis row `i` attends over sentence `rows[i]`.
     pub fn step_rows(
         &self,
+        k: Kernels,
         keys: &Keys,
         rows: &[u32],
         t_prev: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        let bt = crate::kernels::rec_matmul(self.kernels, t_prev, &self.b)?;
+        let bt = crate::kernels::rec_matmul(k, t_prev, &self.b)?;
         attend_rows(keys, rows, &bt, &self.v)
     }
 
@@ -75,16 +74,17 @@ impl Attention {
     /// projected coverage term `V_cov C_{i−1}` `[B, S, Ad]` when coverage is on.
     pub fn step(
         &self,
+        k: Kernels,
         keys: &Keys,
         t_prev: &Tensor,
         cov: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor)> {
-        let bt = crate::kernels::rec_matmul(self.kernels, t_prev, &self.b)?;
+        let bt = crate::kernels::rec_matmul(k, t_prev, &self.b)?;
         let pre = match cov {
             Some(c) => (&keys.ah + c)?,
             None => keys.ah.clone(),
         };
-        let fused = self.kernels.fused_on(pre.device());
+        let fused = k.fused_on(pre.device());
         let e = match (&keys.shared, cov) {
             (Some((ah, _)), None) if fused => scores_shared(ah, &bt, &self.v)?,
             _ if fused => scores_fused(&pre, &bt, &self.v)?,

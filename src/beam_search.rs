@@ -249,11 +249,11 @@ pub fn beam_search_with(
     let settle = opts.settle && !opts.length_norm && opts.length_penalty == 0.0;
     // With a shortlist, the batch's output layer covers its words only; rows then hold their columns.
     let words = match &opts.shortlist {
-        Some(sl) => Some(
-            model
-                .readout
-                .output_words(&sl.words(srcs, eos), opts.int8)?,
-        ),
+        Some(sl) => Some(model.readout.output_words(
+            model.kernels,
+            &sl.words(srcs, eos),
+            opts.int8,
+        )?),
         None => None,
     };
     // EOS's column (a shortlist holds it).
@@ -284,11 +284,17 @@ pub fn beam_search_with(
         // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
         let fused = model.kernels.fused_on(&dev);
         let vocab = if fused {
-            model
-                .readout
-                .logit_rows_term(&ctx, &t, &w_prev.readout, words.as_ref(), &mut scores)?
+            model.readout.logit_rows_term(
+                model.kernels,
+                &ctx,
+                &t,
+                &w_prev.readout,
+                words.as_ref(),
+                &mut scores,
+            )?
         } else {
             let lp = log_softmax(&model.readout.logits_term(
+                model.kernels,
                 &ctx,
                 &t,
                 &w_prev.readout,

@@ -8,7 +8,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use serde_json::json;
 
 use crate::beam_search::{beam_search_batches, greedy, DecodeOptions};
-use crate::config::{Config, ContextGate, CoverageKind, DecoderKind};
+use crate::config::{Config, ContextGate, CoverageKind, DecoderKind, TargetPadding};
 use crate::error::{NmtError, Result};
 use crate::model::{Batch, Model};
 use crate::optim::Optimizer;
@@ -445,16 +445,16 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         v
     );
     // Seconds in forward, backward and optimiser update.
-    let step = |b: &Batch, opt: &mut Optimizer| -> Result<[f64; 3]> {
+    let step = |b: &Batch, opt: &mut Optimizer, padding: TargetPadding| -> Result<[f64; 3]> {
         let s = Instant::now();
-        let loss = model.loss(b)?;
+        let loss = model.loss_with(b, padding)?;
         let f = s.elapsed().as_secs_f64();
         let g = model.backward(&loss)?;
         let bw = s.elapsed().as_secs_f64() - f;
         opt.step(&vars, &g)?;
         Ok([f, bw, s.elapsed().as_secs_f64() - f - bw])
     };
-    step(&batches[0], &mut opt)?; // warm-up
+    step(&batches[0], &mut opt, TargetPadding::Skipped)?; // warm-up
     crate::profile::reset();
     crate::profile::set_enabled(opts.profile_ops);
     let mut times = vec![];
@@ -474,10 +474,17 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         let general = opts.compare_packed_gemm && bi % 2 == 1;
         crate::kernels::set_packed_gemm(!general);
         let padded = opts.compare_target_padding && bi % 2 == 1;
-        crate::kernels::set_target_padding_skipped(!padded);
         let f0 = minor_faults();
         let s = Instant::now();
-        let p = step(b, &mut opt)?;
+        let p = step(
+            b,
+            &mut opt,
+            if padded {
+                TargetPadding::Computed
+            } else {
+                TargetPadding::Skipped
+            },
+        )?;
         let took = s.elapsed().as_secs_f64();
         if let (Some(a), Some(z)) = (f0, minor_faults()) {
             faults.push((z - a) as f64);
@@ -509,7 +516,6 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         positions = b.tgt.elem_count();
     }
     crate::kernels::set_packed_gemm(true);
-    crate::kernels::set_target_padding_skipped(true);
     crate::profile::set_enabled(false);
     let step_s = median(&mut times);
     let faults_per_step = (!faults.is_empty()).then(|| median(&mut faults));

@@ -187,6 +187,19 @@ pub struct TrainConfig {
     /// Decoupled weight decay λ (AdamW, Adam only): each update also subtracts `lr · λ · θ` from every
     /// parameter (0, the paper's recipe: none).
     pub weight_decay: f64,
+    /// The target side's padded positions in a training batch: `skipped` (the fused decoder, readout and
+    /// output layer compute the words' positions only) or `computed` too, under the mask (the same loss and
+    /// gradients; `cgnmt bench --compare-target-padding` times the two).
+    pub target_padding: TargetPadding,
+}
+
+/// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetPadding {
+    #[default]
+    Skipped,
+    Computed,
 }
 
 /// The dev score of model selection (see [`TrainConfig::select_by`]).
@@ -230,6 +243,7 @@ impl Default for TrainConfig {
             on_divergence: OnDivergence::Stop,
             select_by: SelectBy::Bleu,
             weight_decay: 0.0,
+            target_padding: TargetPadding::Skipped,
         }
     }
 }

@@ -30,7 +30,6 @@ pub struct DecoderCell {
     pub hidden: usize,
     /// cGRU: the word GRU (`cell.word.*`) and the context GRU (`cell.ctx.*`); the fields above are unused.
     pub cgru: Option<(Gru, ContextGru)>,
-    pub kernels: Kernels,
 }
 
 /// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`.
@@ -74,7 +73,6 @@ impl DecoderCell {
                 u,
                 hidden,
                 cgru: Some((word, ctx)),
-                kernels: Kernels::default(),
             });
         }
         let k = match kind {
@@ -95,13 +93,12 @@ impl DecoderCell {
             u: vb.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
             hidden,
             cgru: None,
-            kernels: Kernels::default(),
         })
     }
 
     /// A per-step product with a recurrent weight (see `kernels::rec_matmul`).
-    fn mm(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-        rec_matmul(self.kernels, x, w)
+    fn mm(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        rec_matmul(k, x, w)
     }
 
     fn blocks(&self) -> usize {
@@ -113,10 +110,16 @@ impl DecoderCell {
 
     /// cGRU: the context GRU `t = GRU_ctx(t_prev, s)` with the gate's scales (source scale on the context
     /// terms and their bias, target scale on the state; reference or paper form as the other cells).
-    pub fn context_step(&self, t_prev: &Tensor, ctx: &Context, sc: &Scales) -> Result<Tensor> {
+    pub fn context_step(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+    ) -> Result<Tensor> {
         let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
         let h = self.hidden;
-        let cp = ctx.product(self.kernels, &g.c)?;
+        let cp = ctx.product(k, &g.c)?;
         let (c_ru, c_c) = (
             cp.narrow(1, 0, 2 * h)?,
             cp.narrow(1, 2 * h, h)?.broadcast_add(&g.b)?,
@@ -124,31 +127,31 @@ impl DecoderCell {
         let (ru, base, cand_pre) = if self.form == GateForm::Reference {
             let ts = sc.tgt.apply(t_prev, 1)?;
             let ru = crate::kernels::sigmoid(
-                self.kernels,
-                &(sc.src.apply(&c_ru, 2)? + self.mm(&ts, &g.u_ru)?)?,
+                k,
+                &(sc.src.apply(&c_ru, 2)? + Self::mm(k, &ts, &g.u_ru)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
-            let cand = (sc.src.apply(&c_c, 1)? + self.mm(&(r * &ts)?, &g.u)?)?;
+            let cand = (sc.src.apply(&c_c, 1)? + Self::mm(k, &(r * &ts)?, &g.u)?)?;
             (ru, ts, cand)
         } else {
             let ru = crate::kernels::sigmoid(
-                self.kernels,
-                &(sc.tgt.apply(&self.mm(t_prev, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+                k,
+                &(sc.tgt.apply(&Self::mm(k, t_prev, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
             let cand =
-                (sc.tgt.apply(&self.mm(&(r * t_prev)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
+                (sc.tgt.apply(&Self::mm(k, &(r * t_prev)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
             (ru, t_prev.clone(), cand)
         };
-        gru_update(self.kernels, &ru, &cand_pre, &base, None)
+        gru_update(k, &ru, &cand_pre, &base, None)
     }
 
     /// Word projections `[N, E]` → `[N, kH]` (the candidate's bias included).
-    pub fn project_words(&self, e: &Tensor) -> Result<Tensor> {
+    pub fn project_words(&self, k: Kernels, e: &Tensor) -> Result<Tensor> {
         if let Some((word, _)) = &self.cgru {
-            return word.project(e);
+            return word.project(k, e);
         }
-        crate::kernels::linear(self.kernels, e, &self.w, &self.word_bias()?)
+        crate::kernels::linear(k, e, &self.w, &self.word_bias()?)
     }
 
     /// [`DecoderCell::project_words`] as the shared input of the fused decoder
@@ -183,39 +186,47 @@ impl DecoderCell {
 
     /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]` (with
     /// its product `s C` when carried).
-    pub fn step(&self, t_prev: &Tensor, wp: &Tensor, ctx: &Context, sc: &Scales) -> Result<Tensor> {
+    pub fn step(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        wp: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+    ) -> Result<Tensor> {
         let h = self.hidden;
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: no context and no gate here.
-            return word.step(wp, t_prev);
+            return word.step(k, wp, t_prev);
         }
-        let cp = ctx.product(self.kernels, &self.c)?;
+        let cp = ctx.product(k, &self.c)?;
         if let Some(m) = sc.mix.as_ref() {
-            if self.form == GateForm::Reference && self.kernels.fused_on(wp.device()) {
+            if self.form == GateForm::Reference && k.fused_on(wp.device()) {
                 // Fused: the gate's scales applied to the word and context terms of all blocks at once.
                 let ts = sc.tgt.apply(t_prev, 1)?;
                 let pre = mix_fused(wp, &cp, m)?;
                 if self.kind == DecoderKind::Vanilla {
-                    return (pre + self.mm(&ts, &self.u)?)?.tanh();
+                    return (pre + Self::mm(k, &ts, &self.u)?)?.tanh();
                 }
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
                 let ru = crate::kernels::sigmoid(
-                    self.kernels,
-                    &(pre.narrow(1, 0, 2 * h)? + self.mm(&ts, u_ru)?)?,
+                    k,
+                    &(pre.narrow(1, 0, 2 * h)? + Self::mm(k, &ts, u_ru)?)?,
                 )?;
                 let r = ru.narrow(1, 0, h)?;
-                let cand = (pre.narrow(1, 2 * h, h)? + self.mm(&(r * &ts)?, &self.u)?)?;
-                return gru_update(self.kernels, &ru, &cand, &ts, None);
+                let cand = (pre.narrow(1, 2 * h, h)? + Self::mm(k, &(r * &ts)?, &self.u)?)?;
+                return gru_update(k, &ru, &cand, &ts, None);
             }
         }
         match (self.kind, self.form) {
             (DecoderKind::Vanilla, GateForm::Reference) => {
                 let ts = sc.tgt.apply(t_prev, 1)?;
-                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + self.mm(&ts, &self.u)?)?.tanh()
+                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + Self::mm(k, &ts, &self.u)?)?.tanh()
             }
             (DecoderKind::Vanilla, GateForm::Paper) => {
-                (sc.tgt.apply(&(wp + self.mm(t_prev, &self.u)?)?, 1)? + sc.src.apply(&cp, 1)?)?
-                    .tanh()
+                (sc.tgt.apply(&(wp + Self::mm(k, t_prev, &self.u)?)?, 1)?
+                    + sc.src.apply(&cp, 1)?)?
+                .tanh()
             }
             (DecoderKind::Cgru, _) => unreachable!("handled above"),
             (DecoderKind::Gru, form) => {
@@ -225,30 +236,30 @@ impl DecoderCell {
                 let (ru, base, cand_pre) = if form == GateForm::Reference {
                     let ts = sc.tgt.apply(t_prev, 1)?;
                     let ru = crate::kernels::sigmoid(
-                        self.kernels,
+                        k,
                         &(sc.tgt.apply(&w_ru, 2)?
                             + sc.src.apply(&c_ru, 2)?
-                            + self.mm(&ts, u_ru)?)?,
+                            + Self::mm(k, &ts, u_ru)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
                     let cand = (sc.tgt.apply(&w_c, 1)?
                         + sc.src.apply(&c_c, 1)?
-                        + self.mm(&(r * &ts)?, &self.u)?)?;
+                        + Self::mm(k, &(r * &ts)?, &self.u)?)?;
                     (ru, ts, cand)
                 } else {
                     let ru = crate::kernels::sigmoid(
-                        self.kernels,
-                        &(sc.tgt.apply(&(w_ru + self.mm(t_prev, u_ru)?)?, 2)?
+                        k,
+                        &(sc.tgt.apply(&(w_ru + Self::mm(k, t_prev, u_ru)?)?, 2)?
                             + sc.src.apply(&c_ru, 2)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
                     let cand = (sc
                         .tgt
-                        .apply(&(w_c + self.mm(&(r * t_prev)?, &self.u)?)?, 1)?
+                        .apply(&(w_c + Self::mm(k, &(r * t_prev)?, &self.u)?)?, 1)?
                         + sc.src.apply(&c_c, 1)?)?;
                     (ru, t_prev.clone(), cand)
                 };
-                gru_update(self.kernels, &ru, &cand_pre, &base, None)
+                gru_update(k, &ru, &cand_pre, &base, None)
             }
         }
     }

@@ -5,7 +5,7 @@ use candle_core::{CpuStorage, DType, IndexOp, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 use crate::gru::{gru_step_forward, Gru, GruActs, GruStep};
-use crate::kernels::{gemm_into, Mat, Real, Shared};
+use crate::kernels::{gemm_into, Kernels, Mat, Real, Shared};
 use candle_nn::VarBuilder;
 
 pub struct Encoder {
@@ -53,11 +53,11 @@ impl Encoder {
     /// encoder, formed outside the graph, whose consumers (the decoder's attention, the keys `A h`, the initial
     /// state) add their gradients into the handle; the encoder's backward pass reads the sum from there, so
     /// the annotations' gradient never enters candle's gradient store.
-    pub fn forward_shared(&self, src: &Tensor, mask: &Tensor) -> Result<Shared> {
+    pub fn forward_shared(&self, k: Kernels, src: &Tensor, mask: &Tensor) -> Result<Shared> {
         let (b, _) = src.dims2()?;
-        let e = crate::kernels::embedding(self.fwd.kernels, &self.emb, &src.flatten_all()?)?
+        let e = crate::kernels::embedding(k, &self.emb, &src.flatten_all()?)?
             .broadcast_add(&self.emb_b)?;
-        if !self.fwd.kernels.fused_on(e.device()) {
+        if !k.fused_on(e.device()) {
             candle_core::bail!("shared annotations need the fused kernels on the CPU");
         }
         self.bigru_op(&e, b, mask)?.apply_shared()
@@ -74,11 +74,11 @@ impl Encoder {
     }
 
     /// `src`: `[B, S]` u32 ids, `mask`: `[B, S]` (1 = word, 0 = padding), in the model dtype.
-    pub fn forward(&self, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
+    pub fn forward(&self, k: Kernels, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
         let (b, s) = src.dims2()?;
-        let e = crate::kernels::embedding(self.fwd.kernels, &self.emb, &src.flatten_all()?)?
+        let e = crate::kernels::embedding(k, &self.emb, &src.flatten_all()?)?
             .broadcast_add(&self.emb_b)?;
-        if self.fwd.kernels.fused_on(e.device()) {
+        if k.fused_on(e.device()) {
             let annotations = self.bigru_op(&e, b, mask)?.apply()?;
             let bwd_first = annotations
                 .i((.., 0))?
@@ -90,7 +90,7 @@ impl Encoder {
         }
         // Time-major so every step reads a contiguous slice.
         let time_major = |g: &Gru| -> Result<Tensor> {
-            g.project(&e)?
+            g.project(k, &e)?
                 .reshape((b, s, 3 * self.hidden))?
                 .transpose(0, 1)?
                 .contiguous()
@@ -104,13 +104,13 @@ impl Encoder {
         let mut fwd = Vec::with_capacity(s);
         let mut h = h0.clone();
         for t in 0..s {
-            h = self.fwd.step_masked(&xf[t], &h, Some(&m.i(t)?))?;
+            h = self.fwd.step_masked(k, &xf[t], &h, Some(&m.i(t)?))?;
             fwd.push(h.clone());
         }
         let mut bwd = vec![h0.clone(); s];
         let mut h = h0;
         for t in (0..s).rev() {
-            h = self.bwd.step_masked(&xb[t], &h, Some(&m.i(t)?))?;
+            h = self.bwd.step_masked(k, &xb[t], &h, Some(&m.i(t)?))?;
             bwd[t] = h.clone();
         }
         let annotations = Tensor::cat(&[Tensor::stack(&fwd, 1)?, Tensor::stack(&bwd, 1)?], 2)?;

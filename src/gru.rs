@@ -21,7 +21,6 @@ pub struct Gru {
     pub u_ru: Tensor,
     pub u: Tensor,
     pub hidden: usize,
-    pub kernels: Kernels,
 }
 
 impl Gru {
@@ -32,26 +31,30 @@ impl Gru {
             u_ru: vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::init::ZERO)?,
             u: vb.get_with_hints((hidden, hidden), "U", crate::init::ZERO)?,
             hidden,
-            kernels: Kernels::default(),
         })
     }
 
     /// Input projections `[x W_r, x W_u, x W + b]` of every step: `[N, in]` → `[N, 3H]`.
-    pub fn project(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn project(&self, k: Kernels, x: &Tensor) -> Result<Tensor> {
         let zeros = Tensor::zeros(2 * self.hidden, self.b.dtype(), self.b.device())?;
         let bias = Tensor::cat(&[&zeros, &self.b], 0)?;
-        crate::kernels::linear(self.kernels, x, &self.w, &bias)
+        crate::kernels::linear(k, x, &self.w, &bias)
     }
 
     /// One step from a projected input `[B, 3H]` and the previous state `[B, H]`.
-    pub fn step(&self, xp: &Tensor, h: &Tensor) -> Result<Tensor> {
-        self.step_masked(xp, h, None)
+    pub fn step(&self, k: Kernels, xp: &Tensor, h: &Tensor) -> Result<Tensor> {
+        self.step_masked(k, xp, h, None)
     }
 
     /// One step that keeps the previous state where `mask` (`[B, 1]`) is 0.
-    pub fn step_masked(&self, xp: &Tensor, h: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    pub fn step_masked(
+        &self,
+        k: Kernels,
+        xp: &Tensor,
+        h: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let hd = self.hidden;
-        let k = self.kernels;
         let ru = crate::kernels::sigmoid(
             k,
             &(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, h, &self.u_ru)?)?,
@@ -59,7 +62,7 @@ impl Gru {
         let r = ru.narrow(1, 0, hd)?;
         let pre_c = (xp.narrow(1, 2 * hd, hd)? + rec_matmul(k, &(r * h)?, &self.u)?)?;
         // u∘h~ + (1−u)∘h
-        gru_update(self.kernels, &ru, &pre_c, h, mask)
+        gru_update(k, &ru, &pre_c, h, mask)
     }
 }
 

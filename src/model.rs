@@ -6,7 +6,7 @@ use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::attention::{Attention, Context, ContextProducts, Keys};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, TargetPadding};
 use crate::coverage::{CovKeys, Coverage};
 use crate::decoder_cell::DecoderCell;
 use crate::encoder::Encoder;
@@ -225,21 +225,14 @@ impl Model {
             gate: Gate::new(dec.clone(), cfg)?,
             cell: DecoderCell::new(dec.pp("cell"), cfg.decoder, cfg.gate_form, e, h)?,
             readout: Readout::new(dec.pp("readout"), e, h, tgt_vocab)?,
-            kernels: Kernels::default(),
+            kernels: Kernels::process_choice(),
         })
     }
 
-    /// Choose reference or fused kernels for every part of the model.
+    /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
+    /// argument from here).
     pub fn set_kernels(&mut self, k: Kernels) {
         self.kernels = k;
-        self.encoder.fwd.kernels = k;
-        self.encoder.bwd.kernels = k;
-        self.attention.kernels = k;
-        self.cell.kernels = k;
-        self.readout.kernels = k;
-        if let Some((word, _)) = &mut self.cell.cgru {
-            word.kernels = k;
-        }
     }
 
     /// The inference-only twin of this model: the same parameter storage (so it sees every optimiser
@@ -366,7 +359,7 @@ impl Model {
         prepared: Option<&crate::kernels::Prepared>,
     ) -> Result<Source> {
         self.begin_decoding_pass(prepared)?;
-        let enc = self.encoder.forward(src, src_mask)?;
+        let enc = self.encoder.forward(self.kernels, src, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;
         let cov_keys = match &self.coverage {
@@ -390,7 +383,7 @@ impl Model {
     fn encode_shared(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
         use crate::kernels::{product_shared_rows, shared_rows};
         crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
-        let ann = self.encoder.forward_shared(src, src_mask)?;
+        let ann = self.encoder.forward_shared(self.kernels, src, src_mask)?;
         let (b, s, a2) = ann.tensor.dims3()?;
         // The keys of the words' positions only (`[Σ len, Ad]`, the decoder op reads no other) when the
         // mask is words then padding; else `[B, S, Ad]`.
@@ -420,7 +413,9 @@ impl Model {
             (Some(c), Some(cv)) => Some(c.attention_term(cv)?),
             _ => None,
         };
-        let (alpha, ctx) = self.attention.step(&src.keys, t_prev, term.as_ref())?;
+        let (alpha, ctx) = self
+            .attention
+            .step(self.kernels, &src.keys, t_prev, term.as_ref())?;
         let cov = match (&self.coverage, cov) {
             (Some(c), Some(cv)) => Some(c.update(
                 src.cov_keys.as_ref().expect("coverage keys"),
@@ -485,7 +480,9 @@ impl Model {
     /// Inference, where [`Model::attends_by_rows`]: [`Model::attend`] for hypothesis rows that read the keys
     /// of sentence `rows[i]` of `src` in place (see [`crate::attention::attend_rows`]).
     pub fn attend_rows(&self, src: &Source, rows: &[u32], t_prev: &Tensor) -> Result<StepOut> {
-        let (alpha, ctx) = self.attention.step_rows(&src.keys, rows, t_prev)?;
+        let (alpha, ctx) = self
+            .attention
+            .step_rows(self.kernels, &src.keys, rows, t_prev)?;
         Ok(StepOut {
             alpha,
             ctx,
@@ -542,7 +539,7 @@ impl Model {
         let sc = self
             .gate
             .scales(self.kernels, wz_prev, t_prev, ctx, context_scale)?;
-        let t = self.cell.context_step(t_prev, ctx, &sc)?;
+        let t = self.cell.context_step(self.kernels, t_prev, ctx, &sc)?;
         Ok((t, Some(sc)))
     }
 
@@ -550,9 +547,9 @@ impl Model {
     /// [`WordTerms`]).
     pub fn word_terms(&self, e: &Tensor) -> Result<WordTerms> {
         Ok(WordTerms {
-            proj: self.cell.project_words(e)?,
+            proj: self.cell.project_words(self.kernels, e)?,
             gate: self.gate.word_term(self.kernels, e)?,
-            readout: self.readout.word_term(e)?,
+            readout: self.readout.word_term(self.kernels, e)?,
         })
     }
 
@@ -591,7 +588,7 @@ impl Model {
     }
 
     pub fn logits(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        self.readout.logits(ctx, t_prev, e_prev)
+        self.readout.logits(self.kernels, ctx, t_prev, e_prev)
     }
 
     /// Decoding: the logits as f32 rows in `buf` (see [`Readout::logit_rows`]); returns the vocabulary size.
@@ -602,7 +599,8 @@ impl Model {
         e_prev: &Tensor,
         buf: &mut Vec<f32>,
     ) -> Result<usize> {
-        self.readout.logit_rows(ctx, t_prev, e_prev, buf)
+        self.readout
+            .logit_rows(self.kernels, ctx, t_prev, e_prev, buf)
     }
 
     /// The recurrent transition with the emitted word's embedding `e` `[N, E]`; returns the new state and the
@@ -614,7 +612,7 @@ impl Model {
         ctx: &Context,
         context_scale: (f64, f64),
     ) -> Result<(Tensor, Scales)> {
-        let wp = self.cell.project_words(e)?;
+        let wp = self.cell.project_words(self.kernels, e)?;
         let wz = self.gate.word_term(self.kernels, e)?;
         self.transition_projected(t_prev, &wp, wz.as_ref(), ctx, context_scale)
     }
@@ -629,14 +627,15 @@ impl Model {
     ) -> Result<(Tensor, Scales)> {
         if self.is_conditional() {
             return Ok((
-                self.cell.step(t_prev, wp, ctx, &Scales::none())?,
+                self.cell
+                    .step(self.kernels, t_prev, wp, ctx, &Scales::none())?,
                 Scales::none(),
             ));
         }
         let sc = self
             .gate
             .scales(self.kernels, wz, t_prev, ctx, context_scale)?;
-        let t = self.cell.step(t_prev, wp, ctx, &sc)?;
+        let t = self.cell.step(self.kernels, t_prev, wp, ctx, &sc)?;
         Ok((t, sc))
     }
 
@@ -650,6 +649,12 @@ impl Model {
 
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
+        self.loss_with(batch, TargetPadding::Skipped)
+    }
+
+    /// [`Model::loss`], computing the target side's padded positions too where `padding` says so
+    /// (`train.target_padding`; the same value either way).
+    pub fn loss_with(&self, batch: &Batch, padding: TargetPadding) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
         let fused = self.decoder_path();
         let mut src = if matches!(fused, DecoderPath::Fused { .. }) {
@@ -670,13 +675,12 @@ impl Model {
         let e3 = e_all.reshape((b, t_len, e_dim))?;
         // With the fused decoder op, the sentences' target lengths: the op, the readout and the output layer
         // then compute the words' positions only (when the mask is words then padding).
-        let lengths = if matches!(fused, DecoderPath::Fused { .. })
-            && crate::kernels::target_padding_skipped()
-        {
-            mask_lengths(&batch.tgt_mask)?
-        } else {
-            None
-        };
+        let lengths =
+            if matches!(fused, DecoderPath::Fused { .. }) && padding == TargetPadding::Skipped {
+                mask_lengths(&batch.tgt_mask)?
+            } else {
+                None
+            };
         let readin = if let DecoderPath::Fused { gate } = fused {
             // The whole decoder recurrence as one fused op (see `decoder_sequence`).
             let (ah, ann) = src
@@ -763,7 +767,7 @@ impl Model {
             Readin::Stacked(y)
         } else {
             // Batch-major rows `(b, i)`; the steps take time-major copies.
-            let wp = self.cell.project_words(&e_all)?;
+            let wp = self.cell.project_words(self.kernels, &e_all)?;
             let wz = self.gate.word_term(self.kernels, &e_all)?;
             // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
             let fused = self.kernels.fused_on(wp.device());
@@ -849,7 +853,8 @@ impl Model {
                 lengths.as_deref(),
             )?,
             Readin::Split { states, ctxs } => {
-                self.readout.hidden(&(&ctxs).into(), &states, &e_prev()?)?
+                self.readout
+                    .hidden(self.kernels, &(&ctxs).into(), &states, &e_prev()?)?
             }
         };
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);

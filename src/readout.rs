@@ -17,7 +17,6 @@ pub struct Readout {
     pub w_2: Tensor,
     pub b: Tensor,
     pub hidden: usize,
-    pub kernels: Kernels,
 }
 
 impl Readout {
@@ -31,65 +30,82 @@ impl Readout {
             w_2: vb.get_with_hints((emb, vocab), "W_2", crate::init::ZERO)?,
             b: vb.get_with_hints(vocab, "b", crate::init::ZERO)?,
             hidden,
-            kernels: Kernels::default(),
         })
     }
 
     /// The readout's hidden layer `W_1 maxout(r~)` `[N, E]` from contexts `[N, 2H]`, previous states `[N, H]`
     /// and previous-word embeddings `[N, E]`.
-    pub fn hidden(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        self.hidden_term(ctx, t_prev, &self.word_term(e_prev)?)
+    pub fn hidden(
+        &self,
+        k: Kernels,
+        ctx: &Context,
+        t_prev: &Tensor,
+        e_prev: &Tensor,
+    ) -> Result<Tensor> {
+        self.hidden_term(k, ctx, t_prev, &self.word_term(k, e_prev)?)
     }
 
     /// The readout's word term `V_o e(y_{i−1})` `[N, H]` of embeddings `[N, E]`.
-    pub fn word_term(&self, e: &Tensor) -> Result<Tensor> {
-        crate::kernels::rec_matmul(self.kernels, e, &self.v_o)
+    pub fn word_term(&self, k: Kernels, e: &Tensor) -> Result<Tensor> {
+        crate::kernels::rec_matmul(k, e, &self.v_o)
     }
 
     /// [`Readout::hidden`] with the word term `V_o e(y_{i−1})` given ([`Readout::word_term`], or its rows of
     /// decoding's word table).
-    pub fn hidden_term(&self, ctx: &Context, t_prev: &Tensor, ve_prev: &Tensor) -> Result<Tensor> {
-        let s_w = ctx.product(self.kernels, &self.w_o)?;
-        let r = (s_w + crate::kernels::rec_matmul(self.kernels, t_prev, &self.u_o)? + ve_prev)?
+    pub fn hidden_term(
+        &self,
+        k: Kernels,
+        ctx: &Context,
+        t_prev: &Tensor,
+        ve_prev: &Tensor,
+    ) -> Result<Tensor> {
+        let s_w = ctx.product(k, &self.w_o)?;
+        let r = (s_w + crate::kernels::rec_matmul(k, t_prev, &self.u_o)? + ve_prev)?
             .broadcast_add(&self.b_o)?;
-        self.hidden_from(&r)
+        self.hidden_from(k, &r)
     }
 
     /// [`Readout::hidden`] from rows `[t_{i−1} | s_i]` `[N, 3H]` (the fused decoder's output): the state and
     /// context terms as one product with `[U_o; W_o]`, no copies of the two halves.
-    pub fn hidden_stacked(&self, ts: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+    pub fn hidden_stacked(&self, k: Kernels, ts: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
         let uw = Tensor::cat(&[&self.u_o, &self.w_o], 0)?;
-        let r = (crate::kernels::linear(self.kernels, ts, &uw, &self.b_o)?
-            + e_prev.matmul(&self.v_o)?)?;
-        self.hidden_from(&r)
+        let r = (crate::kernels::linear(k, ts, &uw, &self.b_o)? + e_prev.matmul(&self.v_o)?)?;
+        self.hidden_from(k, &r)
     }
 
     /// `W_1 maxout(r~)`.
-    fn hidden_from(&self, r: &Tensor) -> Result<Tensor> {
-        let m = if self.kernels.fused_on(r.device()) {
+    fn hidden_from(&self, k: Kernels, r: &Tensor) -> Result<Tensor> {
+        let m = if k.fused_on(r.device()) {
             maxout_fused(r)?
         } else {
             maxout_reference(r)?
         };
-        crate::kernels::rec_matmul(self.kernels, &m, &self.w_1)
+        crate::kernels::rec_matmul(k, &m, &self.w_1)
     }
 
     /// Logits `[N, V]` from contexts `[N, 2H]`, previous states `[N, H]` and previous-word embeddings `[N, E]`.
-    pub fn logits(&self, ctx: &Context, t_prev: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
-        self.logits_term(ctx, t_prev, &self.word_term(e_prev)?, None)
+    pub fn logits(
+        &self,
+        k: Kernels,
+        ctx: &Context,
+        t_prev: &Tensor,
+        e_prev: &Tensor,
+    ) -> Result<Tensor> {
+        self.logits_term(k, ctx, t_prev, &self.word_term(k, e_prev)?, None)
     }
 
     /// [`Readout::logits`] with the word term given (see [`Readout::hidden_term`]), over the vocabulary or over
     /// the words of `words` (their columns, in its order).
     pub fn logits_term(
         &self,
+        k: Kernels,
         ctx: &Context,
         t_prev: &Tensor,
         ve_prev: &Tensor,
         words: Option<&OutputWords>,
     ) -> Result<Tensor> {
         let (w_2, b) = self.output(words);
-        self.hidden_term(ctx, t_prev, ve_prev)?
+        self.hidden_term(k, ctx, t_prev, ve_prev)?
             .matmul(w_2)?
             .broadcast_add(b)
     }
@@ -108,29 +124,31 @@ impl Readout {
     /// the bias as it stores it — so no `[N, V]` tensor is made, added to or copied.
     pub fn logit_rows(
         &self,
+        k: Kernels,
         ctx: &Context,
         t_prev: &Tensor,
         e_prev: &Tensor,
         buf: &mut Vec<f32>,
     ) -> Result<usize> {
-        self.logit_rows_term(ctx, t_prev, &self.word_term(e_prev)?, None, buf)
+        self.logit_rows_term(k, ctx, t_prev, &self.word_term(k, e_prev)?, None, buf)
     }
 
     /// [`Readout::logit_rows`] with the word term given (see [`Readout::hidden_term`]), over the vocabulary
     /// or over `words` (rows `[N, words.ids.len()]`, with its packed columns).
     pub fn logit_rows_term(
         &self,
+        k: Kernels,
         ctx: &Context,
         t_prev: &Tensor,
         ve_prev: &Tensor,
         words: Option<&OutputWords>,
         buf: &mut Vec<f32>,
     ) -> Result<usize> {
-        let x = self.hidden_term(ctx, t_prev, ve_prev)?;
+        let x = self.hidden_term(k, ctx, t_prev, ve_prev)?;
         let (w_2, b) = self.output(words);
         let (n, e) = x.dims2()?;
         let v = w_2.dim(1)?;
-        if !self.kernels.fused_on(x.device()) || x.dtype() != DType::F32 {
+        if !k.fused_on(x.device()) || x.dtype() != DType::F32 {
             let logits = x.matmul(w_2)?.broadcast_add(b)?;
             *buf = logits
                 .to_dtype(DType::F32)?
@@ -178,7 +196,7 @@ impl Readout {
     /// The output layer over the target words `ids` only (a decoding shortlist, see
     /// [`crate::shortlist`]): their columns of `W_2` and `b`, packed once for the batch that decodes over them.
     /// `int8`: the columns packed quantised to 8 bits (see [`crate::kernels::quantized_gemm`]).
-    pub fn output_words(&self, ids: &[u32], int8: bool) -> Result<OutputWords> {
+    pub fn output_words(&self, k: Kernels, ids: &[u32], int8: bool) -> Result<OutputWords> {
         let v = self.w_2.dim(1)?;
         if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
             candle_core::bail!("output words: id {bad} is outside the vocabulary of {v}");
@@ -186,7 +204,7 @@ impl Readout {
         let idx = Tensor::from_vec(ids.to_vec(), ids.len(), self.w_2.device())?;
         let w_2 = self.w_2.index_select(&idx, 1)?.contiguous()?;
         let b = self.b.index_select(&idx, 0)?;
-        let packed = if self.kernels.fused_on(w_2.device()) {
+        let packed = if k.fused_on(w_2.device()) {
             crate::kernels::packed_as(&w_2, int8)?
         } else {
             None

@@ -9,6 +9,7 @@ use cgnmt::attention::{
     scores_fused, scores_reference, softmax_context_fused, softmax_context_reference,
 };
 use cgnmt::beam_search::{beam_search, greedy, DecodeOptions};
+use cgnmt::config::TargetPadding;
 use cgnmt::gru::{gru_update_fused, gru_update_reference};
 use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
 use cgnmt::model::{Batch, Model};
@@ -171,7 +172,7 @@ fn fused_ops_match_their_composed_reference() {
             rand_var(&mut rng, &[h], 0.5, dtype),
             rand_var(&mut rng, &[h / 2, ed], 0.5, dtype),
         ];
-        let readout = |x: &[Tensor], k: Kernels| cgnmt::readout::Readout {
+        let readout = |x: &[Tensor]| cgnmt::readout::Readout {
             u_o: x[2].clone(),
             w_o: x[3].clone(),
             v_o: x[4].clone(),
@@ -180,24 +181,24 @@ fn fused_ops_match_their_composed_reference() {
             w_2: x[6].t().unwrap(),
             b: x[5].clone(),
             hidden: h,
-            kernels: k,
         };
         // The composed readout over every row, reading the shifted embeddings e(y_{i−1}).
         let reference_rows = |x: &[Tensor]| {
-            let ro = readout(x, Kernels::Reference);
+            let ro = readout(x);
             let e3 = x[1].reshape((nb, tl, ed)).unwrap();
             let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
             let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
                 .unwrap()
                 .reshape((n, ed))
                 .unwrap();
-            ro.hidden_stacked(&x[0], &e_prev).unwrap()
+            ro.hidden_stacked(Kernels::Reference, &x[0], &e_prev)
+                .unwrap()
         };
         compare(
             dtype,
             &vars,
             &|x| {
-                let ro = readout(x, Kernels::Fused);
+                let ro = readout(x);
                 vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, None).unwrap()]
             },
             &|x| vec![reference_rows(x)],
@@ -217,7 +218,7 @@ fn fused_ops_match_their_composed_reference() {
             dtype,
             &vars,
             &|x| {
-                let ro = readout(x, Kernels::Fused);
+                let ro = readout(x);
                 vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, Some(&lens)).unwrap()]
             },
             &|x| vec![reference_rows(x).index_select(&rows, 0).unwrap()],
@@ -713,6 +714,43 @@ fn fused_path_takes_any_row_order_and_mask() {
     }
 }
 
+/// `train.target_padding`: computing the padded target positions under the mask gives the loss and gradients
+/// of skipping them (the fused decoder, readout and output layer over the words' rows only).
+#[test]
+fn target_padding_computed_equals_skipped() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let src = random_seqs(&mut rng, 6, 11, 1, 7);
+    let tgt = random_seqs(&mut rng, 6, 9, 1, 7);
+    for sets in [
+        vec![],
+        vec!["model.context_gate=both".to_string()],
+        vec!["model.decoder=cgru".to_string()],
+    ] {
+        let cfg = tiny_model(&sets);
+        let batch = Batch::new(&src, &tgt, 0, DType::F64, &Device::Cpu).unwrap();
+        let lens: Vec<f64> = batch.tgt_mask.sum(1).unwrap().to_vec1().unwrap();
+        assert!(lens[0] > lens[5], "the batch has target padding: {lens:?}");
+        let run = |padding: TargetPadding| {
+            let (model, varmap) = Model::build(&cfg, 11, 9, 7, DType::F64, &Device::Cpu).unwrap();
+            assert_eq!(model.kernels, Kernels::Fused);
+            randomize(&varmap, 8, 0.4);
+            let loss = model.loss_with(&batch, padding).unwrap();
+            let g = model.backward(&loss).unwrap();
+            let grads = sorted_vars(&varmap)
+                .into_iter()
+                .map(|(n, v)| (n, g.get(v.as_tensor()).expect("gradient").clone()))
+                .collect::<Vec<_>>();
+            (loss.to_scalar::<f64>().unwrap(), grads)
+        };
+        assert_same(
+            &format!("{sets:?}"),
+            &run(TargetPadding::Computed),
+            &run(TargetPadding::Skipped),
+            (1e-12, 1e-9),
+        );
+    }
+}
+
 /// The fused sequence ops at their edges: one sentence, one-word sources, empty targets (a single step, EOS,
 /// so no transition), all equal to the reference kernels.
 #[test]
@@ -1060,16 +1098,16 @@ fn shortlist_decoding_is_the_search_over_its_words() {
         let rows: Vec<u32> = (0..srcs.len() as u32).collect();
         let ctx = m.step_context(&out, products.as_ref(), &rows).unwrap();
         let e = Tensor::randn(0f32, 1.0, (srcs.len(), 16), &Device::Cpu).unwrap();
-        let ve = m.readout.word_term(&e).unwrap();
+        let ve = m.readout.word_term(m.kernels, &e).unwrap();
         let (mut full, mut sub) = (vec![], vec![]);
         let v = m
             .readout
-            .logit_rows_term(&ctx, &src.t0, &ve, None, &mut full)
+            .logit_rows_term(m.kernels, &ctx, &src.t0, &ve, None, &mut full)
             .unwrap();
-        let words = m.readout.output_words(&allowed, false).unwrap();
+        let words = m.readout.output_words(m.kernels, &allowed, false).unwrap();
         let w = m
             .readout
-            .logit_rows_term(&ctx, &src.t0, &ve, Some(&words), &mut sub)
+            .logit_rows_term(m.kernels, &ctx, &src.t0, &ve, Some(&words), &mut sub)
             .unwrap();
         assert_eq!((v, w), (25, allowed.len()), "{sets:?}: row widths");
         for r in 0..srcs.len() {
@@ -1264,7 +1302,6 @@ fn fused_bidirectional_gru_matches_step_by_step() {
             u_ru: u_ru.clone(),
             u: u.clone(),
             hidden: h,
-            kernels: Kernels::Reference,
         };
         compare(
             dtype,
@@ -1286,7 +1323,7 @@ fn fused_bidirectional_gru_matches_step_by_step() {
                 let mut st = h0.clone();
                 for t in 0..s {
                     st = gf
-                        .step_masked(&xt(t, 0), &st, Some(&m.i(t).unwrap()))
+                        .step_masked(Kernels::Reference, &xt(t, 0), &st, Some(&m.i(t).unwrap()))
                         .unwrap();
                     fwd.push(st.clone());
                 }
@@ -1294,7 +1331,7 @@ fn fused_bidirectional_gru_matches_step_by_step() {
                 let mut st = h0;
                 for t in (0..s).rev() {
                     st = gb
-                        .step_masked(&xt(t, 1), &st, Some(&m.i(t).unwrap()))
+                        .step_masked(Kernels::Reference, &xt(t, 1), &st, Some(&m.i(t).unwrap()))
                         .unwrap();
                     bwd[t] = st.clone();
                 }

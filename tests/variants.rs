@@ -235,7 +235,7 @@ fn context_scale_one_one_changes_nothing_and_zero_removes_the_source_context() {
             let c1 = Tensor::randn(0.0f64, 1.0, (3, 8), &Device::Cpu).unwrap();
             let c2 = Tensor::randn(0.0f64, 1.0, (3, 8), &Device::Cpu).unwrap();
             let (c1, c2): (Context, Context) = ((&c1).into(), (&c2).into());
-            let wp = m.cell.project_words(&e).unwrap();
+            let wp = m.cell.project_words(m.kernels, &e).unwrap();
             let wz = m.gate.word_term(m.kernels, &e).unwrap();
             let x = m
                 .transition_projected(&t_prev, &wp, wz.as_ref(), &c1, (1.0, 1.0))

@@ -1,21 +1,94 @@
-//! The fused decoder op's forward pass: the steps in order, one GEMM per recurrent product.
+//! The fused decoder op's forward pass: the steps in order, one GEMM per recurrent product. Each step of the
+//! recurrence is a named method of [`Forward`] (what the pass reads), writing into [`Acts`] (what it saves
+//! for the backward pass): the cGRU's word GRU, the attention (with coverage), the context product, the gate
+//! and mix, the transition; after the loop, the readout's input rows.
 
 use candle_core::{CpuStorage, Result, Shape};
 
-use super::gate_mix::gate_mix_row_d;
+use super::gate_mix::{gate_mix_row_d, RowScales};
 use super::transition::{paper_transition, vanilla_row_d};
-use super::{CgruView, DecoderSequence, Dims, Saved, ZConst};
+use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZConst};
+use crate::coverage::CovRows;
 use crate::gru::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
 
+/// What every step of the forward pass reads: the sizes, the op's inputs and its weights as values.
+struct Forward<'a, T: Real> {
+    op: &'a DecoderSequence,
+    dims: Dims,
+    /// `2H`, the transition's `k·H` inputs, the `[α | s]` row width `S + 2H`.
+    a2: usize,
+    kh: usize,
+    w_ac: usize,
+    gru: bool,
+    /// Steps with a transition: `T − 1`, or all `T` for the cGRU's context GRU (`nt`); `n = T − 1`.
+    n: usize,
+    nt: usize,
+    gated: bool,
+    paper: bool,
+    wp: &'a [T],
+    ah: &'a [T],
+    ann: &'a [T],
+    v: &'a [T],
+    wz: Option<&'a [T]>,
+    /// The products that share a left operand run as one GEMM: t [B | U_z], s [C | C_z].
+    tw: Oriented<'a, T>,
+    wq: usize,
+    cw: Oriented<'a, T>,
+    wc: usize,
+    u_ru: Oriented<'a, T>,
+    u: Oriented<'a, T>,
+    has_uz: bool,
+    has_cz: bool,
+    mask: Vec<T>,
+    scales: RowScales<T>,
+    zc: ZConst<T>,
+    cd: Option<&'a CovData<T>>,
+    cr: Option<CovRows<'a, T>>,
+    /// Coverage: `d`, the widths of its pre-computed term, its `k·d` query part and its activations.
+    cdim: usize,
+    pw: usize,
+    kd: usize,
+    aw: usize,
+    wh_off: usize,
+    wb_off: usize,
+    bsd: usize,
+    cgru: Option<CgruView<'a, T>>,
+    /// Paper form: the ones that stand for the state in the mix (the scale `T` itself goes to `ts`).
+    ones: Vec<T>,
+    /// cGRU: the context GRU's zero word term.
+    wp_zero: Vec<T>,
+}
+
+/// What the forward pass writes: the activations it saves (see [`Saved`]) and the steps' scratch rows.
+struct Acts<T> {
+    tall: Vec<T>,
+    q: Vec<T>,
+    actx: Vec<T>,
+    z: Vec<T>,
+    ts: Vec<T>,
+    cp: Vec<T>,
+    ru: Vec<T>,
+    rts: Vec<T>,
+    cc: Vec<T>,
+    covs: Vec<T>,
+    cacts: Vec<T>,
+    hus: Vec<T>,
+    rcs: Vec<T>,
+    sall: Vec<T>,
+    wru: Vec<T>,
+    wrh: Vec<T>,
+    wht: Vec<T>,
+    /// cGRU: the word GRU's inputs; the transition's pre-activations; the GRU step's `U_ru t`, `U(r∘t)`.
+    pre_w: Vec<T>,
+    pre: Vec<T>,
+    hu: Vec<T>,
+    rc: Vec<T>,
+}
+
 impl DecoderSequence {
     pub(super) fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
-        let Dims { tl, b, h, k, s, ad } = self.dims()?;
-        // `h3`: the output rows `[t_{i−1} | s_i]`; `kh`: the transition's `k` input blocks.
-        let (a2, h3, kh, w_ac) = (2 * h, 3 * h, k * h, s + 2 * h);
-        let gru = k == 3;
-        let n = tl - 1;
-        let gated = self.gate.is_some();
+        let dims = self.dims()?;
         macro_rules! data {
             ($sh:expr) => {{
                 let (g, l) = $sh.tensor.storage_and_layout();
@@ -23,188 +96,56 @@ impl DecoderSequence {
             }};
         }
         let (g_wp, l_wp) = data!(self.wp);
-        let wp = storage_slice::<T>(&g_wp, &l_wp)?;
         let (g_t0, l_t0) = data!(self.t0);
         let (g_ah, l_ah) = data!(self.ah);
-        let ah = storage_slice::<T>(&g_ah, &l_ah)?;
         let (g_ann, l_ann) = data!(self.ann);
-        let ann = storage_slice::<T>(&g_ann, &l_ann)?;
-        // The products that share a left operand run as one GEMM: t [B | U_z], s [C | C_z].
-        let (tw_v, wq, cw_v, wc) = self.stacked::<T>()?;
-        let tw = Oriented::new(&tw_v, h, wq);
-        let cw = Oriented::new(&cw_v, a2, wc);
         let (g_v, l_v) = data!(self.v);
-        let v = storage_slice::<T>(&g_v, &l_v)?;
-        let u_ru_v: Vec<T> = match &self.u_ru {
-            Some(x) => crate::kernels::to_vec(&x.tensor)?,
-            None => vec![],
-        };
-        let u_ru = Oriented::new(&u_ru_v, h, if gru { 2 * h } else { 0 });
         let (g_u, l_u) = data!(self.u);
-        let u = Oriented::new(storage_slice::<T>(&g_u, &l_u)?, h, h);
         let wz_g = self.wz.as_ref().map(|x| data!(x));
         let wz = match &wz_g {
             Some((g, l)) => Some(storage_slice::<T>(g, l)?),
             None => None,
         };
-        let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
-        let mask: Vec<T> = crate::kernels::to_vec(&self.mask)?;
-        let lens = &self.src_lens;
-        let scales = self.scales::<T>();
+        let (tw_v, wq, cw_v, wc) = self.stacked::<T>()?;
+        let u_ru_v: Vec<T> = match &self.u_ru {
+            Some(x) => crate::kernels::to_vec(&x.tensor)?,
+            None => vec![],
+        };
         let cd = self.cov_data::<T>()?;
-        let cr = cd.as_ref().map(|c| c.rows());
-        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
-            (c.d, c.pre_width(), c.kd(), c.acts_width())
-        });
-        let wh_off = ad + if has_uz { h } else { 0 };
-        let wb_off = wh_off + kd;
-        let zc = self.z_const::<T>()?;
         let cgru_v = self.cgru_data::<T>()?;
-        let cgru = cgru_v.as_ref().map(|v| CgruView::new(v, h));
-        let bsd = b * s * cdim;
-        // Step i's rows in the time-major buffers: `off[i]..off[i + 1]` (see `step_offsets`).
-        let (off, toff, koff) = (&self.off, &self.toff, &self.koff);
-        let mut covs = crate::kernels::zeroed(tl * bsd);
-        let mut cacts = crate::kernels::zeroed(n * b * s * aw);
-
-        let mut tall = crate::kernels::zeroed(off[tl] * h);
-        tall[..b * h].copy_from_slice(storage_slice::<T>(&g_t0, &l_t0)?);
-        let mut q = crate::kernels::zeroed(off[tl] * wq);
-        let mut actx = crate::kernels::zeroed(off[tl] * w_ac);
-        // Steps with a (gated) transition: all but the last, or all of them for the cGRU's context GRU.
-        let nt = if cgru.is_some() { tl } else { n };
-        let mut z = crate::kernels::zeroed(if gated { off[nt] * h } else { 0 });
-        let mut ts = crate::kernels::zeroed(off[nt] * h);
-        let mut cp = crate::kernels::zeroed(off[nt] * wc);
-        // GRU activations (none for the vanilla unit, whose activation is the next state itself).
-        let gn = if gru { nt } else { 0 };
-        let paper = self.paper;
-        let ones = vec![T::one(); if paper { h } else { 0 }];
-        let mut hus = crate::kernels::zeroed(if paper { off[gn] * 2 * h } else { 0 });
-        let mut rcs = crate::kernels::zeroed(if paper { off[nt] * h } else { 0 });
-        // cGRU: the context GRU's states, the word GRU's activations and its step's inputs; the context GRU
-        // has no word term (a zero row in the mix).
-        let cn = if cgru.is_some() { n } else { 0 };
-        let mut sall = crate::kernels::zeroed(if cgru.is_some() { off[tl] * h } else { 0 });
-        let mut wru = crate::kernels::zeroed(off[cn] * 2 * h);
-        let mut wrh = crate::kernels::zeroed(off[cn] * h);
-        let mut wht = crate::kernels::zeroed(off[cn] * h);
-        let mut pre_w = vec![T::zero(); if cgru.is_some() { b * kh } else { 0 }];
-        let wp_zero = vec![T::zero(); if cgru.is_some() { kh } else { 0 }];
-        let mut ru = crate::kernels::zeroed(off[gn] * 2 * h);
-        let mut rts = crate::kernels::zeroed(off[gn] * h);
-        let mut cc = crate::kernels::zeroed(off[gn] * h);
-        let mut pre = vec![T::zero(); b * kh];
-        let mut hu = vec![T::zero(); b * 2 * h];
-        let mut rc = vec![T::zero(); b * h];
+        let x = Forward::new(
+            self,
+            dims,
+            [
+                storage_slice::<T>(&g_wp, &l_wp)?,
+                storage_slice::<T>(&g_ah, &l_ah)?,
+                storage_slice::<T>(&g_ann, &l_ann)?,
+                storage_slice::<T>(&g_v, &l_v)?,
+                storage_slice::<T>(&g_u, &l_u)?,
+                &u_ru_v,
+            ],
+            wz,
+            (&tw_v, wq, &cw_v, wc),
+            cd.as_ref(),
+            cgru_v.as_ref(),
+        )?;
+        let mut a = x.acts(storage_slice::<T>(&g_t0, &l_t0)?);
+        let Dims { tl, b, h, .. } = dims;
         for i in 0..tl {
             // The rows with a word at step i (see `target_rows`); the rest are padding from here on.
             let m = self.active[i];
             if m == 0 {
                 break;
             }
-            let mh = m * h;
-            let (o, o1) = (off[i], off[i + 1]);
-            if let (Some(g), true) = (&cgru, i > 0) {
-                // cGRU: the word GRU t'_i = GRU_word(e(y_{i−1}), t_{i−1}).
-                let op = off[i - 1];
-                for r in 0..m {
-                    pre_w[r * kh..(r + 1) * kh]
-                        .copy_from_slice(&wp[(toff[r] + i - 1) * kh..(toff[r] + i) * kh]);
-                }
-                let state = &mut tall[o * h..o * h + mh];
-                state.copy_from_slice(&sall[op * h..op * h + mh]);
-                let acts = GruActs {
-                    ru: &mut wru[op * 2 * h..op * 2 * h + 2 * mh],
-                    rh: &mut wrh[op * h..op * h + mh],
-                    ht: &mut wht[op * h..op * h + mh],
-                };
-                crate::profile::timed("  decoder fwd: word GRU step", || {
-                    gru_step_forward(
-                        h,
-                        &pre_w[..m * kh],
-                        state,
-                        None,
-                        acts,
-                        (&mut hu[..2 * mh], &mut rc[..mh]),
-                        &g.u_ru,
-                        &g.u,
-                    )
-                });
+            if x.cgru.is_some() && i > 0 {
+                x.word_gru(&mut a, i, m);
             }
-            // Attention from t_{i−1} (cGRU: t'_i).
-            let (t_done, t_rest) = tall.split_at_mut(o1 * h);
-            let t_i = &t_done[o * h..];
-            let q_i = &mut q[o * wq..o1 * wq];
-            crate::profile::timed("  decoder fwd: query GEMM", || {
-                tw.mul_into(m, q_i, wq, false, Mat::rows(t_i, h))
-            });
-            let actx_i = &mut actx[o * w_ac..o1 * w_ac];
-            {
-                let out = RowsMut::new(actx_i, w_ac);
-                let q_i = &*q_i;
-                let mask = &mask;
-                // Coverage: C_{i−1} read, C_i (and the gated update's activations) written by each row.
-                let (c_done, c_rest) = covs.split_at_mut((i + 1) * bsd);
-                let c_i = &c_done[i * bsd..];
-                let c_next =
-                    RowsMut::new(if i < n { &mut c_rest[..bsd] } else { &mut [] }, s * cdim);
-                let acts_i = RowsMut::new(
-                    if i < n {
-                        &mut cacts[i * b * s * aw..(i + 1) * b * s * aw]
-                    } else {
-                        &mut []
-                    },
-                    s * aw,
-                );
-                let (cr, cd) = (&cr, &cd);
-                let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
-                rows_par(m, m * s * ad, |r| {
-                    // The sentence's own positions (α stays 0 on padding, as the mask makes it).
-                    let sr = lens[r];
-                    let mut e = vec![T::zero(); sr];
-                    let ah_r = &ah[koff[r] * ad..(koff[r] + sr) * ad];
-                    let q_r = &q_i[r * wq..(r + 1) * wq];
-                    match cd {
-                        Some(cd) => crate::coverage::scores_row(
-                            ah_r,
-                            &c_i[r * s * cdim..(r * s + sr) * cdim],
-                            &cd.v_cov,
-                            &q_r[..ad],
-                            v,
-                            &mut e,
-                        ),
-                        None => crate::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
-                    }
-                    for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
-                        *x = *x + *m;
-                    }
-                    // SAFETY: row r of each buffer is written by this task only.
-                    let o = unsafe { out.row(r) };
-                    let (al, cx) = o.split_at_mut(s);
-                    crate::attention::softmax_context_parts_d(
-                        &e,
-                        &ann[r * s * a2..(r * s + sr) * a2],
-                        &mut al[..sr],
-                        cx,
-                    );
-                    if let (Some(cr), Some(cd), true) = (cr, cd, i < n) {
-                        cr.update(
-                            &c_i[r * s * cdim..(r + 1) * s * cdim],
-                            &o[..s],
-                            &cd.pre[r * s * pw..(r + 1) * s * pw],
-                            &q_r[wh_off..wh_off + kd],
-                            unsafe { c_next.row(r) },
-                            unsafe { acts_i.row(r) },
-                        );
-                    }
-                });
-            }
-            if i == nt {
+            x.attention(&mut a, i, m);
+            if i == x.nt {
                 break;
             }
             // The rows the transition covers: those of the next step (the cGRU's context GRU: this step's).
-            let mt = if cgru.is_some() {
+            let mt = if x.cgru.is_some() {
                 m
             } else {
                 self.active[i + 1]
@@ -212,160 +153,32 @@ impl DecoderSequence {
             if mt == 0 {
                 continue;
             }
-            let mth = mt * h;
-            let ctx_i = Mat {
-                data: &actx_i[s..],
-                rs: w_ac,
-                cs: 1,
-            };
-            let cp_i = &mut cp[o * wc..o1 * wc];
-            crate::profile::timed("  decoder fwd: context GEMM", || {
-                cw.mul_into(mt, cp_i, wc, false, ctx_i)
-            });
-            if let Some(g) = &cgru {
-                // The context GRU's candidate bias, with the context's term.
-                for row in cp_i[..mt * wc].chunks_exact_mut(wc) {
-                    for (x, &bb) in row[2 * h..3 * h].iter_mut().zip(g.b.iter()) {
-                        *x = *x + bb;
-                    }
-                }
-            }
-            let (z_i, ts_i) = (
-                if gated {
-                    &mut z[o * h..o1 * h]
-                } else {
-                    &mut z[..]
-                },
-                &mut ts[o * h..o1 * h],
-            );
-            {
-                let (zw, tsw, prew) = (
-                    RowsMut::new(z_i, if gated { h } else { 0 }),
-                    RowsMut::new(ts_i, h),
-                    RowsMut::new(&mut pre, kh),
-                );
-                let (wz, q_i, cp_i) = (wz, &q[o * wq..o1 * wq], &*cp_i);
-                let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
-                let zc = &zc;
-                rows_par(mt, mt * kh, |r| {
-                    // Gating scalar: `w_βᵀ t + b_β` repeated over the row; static: θ.
-                    let scalar_term;
-                    let zc_term: Option<&[T]> = match zc {
-                        ZConst::None => None,
-                        ZConst::Static(theta) => Some(theta),
-                        ZConst::Scalar(bb) => {
-                            scalar_term = vec![q_i[r * wq + wb_off] + *bb; h];
-                            Some(&scalar_term)
-                        }
-                    };
-                    let terms = [
-                        wz.map(|x| &x[(toff[r] + i) * h..(toff[r] + i + 1) * h])
-                            .or(zc_term),
-                        has_uz.then(|| &q_i[r * wq + ad..r * wq + ad + h]),
-                        has_cz.then(|| &cp_i[r * wc + kh..(r + 1) * wc]),
-                    ];
-                    // SAFETY: row r of each buffer is written by this task only.
-                    unsafe {
-                        gate_mix_row_d(
-                            terms,
-                            // (Paper form: the scale T itself into `ts`.)
-                            if paper {
-                                &ones
-                            } else {
-                                &t_i[r * h..(r + 1) * h]
-                            },
-                            if cgru.is_some() {
-                                &wp_zero
-                            } else {
-                                &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
-                            },
-                            &cp_i[r * wc..r * wc + kh],
-                            scales,
-                            zw.row(r),
-                            tsw.row(r),
-                            prew.row(r),
-                        )
-                    }
-                });
-            }
-            let ts_i = &*ts_i;
-            let t_next = if cgru.is_some() {
-                &mut sall[o * h..o1 * h]
-            } else {
-                &mut t_rest[..mth]
-            };
-            if paper {
-                // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
-                let gru_acts = gru.then(|| {
-                    (
-                        &mut hus[o * 2 * h..o1 * 2 * h],
-                        &mut ru[o * 2 * h..o1 * 2 * h],
-                        &mut rts[o * h..o1 * h],
-                        &mut cc[o * h..o1 * h],
-                    )
-                });
-                crate::profile::timed("  decoder fwd: GRU step", || {
-                    paper_transition(
-                        (mt, h),
-                        (&pre, &t_done[o * h..], ts_i),
-                        (&u, &u_ru),
-                        gru_acts,
-                        &mut rcs[o * h..o1 * h],
-                        t_next,
-                    )
-                });
-                continue;
-            }
-            if !gru {
-                // The vanilla unit: t_i = tanh(pre + U (T∘t)).
-                crate::profile::timed("  decoder fwd: GRU step", || {
-                    u.mul_into(mt, t_next, h, false, Mat::rows(ts_i, h));
-                    let pre = &pre;
-                    let tw = RowsMut::new(t_next, h);
-                    rows_par(mt, mth, |r| unsafe {
-                        vanilla_row_d(&pre[r * h..(r + 1) * h], tw.row(r))
-                    });
-                });
-                continue;
-            }
-            // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
-            let t_next = &mut t_next[..mth];
-            t_next.copy_from_slice(&ts_i[..mth]);
-            let acts = GruActs {
-                ru: &mut ru[o * 2 * h..o * 2 * h + 2 * mth],
-                rh: &mut rts[o * h..o * h + mth],
-                ht: &mut cc[o * h..o * h + mth],
-            };
-            crate::profile::timed("  decoder fwd: GRU step", || {
-                gru_step_forward(
-                    h,
-                    &pre[..mt * kh],
-                    t_next,
-                    None,
-                    acts,
-                    (&mut hu[..2 * mth], &mut rc[..mth]),
-                    &u_ru,
-                    &u,
-                )
-            });
+            x.context_product(&mut a, i, mt);
+            x.gate(&mut a, i, mt);
+            x.transition(&mut a, i, mt);
         }
-        // The readout's input, batch-major: [t_{i−1} | s_i] (cGRU: [t_i | s_i]).
-        let mut out = crate::kernels::zeroed(b * tl * h3);
-        {
-            use rayon::prelude::*;
-            let states = if cgru.is_some() { &sall } else { &tall };
-            let (off, active) = (&self.off, &self.active);
-            out.par_chunks_mut(h3).enumerate().for_each(|(row, o)| {
-                let (r, i) = (row / tl, row % tl);
-                // (A padded position's row stays zero.)
-                if r < active[i] {
-                    let x = off[i] + r;
-                    o[..h].copy_from_slice(&states[x * h..(x + 1) * h]);
-                    o[h..].copy_from_slice(&actx[x * w_ac + s..(x + 1) * w_ac]);
-                }
-            });
-        }
-        drop((tw, cw));
+        let out = x.readout_input(&a);
+        drop(x);
+        let Acts {
+            tall,
+            q,
+            actx,
+            z,
+            ts,
+            cp,
+            ru,
+            rts,
+            cc,
+            covs,
+            cacts,
+            hus,
+            rcs,
+            sall,
+            wru,
+            wrh,
+            wht,
+            ..
+        } = a;
         *self.saved.lock().expect("saved activations") = Some(Box::new(Saved {
             tall,
             q,
@@ -389,6 +202,425 @@ impl DecoderSequence {
             wrh,
             wht,
         }));
-        Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, h3))))
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, 3 * h))))
+    }
+}
+
+impl<'a, T: Real> Forward<'a, T> {
+    /// `[wp, ah, ann, v, u, u_ru]` as values, the gate's word term, the stacked weights `(tw, wq, cw, wc)`.
+    #[allow(clippy::type_complexity)]
+    fn new(
+        op: &'a DecoderSequence,
+        dims: Dims,
+        [wp, ah, ann, v, u, u_ru]: [&'a [T]; 6],
+        wz: Option<&'a [T]>,
+        (tw, wq, cw, wc): (&'a [T], usize, &'a [T], usize),
+        cd: Option<&'a CovData<T>>,
+        cgru_v: Option<&'a [Vec<T>; 3]>,
+    ) -> Result<Self> {
+        let Dims {
+            tl, h, k, s, ad, ..
+        } = dims;
+        let gru = k == 3;
+        let n = tl - 1;
+        let cgru = cgru_v.map(|v| CgruView::new(v, h));
+        let cr = cd.map(|c| c.rows());
+        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
+            (c.d, c.pre_width(), c.kd(), c.acts_width())
+        });
+        let (has_uz, has_cz) = (op.u_z.is_some(), op.c_z.is_some());
+        let wh_off = ad + if has_uz { h } else { 0 };
+        Ok(Forward {
+            op,
+            dims,
+            a2: 2 * h,
+            kh: k * h,
+            w_ac: s + 2 * h,
+            gru,
+            n,
+            nt: if cgru.is_some() { tl } else { n },
+            gated: op.gate.is_some(),
+            paper: op.paper,
+            wp,
+            ah,
+            ann,
+            v,
+            wz,
+            tw: Oriented::new(tw, h, wq),
+            wq,
+            cw: Oriented::new(cw, 2 * h, wc),
+            wc,
+            u_ru: Oriented::new(u_ru, h, if gru { 2 * h } else { 0 }),
+            u: Oriented::new(u, h, h),
+            has_uz,
+            has_cz,
+            mask: crate::kernels::to_vec(&op.mask)?,
+            scales: op.scales::<T>(),
+            zc: op.z_const::<T>()?,
+            cd,
+            cr,
+            cdim,
+            pw,
+            kd,
+            aw,
+            wh_off,
+            wb_off: wh_off + kd,
+            bsd: dims.b * s * cdim,
+            ones: vec![T::one(); if op.paper { h } else { 0 }],
+            wp_zero: vec![T::zero(); if cgru.is_some() { k * h } else { 0 }],
+            cgru,
+        })
+    }
+
+    /// The activations' buffers, time-major (step `i`'s rows at `off[i]..off[i + 1]`, see `step_offsets`),
+    /// with the initial state `t0` in step 0's rows.
+    fn acts(&self, t0: &[T]) -> Acts<T> {
+        let Dims { tl, b, h, s, .. } = self.dims;
+        let (off, nt, n, kh) = (&self.op.off, self.nt, self.n, self.kh);
+        let zeroed = crate::kernels::zeroed::<T>;
+        let mut tall = zeroed(off[tl] * h);
+        tall[..b * h].copy_from_slice(t0);
+        // GRU activations (none for the vanilla unit, whose activation is the next state itself).
+        let gn = if self.gru { nt } else { 0 };
+        // cGRU: the context GRU's states, the word GRU's activations and its step's inputs; the context GRU
+        // has no word term (a zero row in the mix).
+        let cg = self.cgru.is_some();
+        let cn = if cg { n } else { 0 };
+        let paper = self.paper;
+        Acts {
+            tall,
+            q: zeroed(off[tl] * self.wq),
+            actx: zeroed(off[tl] * self.w_ac),
+            z: zeroed(if self.gated { off[nt] * h } else { 0 }),
+            ts: zeroed(off[nt] * h),
+            cp: zeroed(off[nt] * self.wc),
+            ru: zeroed(off[gn] * 2 * h),
+            rts: zeroed(off[gn] * h),
+            cc: zeroed(off[gn] * h),
+            covs: zeroed(tl * self.bsd),
+            cacts: zeroed(n * b * s * self.aw),
+            hus: zeroed(if paper { off[gn] * 2 * h } else { 0 }),
+            rcs: zeroed(if paper { off[nt] * h } else { 0 }),
+            sall: zeroed(if cg { off[tl] * h } else { 0 }),
+            wru: zeroed(off[cn] * 2 * h),
+            wrh: zeroed(off[cn] * h),
+            wht: zeroed(off[cn] * h),
+            pre_w: vec![T::zero(); if cg { b * kh } else { 0 }],
+            pre: vec![T::zero(); b * kh],
+            hu: vec![T::zero(); b * 2 * h],
+            rc: vec![T::zero(); b * h],
+        }
+    }
+
+    /// cGRU: the word GRU `t'_i = GRU_word(e(y_{i−1}), t_{i−1})` over step `i`'s `m` rows.
+    fn word_gru(&self, a: &mut Acts<T>, i: usize, m: usize) {
+        let (h, kh) = (self.dims.h, self.kh);
+        let (off, toff) = (&self.op.off, &self.op.toff);
+        let g = self.cgru.as_ref().expect("the cGRU's step");
+        let (o, op) = (off[i], off[i - 1]);
+        let mh = m * h;
+        for r in 0..m {
+            a.pre_w[r * kh..(r + 1) * kh]
+                .copy_from_slice(&self.wp[(toff[r] + i - 1) * kh..(toff[r] + i) * kh]);
+        }
+        let state = &mut a.tall[o * h..o * h + mh];
+        state.copy_from_slice(&a.sall[op * h..op * h + mh]);
+        let acts = GruActs {
+            ru: &mut a.wru[op * 2 * h..op * 2 * h + 2 * mh],
+            rh: &mut a.wrh[op * h..op * h + mh],
+            ht: &mut a.wht[op * h..op * h + mh],
+        };
+        crate::profile::timed("  decoder fwd: word GRU step", || {
+            gru_step_forward(
+                h,
+                &a.pre_w[..m * kh],
+                state,
+                None,
+                acts,
+                (&mut a.hu[..2 * mh], &mut a.rc[..mh]),
+                &g.u_ru,
+                &g.u,
+            )
+        });
+    }
+
+    /// Attention from `t_{i−1}` (cGRU: `t'_i`) over step `i`'s `m` rows: the query products `t [B | U_z …]`,
+    /// the scores (with the coverage term), `α_i` and `s_i`; with coverage, `C_i` from `C_{i−1}`.
+    fn attention(&self, a: &mut Acts<T>, i: usize, m: usize) {
+        let Dims { h, s, ad, b, .. } = self.dims;
+        let (a2, w_ac, wq, n, bsd) = (self.a2, self.w_ac, self.wq, self.n, self.bsd);
+        let (cdim, pw, kd, aw, wh_off) = (self.cdim, self.pw, self.kd, self.aw, self.wh_off);
+        let (off, koff, lens) = (&self.op.off, &self.op.koff, &self.op.src_lens);
+        let (o, o1) = (off[i], off[i + 1]);
+        let t_i = &a.tall[o * h..o1 * h];
+        let q_i = &mut a.q[o * wq..o1 * wq];
+        crate::profile::timed("  decoder fwd: query GEMM", || {
+            self.tw.mul_into(m, q_i, wq, false, Mat::rows(t_i, h))
+        });
+        let actx_i = &mut a.actx[o * w_ac..o1 * w_ac];
+        let out = RowsMut::new(actx_i, w_ac);
+        let q_i = &*q_i;
+        let (mask, ah, ann, v) = (&self.mask, self.ah, self.ann, self.v);
+        // Coverage: C_{i−1} read, C_i (and the gated update's activations) written by each row.
+        let (c_done, c_rest) = a.covs.split_at_mut((i + 1) * bsd);
+        let c_i = &c_done[i * bsd..];
+        let c_next = RowsMut::new(if i < n { &mut c_rest[..bsd] } else { &mut [] }, s * cdim);
+        let acts_i = RowsMut::new(
+            if i < n {
+                &mut a.cacts[i * b * s * aw..(i + 1) * b * s * aw]
+            } else {
+                &mut []
+            },
+            s * aw,
+        );
+        let (cr, cd) = (&self.cr, &self.cd);
+        let _t = crate::profile::Scope::new("  decoder fwd: attention rows");
+        rows_par(m, m * s * ad, |r| {
+            // The sentence's own positions (α stays 0 on padding, as the mask makes it).
+            let sr = lens[r];
+            let mut e = vec![T::zero(); sr];
+            let ah_r = &ah[koff[r] * ad..(koff[r] + sr) * ad];
+            let q_r = &q_i[r * wq..(r + 1) * wq];
+            match cd {
+                Some(cd) => crate::coverage::scores_row(
+                    ah_r,
+                    &c_i[r * s * cdim..(r * s + sr) * cdim],
+                    &cd.v_cov,
+                    &q_r[..ad],
+                    v,
+                    &mut e,
+                ),
+                None => crate::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
+            }
+            for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
+                *x = *x + *m;
+            }
+            // SAFETY: row r of each buffer is written by this task only.
+            let o = unsafe { out.row(r) };
+            let (al, cx) = o.split_at_mut(s);
+            crate::attention::softmax_context_parts_d(
+                &e,
+                &ann[r * s * a2..(r * s + sr) * a2],
+                &mut al[..sr],
+                cx,
+            );
+            if let (Some(cr), Some(cd), true) = (cr, cd, i < n) {
+                cr.update(
+                    &c_i[r * s * cdim..(r + 1) * s * cdim],
+                    &o[..s],
+                    &cd.pre[r * s * pw..(r + 1) * s * pw],
+                    &q_r[wh_off..wh_off + kd],
+                    unsafe { c_next.row(r) },
+                    unsafe { acts_i.row(r) },
+                );
+            }
+        });
+    }
+
+    /// The context's products `s_i [C | C_z]` over the transition's `mt` rows (the cGRU's context GRU: with
+    /// its candidate's bias).
+    fn context_product(&self, a: &mut Acts<T>, i: usize, mt: usize) {
+        let (h, s, w_ac, wc) = (self.dims.h, self.dims.s, self.w_ac, self.wc);
+        let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
+        let ctx_i = Mat {
+            data: &a.actx[o * w_ac + s..o1 * w_ac],
+            rs: w_ac,
+            cs: 1,
+        };
+        let cp_i = &mut a.cp[o * wc..o1 * wc];
+        crate::profile::timed("  decoder fwd: context GEMM", || {
+            self.cw.mul_into(mt, cp_i, wc, false, ctx_i)
+        });
+        if let Some(g) = &self.cgru {
+            // The context GRU's candidate bias, with the context's term.
+            for row in cp_i[..mt * wc].chunks_exact_mut(wc) {
+                for (x, &bb) in row[2 * h..3 * h].iter_mut().zip(g.b.iter()) {
+                    *x = *x + bb;
+                }
+            }
+        }
+    }
+
+    /// The gate and the mix over the transition's `mt` rows: `z`, `T∘t` (paper form: `T`) and the
+    /// transition's pre-activations `T∘(W e) + S∘(C s)` (see `gate_mix`).
+    fn gate(&self, a: &mut Acts<T>, i: usize, mt: usize) {
+        let Dims { h, ad, .. } = self.dims;
+        let (kh, wq, wc, wb_off, gated) = (self.kh, self.wq, self.wc, self.wb_off, self.gated);
+        let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
+        let toff = &self.op.toff;
+        let Acts {
+            tall,
+            q,
+            cp,
+            z,
+            ts,
+            pre,
+            ..
+        } = a;
+        let t_i = &tall[o * h..o1 * h];
+        let (zw, tsw, prew) = (
+            RowsMut::new(
+                if gated {
+                    &mut z[o * h..o1 * h]
+                } else {
+                    &mut z[..]
+                },
+                if gated { h } else { 0 },
+            ),
+            RowsMut::new(&mut ts[o * h..o1 * h], h),
+            RowsMut::new(pre, kh),
+        );
+        let (wz, wp, q_i, cp_i) = (self.wz, self.wp, &q[o * wq..o1 * wq], &cp[o * wc..o1 * wc]);
+        let (has_uz, has_cz, paper, scales) = (self.has_uz, self.has_cz, self.paper, self.scales);
+        let (zc, ones, wp_zero, cg) = (&self.zc, &self.ones, &self.wp_zero, self.cgru.is_some());
+        let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
+        rows_par(mt, mt * kh, |r| {
+            // Gating scalar: `w_βᵀ t + b_β` repeated over the row; static: θ.
+            let scalar_term;
+            let zc_term: Option<&[T]> = match zc {
+                ZConst::None => None,
+                ZConst::Static(theta) => Some(theta),
+                ZConst::Scalar(bb) => {
+                    scalar_term = vec![q_i[r * wq + wb_off] + *bb; h];
+                    Some(&scalar_term)
+                }
+            };
+            let terms = [
+                wz.map(|x| &x[(toff[r] + i) * h..(toff[r] + i + 1) * h])
+                    .or(zc_term),
+                has_uz.then(|| &q_i[r * wq + ad..r * wq + ad + h]),
+                has_cz.then(|| &cp_i[r * wc + kh..(r + 1) * wc]),
+            ];
+            // SAFETY: row r of each buffer is written by this task only.
+            unsafe {
+                gate_mix_row_d(
+                    terms,
+                    // (Paper form: the scale T itself into `ts`.)
+                    if paper {
+                        ones
+                    } else {
+                        &t_i[r * h..(r + 1) * h]
+                    },
+                    if cg {
+                        wp_zero
+                    } else {
+                        &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
+                    },
+                    &cp_i[r * wc..r * wc + kh],
+                    scales,
+                    zw.row(r),
+                    tsw.row(r),
+                    prew.row(r),
+                )
+            }
+        });
+    }
+
+    /// The transition over its `mt` rows, from the pre-activations and `T∘t`: the next state `t_i` (the
+    /// cGRU's context GRU: `s`-state), GRU, vanilla or paper form.
+    fn transition(&self, a: &mut Acts<T>, i: usize, mt: usize) {
+        let (h, kh) = (self.dims.h, self.kh);
+        let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
+        let mth = mt * h;
+        let Acts {
+            tall,
+            ts,
+            pre,
+            hus,
+            ru,
+            rts,
+            cc,
+            rcs,
+            sall,
+            hu,
+            rc,
+            ..
+        } = a;
+        let (t_done, t_rest) = tall.split_at_mut(o1 * h);
+        let ts_i = &ts[o * h..o1 * h];
+        let t_next = if self.cgru.is_some() {
+            &mut sall[o * h..o1 * h]
+        } else {
+            &mut t_rest[..mth]
+        };
+        let (u, u_ru) = (&self.u, &self.u_ru);
+        if self.paper {
+            // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
+            let gru_acts = self.gru.then(|| {
+                (
+                    &mut hus[o * 2 * h..o1 * 2 * h],
+                    &mut ru[o * 2 * h..o1 * 2 * h],
+                    &mut rts[o * h..o1 * h],
+                    &mut cc[o * h..o1 * h],
+                )
+            });
+            crate::profile::timed("  decoder fwd: GRU step", || {
+                paper_transition(
+                    (mt, h),
+                    (&pre[..], &t_done[o * h..], ts_i),
+                    (u, u_ru),
+                    gru_acts,
+                    &mut rcs[o * h..o1 * h],
+                    t_next,
+                )
+            });
+            return;
+        }
+        if !self.gru {
+            // The vanilla unit: t_i = tanh(pre + U (T∘t)).
+            crate::profile::timed("  decoder fwd: GRU step", || {
+                u.mul_into(mt, t_next, h, false, Mat::rows(ts_i, h));
+                let pre = &*pre;
+                let tw = RowsMut::new(t_next, h);
+                rows_par(mt, mth, |r| unsafe {
+                    vanilla_row_d(&pre[r * h..(r + 1) * h], tw.row(r))
+                });
+            });
+            return;
+        }
+        // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
+        let t_next = &mut t_next[..mth];
+        t_next.copy_from_slice(&ts_i[..mth]);
+        let acts = GruActs {
+            ru: &mut ru[o * 2 * h..o * 2 * h + 2 * mth],
+            rh: &mut rts[o * h..o * h + mth],
+            ht: &mut cc[o * h..o * h + mth],
+        };
+        crate::profile::timed("  decoder fwd: GRU step", || {
+            gru_step_forward(
+                h,
+                &pre[..mt * kh],
+                t_next,
+                None,
+                acts,
+                (&mut hu[..2 * mth], &mut rc[..mth]),
+                u_ru,
+                u,
+            )
+        });
+    }
+
+    /// The readout's input, batch-major: `[t_{i−1} | s_i]` (cGRU: `[t_i | s_i]`) `[B·T, 3H]`.
+    fn readout_input(&self, a: &Acts<T>) -> Vec<T> {
+        use rayon::prelude::*;
+        let Dims { tl, b, h, s, .. } = self.dims;
+        let w_ac = self.w_ac;
+        let mut out = crate::kernels::zeroed(b * tl * 3 * h);
+        let states = if self.cgru.is_some() {
+            &a.sall
+        } else {
+            &a.tall
+        };
+        let (off, active, actx) = (&self.op.off, &self.op.active, &a.actx);
+        out.par_chunks_mut(3 * h).enumerate().for_each(|(row, o)| {
+            let (r, i) = (row / tl, row % tl);
+            // (A padded position's row stays zero.)
+            if r < active[i] {
+                let x = off[i] + r;
+                o[..h].copy_from_slice(&states[x * h..(x + 1) * h]);
+                o[h..].copy_from_slice(&actx[x * w_ac + s..(x + 1) * w_ac]);
+            }
+        });
+        out
     }
 }

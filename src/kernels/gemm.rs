@@ -188,20 +188,6 @@ pub(super) fn packed_gemm_on() -> bool {
     !PACKED_GEMM_OFF.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-static TARGET_PADDING_COMPUTED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-/// Compute only the words' positions of the target side in training (the default: the fused decoder's steps
-/// over the sentences with a word there, the readout and output layer over the words' rows), or every padded
-/// position too, under the mask (`cgnmt bench --compare-target-padding` alternates the two).
-pub fn set_target_padding_skipped(on: bool) {
-    TARGET_PADDING_COMPUTED.store(!on, std::sync::atomic::Ordering::Relaxed);
-}
-
-pub(crate) fn target_padding_skipped() -> bool {
-    !TARGET_PADDING_COMPUTED.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// Threads for one product: the pool, or the calling thread inside [`serial`].
 pub(super) fn gemm_threads() -> usize {
     if SERIAL.with(|s| s.get()) {

@@ -35,7 +35,10 @@ pub use ops::*;
 pub use pass::*;
 pub use shared::*;
 
-/// Which implementation of the hot recurrent steps runs.
+/// Which implementation of the hot recurrent steps runs. The choice is made one way: it is a model's
+/// [`crate::model::Model::kernels`] field, which every part of the model (encoder, attention, gate, coverage,
+/// transition, readout) takes as an argument; a model built by this process starts with the process's choice
+/// ([`Kernels::process_choice`], the CLI's `--kernels`), and tests and `bench` change it with `set_kernels`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernels {
@@ -47,24 +50,22 @@ pub enum Kernels {
 
 static PROCESS_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
-impl Default for Kernels {
-    /// Fused, unless the process chose otherwise with [`Kernels::set_process_default`] (the CLI's
-    /// `--kernels`).
-    fn default() -> Self {
+impl Kernels {
+    /// The kernels a model built now starts with: fused, unless the process chose otherwise with
+    /// [`Kernels::set_process_default`] (the CLI's `--kernels`). Read by `Model::new` only.
+    pub fn process_choice() -> Self {
         match PROCESS_KERNELS.load(std::sync::atomic::Ordering::Relaxed) {
             1 => Kernels::Reference,
             _ => Kernels::Fused,
         }
     }
-}
 
-impl Kernels {
     /// Whether a fused kernel should run for tensors on `dev`.
     pub fn fused_on(self, dev: &Device) -> bool {
         self == Kernels::Fused && dev.is_cpu()
     }
 
-    /// The kernels every model built afterwards in this process uses.
+    /// The kernels every model built afterwards in this process starts with.
     pub fn set_process_default(k: Kernels) {
         let v = match k {
             Kernels::Fused => 0,
