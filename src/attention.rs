@@ -58,6 +58,14 @@ impl Attention {
         })
     }
 
+    /// The attention's part of the fused decoder op's weights: `B` and `v`.
+    pub fn sequence_weights(&self) -> crate::decoder_sequence::AttentionWeights<'_> {
+        crate::decoder_sequence::AttentionWeights {
+            b: &self.b,
+            v: &self.v,
+        }
+    }
+
     /// [`attend_rows`] with this attention's `B` and `v`: hypothesis row `i` attends over sentence `rows[i]`.
     pub fn step_rows(
         &self,

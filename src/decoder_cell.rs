@@ -96,6 +96,33 @@ impl DecoderCell {
         })
     }
 
+    /// The transition's part of the fused decoder op's weights: `C`, `U_ru`, `U` and the form; for the
+    /// cGRU, its context GRU's (the op's transition) and its word GRU's recurrent weights.
+    pub fn sequence_weights(&self) -> crate::decoder_sequence::TransitionWeights<'_> {
+        use crate::decoder_sequence::{CgruWeights, TransitionWeights};
+        let paper_form = self.form == GateForm::Paper;
+        match &self.cgru {
+            Some((word, ctx)) => TransitionWeights {
+                c: &ctx.c,
+                u_ru: Some(&ctx.u_ru),
+                u: &ctx.u,
+                paper_form,
+                cgru: Some(CgruWeights {
+                    b: &ctx.b,
+                    u_ru: &word.u_ru,
+                    u: &word.u,
+                }),
+            },
+            None => TransitionWeights {
+                c: &self.c,
+                u_ru: self.u_ru.as_ref(),
+                u: &self.u,
+                paper_form,
+                cgru: None,
+            },
+        }
+    }
+
     /// A per-step product with a recurrent weight (see `kernels::rec_matmul`).
     fn mm(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         rec_matmul(k, x, w)

@@ -215,13 +215,18 @@ impl Gate {
         })
     }
 
-    /// A context gate's recurrent weights `(U_z, C_z)` (each present when the gate reads the state / the
-    /// context), for the fused decoder op.
-    pub fn recurrent_weights(&self) -> (Option<&Tensor>, Option<&Tensor>) {
-        match self {
-            Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref()),
-            _ => (None, None),
-        }
+    /// The gate's part of the fused decoder op's weights: a context gate's `U_z`, `C_z` (each present when
+    /// the gate reads the state / the context), or the gating scalar's `w_β`, `b_β`, or static
+    /// interpolation's `θ` as the op's one gate term.
+    pub fn sequence_weights(&self) -> crate::decoder_sequence::GateWeights<'_> {
+        use crate::decoder_sequence::{GateWeights, ZPre};
+        let (u_z, c_z, z_pre) = match self {
+            Gate::None => (None, None, None),
+            Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref(), None),
+            Gate::Scalar { w, b } => (None, None, Some(ZPre::Scalar { w, b })),
+            Gate::Static { z_logit } => (None, None, Some(ZPre::Static { theta: z_logit })),
+        };
+        GateWeights { u_z, c_z, z_pre }
     }
 
     /// `W_z e` for a batch of word embeddings `[N, E]` (computed once for all time steps in training).

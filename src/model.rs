@@ -653,11 +653,14 @@ impl Model {
     }
 
     /// [`Model::loss`], computing the target side's padded positions too where `padding` says so
-    /// (`train.target_padding`; the same value either way).
+    /// (`train.target_padding`; the same value either way). The steps: encode, embed the target words, run
+    /// the decoder's recurrence (one fused op, or step by step), the readout over all steps, the output
+    /// layer's negative log-likelihood.
     pub fn loss_with(&self, batch: &Batch, padding: TargetPadding) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        let fused = self.decoder_path();
-        let mut src = if matches!(fused, DecoderPath::Fused { .. }) {
+        let path = self.decoder_path();
+        let fused = matches!(path, DecoderPath::Fused { .. });
+        let mut src = if fused {
             self.encode_shared(&batch.src, &batch.src_mask)?
         } else {
             self.encode(&batch.src, &batch.src_mask)?
@@ -671,194 +674,171 @@ impl Model {
         }
         let e_all =
             crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?; // [B*T, E]
-        let e_dim = e_all.dim(1)?;
-        let e3 = e_all.reshape((b, t_len, e_dim))?;
+                                                                                                // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
+                                                                                                // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
+        let e_prev = if !fused || self.is_conditional() {
+            Some(previous_words(&e_all, b, t_len)?)
+        } else {
+            None
+        };
         // With the fused decoder op, the sentences' target lengths: the op, the readout and the output layer
         // then compute the words' positions only (when the mask is words then padding).
-        let lengths =
-            if matches!(fused, DecoderPath::Fused { .. }) && padding == TargetPadding::Skipped {
-                mask_lengths(&batch.tgt_mask)?
-            } else {
-                None
-            };
-        let readin = if let DecoderPath::Fused { gate } = fused {
-            // The whole decoder recurrence as one fused op (see `decoder_sequence`).
-            let (ah, ann) = src
-                .keys
-                .shared
-                .as_ref()
-                .expect("shared keys with fused kernels");
-            let (u_z, c_z) = self.gate.recurrent_weights();
-            // The cGRU's transition in the op is its context GRU; its word GRU follows it.
-            let (c, u_ru, u, cgru) = match &self.cell.cgru {
-                Some((word, ctx)) => (
-                    &ctx.c,
-                    Some(&ctx.u_ru),
-                    &ctx.u,
-                    Some(crate::decoder_sequence::CgruWeights {
-                        b: &ctx.b,
-                        u_ru: &word.u_ru,
-                        u: &word.u,
-                    }),
-                ),
-                None => (&self.cell.c, self.cell.u_ru.as_ref(), &self.cell.u, None),
-            };
-            let w = crate::decoder_sequence::DecoderWeights {
-                b_att: &self.attention.b,
-                v: &self.attention.v,
-                c,
-                u_ru,
-                u,
-                cgru,
-                u_z,
-                c_z,
-                paper_form: self.cell.form == crate::config::GateForm::Paper,
-                z_pre: match &self.gate {
-                    Gate::Scalar { w, b } => Some(crate::decoder_sequence::ZPre::Scalar { w, b }),
-                    Gate::Static { z_logit } => {
-                        Some(crate::decoder_sequence::ZPre::Static { theta: z_logit })
-                    }
-                    _ => None,
-                },
-            };
-            // The word projections as shared inputs, batch-major rows `(b, i)`: the words' positions only
-            // when the lengths come in decreasing order (as `Batch` puts them; see
-            // `decoder_sequence::Targets`), else every position.
-            let tgt_rows = lengths
-                .as_ref()
-                .filter(|l| {
-                    l.windows(2).all(|w| w[0] >= w[1]) && l.iter().sum::<usize>() < b * t_len
-                })
-                .map(|l| word_rows(l, t_len));
-            let wp = self.cell.project_words_shared(&e_all, tgt_rows.clone())?;
-            // (The cGRU's gate reads the previous word e(y_{i−1}), zero at i = 0.)
-            let wz = if self.is_conditional() {
-                let e_prev = Tensor::cat(
-                    &[
-                        Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
-                        e3.narrow(1, 0, t_len - 1)?,
-                    ],
-                    1,
-                )?
-                .reshape((b * t_len, e_dim))?;
-                self.gate.word_term_shared(&e_prev, tgt_rows)?
-            } else {
-                self.gate.word_term_shared(&e_all, tgt_rows)?
-            };
-            let cov = match &self.coverage {
-                Some(c) => Some(c.sequence_inputs(ann)?),
-                None => None,
-            };
-            let y = crate::decoder_sequence::decoder_sequence_fused(
-                wp,
-                wz.map(Into::into),
-                &src.t0,
-                ah,
-                ann,
-                &src.keys.mask_bias,
-                crate::decoder_sequence::Targets {
-                    positions: t_len,
-                    lengths: lengths.as_deref(),
-                },
-                &w,
-                gate,
-                cov,
-            )?;
-            Readin::Stacked(y)
+        let lengths = if fused && padding == TargetPadding::Skipped {
+            mask_lengths(&batch.tgt_mask)?
         } else {
-            // Batch-major rows `(b, i)`; the steps take time-major copies.
-            let wp = self.cell.project_words(self.kernels, &e_all)?;
-            let wz = self.gate.word_term(self.kernels, &e_all)?;
-            // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
-            let fused = self.kernels.fused_on(wp.device());
-            let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
-                if fused {
-                    let sh = crate::kernels::Shared::new(x)?;
-                    (0..t_len).map(|i| sh.index(i)).collect()
-                } else {
-                    (0..t_len).map(|i| x.i(i)).collect()
-                }
-            };
-            let time_major = |x: &Tensor| {
-                x.reshape((b, t_len, x.dim(1)?))?
-                    .transpose(0, 1)?
-                    .contiguous()
-            };
-            let wp_steps = steps(&time_major(&wp)?)?;
-            let wz_steps = match &wz {
-                Some(w) => Some(steps(&time_major(w)?)?),
-                None => None,
-            };
-            let mut t = src.t0.clone();
-            let mut cov = self.initial_coverage(&src)?;
-            let mut states = Vec::with_capacity(t_len);
-            let mut ctxs = Vec::with_capacity(t_len);
-            let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
-            // cGRU: the previous word's embedding per step (time-major).
-            let e_steps = if self.is_conditional() {
-                steps(&e3.transpose(0, 1)?.contiguous()?)?
-            } else {
-                vec![]
-            };
-            for i in 0..t_len {
-                let out = self.attend(&src, &t, cov.as_ref())?;
-                cov = out.cov;
-                if self.is_conditional() {
-                    let e_prev = if i == 0 {
-                        zeros_e.clone()
-                    } else {
-                        e_steps[i - 1].clone()
-                    };
-                    t = self
-                        .condition(&t, &(&out.ctx).into(), &e_prev, (1.0, 1.0))?
-                        .0;
-                }
-                states.push(t.clone());
-                ctxs.push(out.ctx.clone());
-                if i + 1 < t_len {
-                    let wz_i = wz_steps.as_ref().map(|w| &w[i]);
-                    t = self
-                        .transition_projected(
-                            &t,
-                            &wp_steps[i],
-                            wz_i,
-                            &(&out.ctx).into(),
-                            (1.0, 1.0),
-                        )?
-                        .0;
-                }
-            }
-            Readin::Split {
-                states: Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?,
-                ctxs: Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
-            }
+            None
         };
-        // Readout for all steps at once: batch-major rows (b, i), each reading e(y_{i−1}) (zero at i = 0).
-        let e_prev = || -> Result<Tensor> {
-            Tensor::cat(
-                &[
-                    Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
-                    e3.narrow(1, 0, t_len - 1)?,
-                ],
-                1,
-            )?
-            .reshape((b * t_len, e_dim))
-        };
-        let hid = match readin {
-            Readin::Stacked(ts) => crate::readout::hidden_rows_fused(
-                &self.readout,
-                ts,
-                &e_all,
-                t_len,
-                lengths.as_deref(),
-            )?,
-            Readin::Split { states, ctxs } => {
+        let hid = match path {
+            DecoderPath::Fused { gate } => {
+                let rows =
+                    self.decoder_sequence(&src, &e_all, e_prev.as_ref(), lengths.as_deref(), gate)?;
+                crate::readout::hidden_rows_fused(
+                    &self.readout,
+                    rows,
+                    &e_all,
+                    t_len,
+                    lengths.as_deref(),
+                )?
+            }
+            DecoderPath::Composed => {
+                let (states, ctxs) = self.decoder_steps(&src, &e_all, b)?;
+                let e_prev = e_prev.as_ref().expect("formed for the step-by-step path");
                 self.readout
-                    .hidden(self.kernels, &(&ctxs).into(), &states, &e_prev()?)?
+                    .hidden(self.kernels, &(&ctxs).into(), &states, e_prev)?
             }
         };
+        self.output_nll(&hid, batch, lengths.as_deref())
+    }
+
+    /// The whole decoder recurrence as one fused op (see `decoder_sequence`) over the target words'
+    /// embeddings `e_all` `[B·T, E]`: its rows `[t_{i−1} | s_i]` for the readout.
+    fn decoder_sequence(
+        &self,
+        src: &Source,
+        e_all: &Tensor,
+        e_prev: Option<&Tensor>,
+        lengths: Option<&[usize]>,
+        gate: Option<GateKinds>,
+    ) -> Result<crate::kernels::Shared> {
+        let (ah, ann) = src
+            .keys
+            .shared
+            .as_ref()
+            .expect("shared keys with fused kernels");
+        let t_len = e_all.dim(0)? / src.t0.dim(0)?;
+        let b = src.t0.dim(0)?;
+        let w = crate::decoder_sequence::DecoderWeights {
+            attention: self.attention.sequence_weights(),
+            transition: self.cell.sequence_weights(),
+            gate: self.gate.sequence_weights(),
+        };
+        // The word projections as shared inputs, batch-major rows `(b, i)`: the words' positions only
+        // when the lengths come in decreasing order (as `Batch` puts them; see
+        // `decoder_sequence::Targets`), else every position.
+        let tgt_rows = lengths
+            .filter(|l| l.windows(2).all(|w| w[0] >= w[1]) && l.iter().sum::<usize>() < b * t_len)
+            .map(|l| word_rows(l, t_len));
+        let wp = self.cell.project_words_shared(e_all, tgt_rows.clone())?;
+        // (The cGRU's gate reads the previous word e(y_{i−1}).)
+        let wz = match (self.is_conditional(), e_prev) {
+            (true, Some(e_prev)) => self.gate.word_term_shared(e_prev, tgt_rows)?,
+            _ => self.gate.word_term_shared(e_all, tgt_rows)?,
+        };
+        let cov = match &self.coverage {
+            Some(c) => Some(c.sequence_inputs(ann)?),
+            None => None,
+        };
+        crate::decoder_sequence::decoder_sequence_fused(
+            wp,
+            wz.map(Into::into),
+            &src.t0,
+            ah,
+            ann,
+            &src.keys.mask_bias,
+            crate::decoder_sequence::Targets {
+                positions: t_len,
+                lengths,
+            },
+            &w,
+            gate,
+            cov,
+        )
+    }
+
+    /// The decoder's recurrence step by step (composed ops; the reference of the fused op, and its form on
+    /// other devices): the states `t_{i−1}` and contexts `s_i` of every position, batch-major `[B·T, ·]`.
+    fn decoder_steps(&self, src: &Source, e_all: &Tensor, b: usize) -> Result<(Tensor, Tensor)> {
+        let t_len = e_all.dim(0)? / b;
+        let e_dim = e_all.dim(1)?;
+        // Batch-major rows `(b, i)`; the steps take time-major copies.
+        let wp = self.cell.project_words(self.kernels, e_all)?;
+        let wz = self.gate.word_term(self.kernels, e_all)?;
+        // Per-step slices of the batched projections (shared handles with fused kernels; see `Shared`).
+        let fused = self.kernels.fused_on(wp.device());
+        let steps = |x: &Tensor| -> Result<Vec<Tensor>> {
+            if fused {
+                let sh = crate::kernels::Shared::new(x)?;
+                (0..t_len).map(|i| sh.index(i)).collect()
+            } else {
+                (0..t_len).map(|i| x.i(i)).collect()
+            }
+        };
+        let time_major = |x: &Tensor| {
+            x.reshape((b, t_len, x.dim(1)?))?
+                .transpose(0, 1)?
+                .contiguous()
+        };
+        let wp_steps = steps(&time_major(&wp)?)?;
+        let wz_steps = match &wz {
+            Some(w) => Some(steps(&time_major(w)?)?),
+            None => None,
+        };
+        let mut t = src.t0.clone();
+        let mut cov = self.initial_coverage(src)?;
+        let mut states = Vec::with_capacity(t_len);
+        let mut ctxs = Vec::with_capacity(t_len);
+        let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
+        // cGRU: the previous word's embedding per step (time-major).
+        let e_steps = if self.is_conditional() {
+            steps(&time_major(e_all)?)?
+        } else {
+            vec![]
+        };
+        for i in 0..t_len {
+            let out = self.attend(src, &t, cov.as_ref())?;
+            cov = out.cov;
+            if self.is_conditional() {
+                let e_prev = if i == 0 {
+                    zeros_e.clone()
+                } else {
+                    e_steps[i - 1].clone()
+                };
+                t = self
+                    .condition(&t, &(&out.ctx).into(), &e_prev, (1.0, 1.0))?
+                    .0;
+            }
+            states.push(t.clone());
+            ctxs.push(out.ctx.clone());
+            if i + 1 < t_len {
+                let wz_i = wz_steps.as_ref().map(|w| &w[i]);
+                t = self
+                    .transition_projected(&t, &wp_steps[i], wz_i, &(&out.ctx).into(), (1.0, 1.0))?
+                    .0;
+            }
+        }
+        Ok((
+            Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?,
+            Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
+        ))
+    }
+
+    /// The output layer's summed negative log-likelihood of the targets over the readout's rows `hid`
+    /// (the words' rows only when `lengths` is given, else every position under the mask), divided by the
+    /// batch size.
+    fn output_nll(&self, hid: &Tensor, batch: &Batch, lengths: Option<&[usize]>) -> Result<Tensor> {
+        let (b, t_len) = batch.tgt.dims2()?;
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
-        if let Some(lens) = &lengths {
+        if let Some(lens) = lengths {
             // The words' rows only: their targets, and no mask.
             let ids: Vec<u32> = batch.tgt.flatten_all()?.to_vec1()?;
             let targets: Vec<u32> = lens
@@ -867,15 +847,15 @@ impl Model {
                 .flat_map(|(r, &n)| ids[r * t_len..r * t_len + n].iter().copied())
                 .collect();
             let targets = Tensor::from_vec(targets, hid.dim(0)?, hid.device())?;
-            return output_nll_fused(&hid, w_2, b_out, &targets)?
+            return output_nll_fused(hid, w_2, b_out, &targets)?
                 .sum_all()?
                 .affine(1.0 / b as f64, 0.0);
         }
         let targets = batch.tgt.flatten_all()?;
         let nll = if self.kernels.fused_on(hid.device()) {
-            output_nll_fused(&hid, w_2, b_out, &targets)?
+            output_nll_fused(hid, w_2, b_out, &targets)?
         } else {
-            output_nll_reference(&hid, w_2, b_out, &targets)?
+            output_nll_reference(hid, w_2, b_out, &targets)?
         };
         (nll * batch.tgt_mask.flatten_all()?)?
             .sum_all()?
@@ -883,9 +863,17 @@ impl Model {
     }
 }
 
-/// What the readout reads for every target step: the fused decoder's rows `[t_{i−1} | s_i]`, or the
-/// states and contexts of the step-by-step path.
-enum Readin {
-    Stacked(crate::kernels::Shared),
-    Split { states: Tensor, ctxs: Tensor },
+/// The previous word's embedding `e(y_{i−1})` of every position of `e_all` `[B·T, E]` (batch-major rows
+/// `(b, i)`), zero at `i = 0`.
+fn previous_words(e_all: &Tensor, b: usize, t_len: usize) -> Result<Tensor> {
+    let e_dim = e_all.dim(1)?;
+    let e3 = e_all.reshape((b, t_len, e_dim))?;
+    Tensor::cat(
+        &[
+            Tensor::zeros((b, 1, e_dim), e_all.dtype(), e_all.device())?,
+            e3.narrow(1, 0, t_len - 1)?,
+        ],
+        1,
+    )?
+    .reshape((b * t_len, e_dim))
 }

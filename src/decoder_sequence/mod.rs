@@ -27,27 +27,43 @@ mod forward;
 mod gate_mix;
 mod transition;
 
-/// The decoder's weights the recurrence reads.
+/// The decoder's weights the recurrence reads, one part per concept, each built by its own module
+/// ([`crate::attention::Attention::sequence_weights`], [`crate::decoder_cell::DecoderCell::sequence_weights`],
+/// [`crate::gate::Gate::sequence_weights`]).
 pub struct DecoderWeights<'a> {
-    /// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
-    pub b_att: &'a Tensor,
+    pub attention: AttentionWeights<'a>,
+    pub transition: TransitionWeights<'a>,
+    pub gate: GateWeights<'a>,
+}
+
+/// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
+pub struct AttentionWeights<'a> {
+    pub b: &'a Tensor,
     pub v: &'a Tensor,
-    /// Transition `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1),
-    /// `U` `[H, H]`. (cGRU: the context GRU's.)
+}
+
+/// The transition's weights.
+pub struct TransitionWeights<'a> {
+    /// `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1), `U` `[H, H]`.
+    /// (cGRU: the context GRU's.)
     pub c: &'a Tensor,
     pub u_ru: Option<&'a Tensor>,
     pub u: &'a Tensor,
-    /// Gate `U_z` `[H, H]` and `C_z` `[2H, H]` (when the gate reads the state / the context).
-    pub u_z: Option<&'a Tensor>,
-    pub c_z: Option<&'a Tensor>,
-    /// The gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
-    pub z_pre: Option<ZPre<'a>>,
     /// The paper-literal form: the target scale `T` multiplies the recurrent products `U_ru t`, `U(r∘t)` (or
     /// `U t`) after them, and the GRU interpolates with the unscaled state (see [`crate::decoder_cell`]).
     pub paper_form: bool,
     /// The conditional GRU (cGRU): the transition above is its context GRU (no word input), and a word GRU
     /// follows it at every step.
     pub cgru: Option<CgruWeights<'a>>,
+}
+
+/// The gate's recurrent weights: `U_z` `[H, H]` and `C_z` `[2H, H]` (when a context gate reads the state /
+/// the context), and the gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
+/// (Its word term `W_z e` is an input of the op, formed for all steps at once.)
+pub struct GateWeights<'a> {
+    pub u_z: Option<&'a Tensor>,
+    pub c_z: Option<&'a Tensor>,
+    pub z_pre: Option<ZPre<'a>>,
 }
 
 /// The cGRU's weights beyond the context GRU's `C`, `U_ru`, `U` (see [`crate::decoder_cell::DecoderCell`]):
@@ -123,10 +139,22 @@ pub fn decoder_sequence_fused<'a>(
     gate: Option<GateKinds>,
     coverage: Option<CoverageInputs>,
 ) -> Result<Shared> {
+    let DecoderWeights {
+        attention: AttentionWeights { b: b_att, v },
+        transition:
+            TransitionWeights {
+                c,
+                u_ru,
+                u,
+                paper_form,
+                cgru,
+            },
+        gate: GateWeights { u_z, c_z, z_pre },
+    } = w;
     let wp: Input = wp.into();
     let (rows, kh) = wp.tensor().dims2()?;
     let (b, h) = t0.dims2()?;
-    let k = if w.u_ru.is_some() { 3 } else { 1 };
+    let k = if u_ru.is_some() { 3 } else { 1 };
     let tl = targets.positions;
     let (b2, s, a2) = annotations.tensor.dims3()?;
     let ad = *ah.tensor.dims().last().unwrap_or(&0);
@@ -135,32 +163,25 @@ pub fn decoder_sequence_fused<'a>(
         && tl > 0
         && a2 == 2 * h
         && mask_bias.dims2()? == (b, s)
-        && w.b_att.dims2()? == (h, ad)
-        && w.v.elem_count() == ad
-        && w.c.dims2()? == (2 * h, k * h)
-        && w.u_ru
-            .map_or(Ok(true), |x| x.dims2().map(|d| d == (h, 2 * h)))?
-        && w.u.dims2()? == (h, h)
+        && b_att.dims2()? == (h, ad)
+        && v.elem_count() == ad
+        && c.dims2()? == (2 * h, k * h)
+        && u_ru.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, 2 * h)))?
+        && u.dims2()? == (h, h)
         && wz
             .as_ref()
             .map_or(Ok(true), |x| x.tensor().dims2().map(|d| d == (rows, h)))?
-        && w.u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
-        && w.c_z
-            .map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
-        && (gate.is_some()
-            || (wz.is_none() && w.u_z.is_none() && w.c_z.is_none() && w.z_pre.is_none()))
-        && (gate.is_none()
-            || wz.is_some()
-            || w.u_z.is_some()
-            || w.c_z.is_some()
-            || w.z_pre.is_some())
-        && (w.z_pre.is_none() || (wz.is_none() && w.u_z.is_none() && w.c_z.is_none()))
-        && match &w.z_pre {
+        && u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
+        && c_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
+        && (gate.is_some() || (wz.is_none() && u_z.is_none() && c_z.is_none() && z_pre.is_none()))
+        && (gate.is_none() || wz.is_some() || u_z.is_some() || c_z.is_some() || z_pre.is_some())
+        && (z_pre.is_none() || (wz.is_none() && u_z.is_none() && c_z.is_none()))
+        && match &z_pre {
             None => true,
             Some(ZPre::Scalar { w, b }) => w.dims2()? == (h, 1) && b.elem_count() == 1,
             Some(ZPre::Static { theta }) => theta.elem_count() == h,
         }
-        && match &w.cgru {
+        && match &cgru {
             None => true,
             Some(g) => {
                 k == 3
@@ -236,15 +257,15 @@ pub fn decoder_sequence_fused<'a>(
         ah: ah.clone(),
         ann: annotations.clone(),
         mask: mask_bias.contiguous()?,
-        b_att: sh(w.b_att)?,
-        v: sh(w.v)?,
-        c: sh(w.c)?,
-        u_ru: w.u_ru.map(sh).transpose()?,
-        u: sh(w.u)?,
-        u_z: w.u_z.map(sh).transpose()?,
-        c_z: w.c_z.map(sh).transpose()?,
-        paper: w.paper_form,
-        z_pre: match &w.z_pre {
+        b_att: sh(b_att)?,
+        v: sh(v)?,
+        c: sh(c)?,
+        u_ru: u_ru.map(sh).transpose()?,
+        u: sh(u)?,
+        u_z: u_z.map(sh).transpose()?,
+        c_z: c_z.map(sh).transpose()?,
+        paper: *paper_form,
+        z_pre: match &z_pre {
             None => None,
             Some(ZPre::Scalar { w, b }) => Some(ZPreOp::Scalar {
                 w: sh(w)?,
@@ -254,7 +275,7 @@ pub fn decoder_sequence_fused<'a>(
         },
         gate,
         cov,
-        cgru: match &w.cgru {
+        cgru: match &cgru {
             None => None,
             Some(g) => Some(CgruOp {
                 b: sh(g.b)?,
