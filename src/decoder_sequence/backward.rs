@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::gate_mix::{bwd_mix_row_d, RowScales};
+use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
 use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZPreOp};
 use crate::coverage::CovRows;
@@ -31,9 +31,8 @@ struct Backward<'a, T: Real> {
     gated: bool,
     paper: bool,
     sv: &'a Saved<T>,
-    /// `∂[t_{i−1} | s_i]` `[B·T, 3H]`, the word projections, `v`.
+    /// `∂[t_{i−1} | s_i]` `[B·T, 3H]` and `v`.
     g: &'a [T],
-    wp: &'a [T],
     v: &'a [T],
     tw: Oriented<'a, T>,
     cw: Oriented<'a, T>,
@@ -56,10 +55,8 @@ struct Backward<'a, T: Real> {
     wh_off: usize,
     wb_off: usize,
     bsd: usize,
-    /// Paper form: the ones that stand for the state in the mix.
-    ones: Vec<T>,
-    /// cGRU: the context GRU's zero word term.
-    wp_zero: Vec<T>,
+    /// The mix's state and word rows.
+    mix: MixRows<'a, T>,
 }
 
 /// What the backward pass writes.
@@ -233,7 +230,6 @@ impl<'a, T: Real> Backward<'a, T> {
             paper: op.paper,
             sv,
             g,
-            wp,
             v,
             tw: Oriented::new(&sv.tw, h, sv.wq),
             cw: Oriented::new(&sv.cw, 2 * h, sv.wc),
@@ -253,8 +249,11 @@ impl<'a, T: Real> Backward<'a, T> {
             wh_off,
             wb_off: wh_off + kd,
             bsd: dims.b * dims.s * cdim,
-            ones: vec![T::one(); if op.paper { h } else { 0 }],
-            wp_zero: vec![T::zero(); if cgru.is_some() { k * h } else { 0 }],
+            mix: MixRows::new(
+                (h, k * h),
+                op.paper,
+                cgru.is_none().then_some((wp, &op.toff[..])),
+            ),
             cgru,
         })
     }
@@ -491,29 +490,21 @@ impl<'a, T: Real> Backward<'a, T> {
                 RowsMut::new(dzp, if gated { h } else { 0 }),
             );
             let (dpre_i, dts) = (&dpre[o * kh..o1 * kh], &*dts);
-            let (wp, cp_i) = (self.wp, &sv.cp[o * wc..o1 * wc]);
+            let cp_i = &sv.cp[o * wc..o1 * wc];
             let z_i = if gated {
                 &sv.z[o * h..o1 * h]
             } else {
                 &sv.z[..]
             };
-            let (ones, wp_zero, scales) = (&self.ones, &self.wp_zero, self.scales);
+            let (mix, scales) = (&self.mix, self.scales);
             let _t = crate::profile::Scope::new("  decoder bwd: gate rows");
             rows_par(mt, mt * kh, |r| unsafe {
                 bwd_mix_row_d(
                     &dpre_i[r * kh..(r + 1) * kh],
                     &dts[r * h..(r + 1) * h],
                     // (Paper form: the scale's ∂ into the gate; ∂t is the transition's.)
-                    if paper {
-                        ones
-                    } else {
-                        &t_i[r * h..(r + 1) * h]
-                    },
-                    if cg {
-                        wp_zero
-                    } else {
-                        &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
-                    },
+                    mix.state(t_i, r),
+                    mix.word(i, r),
                     &cp_i[r * wc..r * wc + kh],
                     if gated { &z_i[r * h..(r + 1) * h] } else { z_i },
                     scales,

@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, Result, Shape};
 
-use super::gate_mix::{gate_mix_row_d, RowScales};
+use super::gate_mix::{gate_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition, vanilla_row_d};
 use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZConst};
 use crate::coverage::CovRows;
@@ -54,31 +54,14 @@ struct Forward<'a, T: Real> {
     wb_off: usize,
     bsd: usize,
     cgru: Option<CgruView<'a, T>>,
-    /// Paper form: the ones that stand for the state in the mix (the scale `T` itself goes to `ts`).
-    ones: Vec<T>,
-    /// cGRU: the context GRU's zero word term.
-    wp_zero: Vec<T>,
+    /// The mix's state and word rows.
+    mix: MixRows<'a, T>,
 }
 
-/// What the forward pass writes: the activations it saves (see [`Saved`]) and the steps' scratch rows.
+/// What the forward pass writes: the activations it saves for the backward pass (`s`; its stacked weights
+/// are added at the end) and the steps' scratch rows.
 struct Acts<T> {
-    tall: Vec<T>,
-    q: Vec<T>,
-    actx: Vec<T>,
-    z: Vec<T>,
-    ts: Vec<T>,
-    cp: Vec<T>,
-    ru: Vec<T>,
-    rts: Vec<T>,
-    cc: Vec<T>,
-    covs: Vec<T>,
-    cacts: Vec<T>,
-    hus: Vec<T>,
-    rcs: Vec<T>,
-    sall: Vec<T>,
-    wru: Vec<T>,
-    wrh: Vec<T>,
-    wht: Vec<T>,
+    s: Saved<T>,
     /// cGRU: the word GRU's inputs; the transition's pre-activations; the GRU step's `U_ru t`, `U(r∘t)`.
     pre_w: Vec<T>,
     pre: Vec<T>,
@@ -159,49 +142,9 @@ impl DecoderSequence {
         }
         let out = x.readout_input(&a);
         drop(x);
-        let Acts {
-            tall,
-            q,
-            actx,
-            z,
-            ts,
-            cp,
-            ru,
-            rts,
-            cc,
-            covs,
-            cacts,
-            hus,
-            rcs,
-            sall,
-            wru,
-            wrh,
-            wht,
-            ..
-        } = a;
-        *self.saved.lock().expect("saved activations") = Some(Box::new(Saved {
-            tall,
-            q,
-            actx,
-            z,
-            ts,
-            cp,
-            ru,
-            rts,
-            c: cc,
-            tw: tw_v,
-            wq,
-            cw: cw_v,
-            wc,
-            covs,
-            cacts,
-            hus,
-            rcs,
-            sall,
-            wru,
-            wrh,
-            wht,
-        }));
+        let mut saved = a.s;
+        (saved.tw, saved.wq, saved.cw, saved.wc) = (tw_v, wq, cw_v, wc);
+        *self.saved.lock().expect("saved activations") = Some(Box::new(saved));
         Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, 3 * h))))
     }
 }
@@ -266,8 +209,11 @@ impl<'a, T: Real> Forward<'a, T> {
             wh_off,
             wb_off: wh_off + kd,
             bsd: dims.b * s * cdim,
-            ones: vec![T::one(); if op.paper { h } else { 0 }],
-            wp_zero: vec![T::zero(); if cgru.is_some() { k * h } else { 0 }],
+            mix: MixRows::new(
+                (h, k * h),
+                op.paper,
+                cgru.is_none().then_some((wp, &op.toff[..])),
+            ),
             cgru,
         })
     }
@@ -288,23 +234,29 @@ impl<'a, T: Real> Forward<'a, T> {
         let cn = if cg { n } else { 0 };
         let paper = self.paper;
         Acts {
-            tall,
-            q: zeroed(off[tl] * self.wq),
-            actx: zeroed(off[tl] * self.w_ac),
-            z: zeroed(if self.gated { off[nt] * h } else { 0 }),
-            ts: zeroed(off[nt] * h),
-            cp: zeroed(off[nt] * self.wc),
-            ru: zeroed(off[gn] * 2 * h),
-            rts: zeroed(off[gn] * h),
-            cc: zeroed(off[gn] * h),
-            covs: zeroed(tl * self.bsd),
-            cacts: zeroed(n * b * s * self.aw),
-            hus: zeroed(if paper { off[gn] * 2 * h } else { 0 }),
-            rcs: zeroed(if paper { off[nt] * h } else { 0 }),
-            sall: zeroed(if cg { off[tl] * h } else { 0 }),
-            wru: zeroed(off[cn] * 2 * h),
-            wrh: zeroed(off[cn] * h),
-            wht: zeroed(off[cn] * h),
+            s: Saved {
+                tall,
+                q: zeroed(off[tl] * self.wq),
+                actx: zeroed(off[tl] * self.w_ac),
+                z: zeroed(if self.gated { off[nt] * h } else { 0 }),
+                ts: zeroed(off[nt] * h),
+                cp: zeroed(off[nt] * self.wc),
+                ru: zeroed(off[gn] * 2 * h),
+                rts: zeroed(off[gn] * h),
+                c: zeroed(off[gn] * h),
+                covs: zeroed(tl * self.bsd),
+                cacts: zeroed(n * b * s * self.aw),
+                hus: zeroed(if paper { off[gn] * 2 * h } else { 0 }),
+                rcs: zeroed(if paper { off[nt] * h } else { 0 }),
+                sall: zeroed(if cg { off[tl] * h } else { 0 }),
+                wru: zeroed(off[cn] * 2 * h),
+                wrh: zeroed(off[cn] * h),
+                wht: zeroed(off[cn] * h),
+                tw: vec![],
+                wq: 0,
+                cw: vec![],
+                wc: 0,
+            },
             pre_w: vec![T::zero(); if cg { b * kh } else { 0 }],
             pre: vec![T::zero(); b * kh],
             hu: vec![T::zero(); b * 2 * h],
@@ -323,12 +275,12 @@ impl<'a, T: Real> Forward<'a, T> {
             a.pre_w[r * kh..(r + 1) * kh]
                 .copy_from_slice(&self.wp[(toff[r] + i - 1) * kh..(toff[r] + i) * kh]);
         }
-        let state = &mut a.tall[o * h..o * h + mh];
-        state.copy_from_slice(&a.sall[op * h..op * h + mh]);
+        let state = &mut a.s.tall[o * h..o * h + mh];
+        state.copy_from_slice(&a.s.sall[op * h..op * h + mh]);
         let acts = GruActs {
-            ru: &mut a.wru[op * 2 * h..op * 2 * h + 2 * mh],
-            rh: &mut a.wrh[op * h..op * h + mh],
-            ht: &mut a.wht[op * h..op * h + mh],
+            ru: &mut a.s.wru[op * 2 * h..op * 2 * h + 2 * mh],
+            rh: &mut a.s.wrh[op * h..op * h + mh],
+            ht: &mut a.s.wht[op * h..op * h + mh],
         };
         crate::profile::timed("  decoder fwd: word GRU step", || {
             gru_step_forward(
@@ -352,22 +304,22 @@ impl<'a, T: Real> Forward<'a, T> {
         let (cdim, pw, kd, aw, wh_off) = (self.cdim, self.pw, self.kd, self.aw, self.wh_off);
         let (off, koff, lens) = (&self.op.off, &self.op.koff, &self.op.src_lens);
         let (o, o1) = (off[i], off[i + 1]);
-        let t_i = &a.tall[o * h..o1 * h];
-        let q_i = &mut a.q[o * wq..o1 * wq];
+        let t_i = &a.s.tall[o * h..o1 * h];
+        let q_i = &mut a.s.q[o * wq..o1 * wq];
         crate::profile::timed("  decoder fwd: query GEMM", || {
             self.tw.mul_into(m, q_i, wq, false, Mat::rows(t_i, h))
         });
-        let actx_i = &mut a.actx[o * w_ac..o1 * w_ac];
+        let actx_i = &mut a.s.actx[o * w_ac..o1 * w_ac];
         let out = RowsMut::new(actx_i, w_ac);
         let q_i = &*q_i;
         let (mask, ah, ann, v) = (&self.mask, self.ah, self.ann, self.v);
         // Coverage: C_{i−1} read, C_i (and the gated update's activations) written by each row.
-        let (c_done, c_rest) = a.covs.split_at_mut((i + 1) * bsd);
+        let (c_done, c_rest) = a.s.covs.split_at_mut((i + 1) * bsd);
         let c_i = &c_done[i * bsd..];
         let c_next = RowsMut::new(if i < n { &mut c_rest[..bsd] } else { &mut [] }, s * cdim);
         let acts_i = RowsMut::new(
             if i < n {
-                &mut a.cacts[i * b * s * aw..(i + 1) * b * s * aw]
+                &mut a.s.cacts[i * b * s * aw..(i + 1) * b * s * aw]
             } else {
                 &mut []
             },
@@ -423,11 +375,11 @@ impl<'a, T: Real> Forward<'a, T> {
         let (h, s, w_ac, wc) = (self.dims.h, self.dims.s, self.w_ac, self.wc);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let ctx_i = Mat {
-            data: &a.actx[o * w_ac + s..o1 * w_ac],
+            data: &a.s.actx[o * w_ac + s..o1 * w_ac],
             rs: w_ac,
             cs: 1,
         };
-        let cp_i = &mut a.cp[o * wc..o1 * wc];
+        let cp_i = &mut a.s.cp[o * wc..o1 * wc];
         crate::profile::timed("  decoder fwd: context GEMM", || {
             self.cw.mul_into(mt, cp_i, wc, false, ctx_i)
         });
@@ -448,15 +400,10 @@ impl<'a, T: Real> Forward<'a, T> {
         let (kh, wq, wc, wb_off, gated) = (self.kh, self.wq, self.wc, self.wb_off, self.gated);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let toff = &self.op.toff;
-        let Acts {
-            tall,
-            q,
-            cp,
-            z,
-            ts,
-            pre,
-            ..
-        } = a;
+        let Saved {
+            tall, q, cp, z, ts, ..
+        } = &mut a.s;
+        let pre = &mut a.pre;
         let t_i = &tall[o * h..o1 * h];
         let (zw, tsw, prew) = (
             RowsMut::new(
@@ -470,9 +417,9 @@ impl<'a, T: Real> Forward<'a, T> {
             RowsMut::new(&mut ts[o * h..o1 * h], h),
             RowsMut::new(pre, kh),
         );
-        let (wz, wp, q_i, cp_i) = (self.wz, self.wp, &q[o * wq..o1 * wq], &cp[o * wc..o1 * wc]);
-        let (has_uz, has_cz, paper, scales) = (self.has_uz, self.has_cz, self.paper, self.scales);
-        let (zc, ones, wp_zero, cg) = (&self.zc, &self.ones, &self.wp_zero, self.cgru.is_some());
+        let (wz, q_i, cp_i) = (self.wz, &q[o * wq..o1 * wq], &cp[o * wc..o1 * wc]);
+        let (has_uz, has_cz, scales) = (self.has_uz, self.has_cz, self.scales);
+        let (zc, mix) = (&self.zc, &self.mix);
         let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
         rows_par(mt, mt * kh, |r| {
             // Gating scalar: `w_βᵀ t + b_β` repeated over the row; static: θ.
@@ -496,16 +443,8 @@ impl<'a, T: Real> Forward<'a, T> {
                 gate_mix_row_d(
                     terms,
                     // (Paper form: the scale T itself into `ts`.)
-                    if paper {
-                        ones
-                    } else {
-                        &t_i[r * h..(r + 1) * h]
-                    },
-                    if cg {
-                        wp_zero
-                    } else {
-                        &wp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
-                    },
+                    mix.state(t_i, r),
+                    mix.word(i, r),
                     &cp_i[r * wc..r * wc + kh],
                     scales,
                     zw.row(r),
@@ -522,20 +461,18 @@ impl<'a, T: Real> Forward<'a, T> {
         let (h, kh) = (self.dims.h, self.kh);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let mth = mt * h;
-        let Acts {
+        let Saved {
             tall,
             ts,
-            pre,
             hus,
             ru,
             rts,
-            cc,
+            c: cc,
             rcs,
             sall,
-            hu,
-            rc,
             ..
-        } = a;
+        } = &mut a.s;
+        let (pre, hu, rc) = (&mut a.pre, &mut a.hu, &mut a.rc);
         let (t_done, t_rest) = tall.split_at_mut(o1 * h);
         let ts_i = &ts[o * h..o1 * h];
         let t_next = if self.cgru.is_some() {
@@ -607,11 +544,11 @@ impl<'a, T: Real> Forward<'a, T> {
         let w_ac = self.w_ac;
         let mut out = crate::kernels::zeroed(b * tl * 3 * h);
         let states = if self.cgru.is_some() {
-            &a.sall
+            &a.s.sall
         } else {
-            &a.tall
+            &a.s.tall
         };
-        let (off, active, actx) = (&self.op.off, &self.op.active, &a.actx);
+        let (off, active, actx) = (&self.op.off, &self.op.active, &a.s.actx);
         out.par_chunks_mut(3 * h).enumerate().for_each(|(row, o)| {
             let (r, i) = (row / tl, row % tl);
             // (A padded position's row stays zero.)

@@ -133,3 +133,52 @@ pub(super) fn bwd_mix_row<T: Real>(
     }
 }
 simd_dispatch!(bwd_mix_row_d, bwd_mix_row_avx, bwd_mix_row, (dpre: &[T], dts: &[T], t: &[T], wp: &[T], cp: &[T], z: &[T], scales: RowScales<T>, gated: bool, dwp: &mut [T], dcp: &mut [T], dt: &mut [T], dzp: &mut [T]));
+
+/// What a row of the mix reads besides the gate, in both passes: the state (paper form: ones, as the scale
+/// `T` itself is the mix's `T∘t` then) and the word projections `W e + b` of step `i` (the cGRU's context
+/// GRU: a zero row, as it has no word input).
+pub(super) struct MixRows<'a, T> {
+    h: usize,
+    kh: usize,
+    paper: bool,
+    ones: Vec<T>,
+    /// The word projections' rows (see `word_offsets`) and each sentence's first row; `None`: the cGRU.
+    words: Option<(&'a [T], &'a [usize])>,
+    zero: Vec<T>,
+}
+
+impl<'a, T: Real> MixRows<'a, T> {
+    pub(super) fn new(
+        (h, kh): (usize, usize),
+        paper: bool,
+        words: Option<(&'a [T], &'a [usize])>,
+    ) -> Self {
+        MixRows {
+            h,
+            kh,
+            paper,
+            ones: vec![T::one(); if paper { h } else { 0 }],
+            zero: vec![T::zero(); if words.is_none() { kh } else { 0 }],
+            words,
+        }
+    }
+
+    /// Row `r`'s state from the step's states `t_i`.
+    #[inline]
+    pub(super) fn state<'b>(&'b self, t_i: &'b [T], r: usize) -> &'b [T] {
+        if self.paper {
+            &self.ones
+        } else {
+            &t_i[r * self.h..(r + 1) * self.h]
+        }
+    }
+
+    /// Row `r`'s word projection at step `i`.
+    #[inline]
+    pub(super) fn word(&self, i: usize, r: usize) -> &[T] {
+        match self.words {
+            Some((wp, toff)) => &wp[(toff[r] + i) * self.kh..(toff[r] + i + 1) * self.kh],
+            None => &self.zero,
+        }
+    }
+}
