@@ -19,17 +19,6 @@ use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shar
 struct Backward<'a, T: Real> {
     op: &'a DecoderSequence,
     dims: Dims,
-    /// `2H`, the output rows' `3H`, the transition's `k·H` inputs, the `[α | s]` row width `S + 2H`.
-    a2: usize,
-    h3: usize,
-    kh: usize,
-    w_ac: usize,
-    gru: bool,
-    /// `n = T − 1`; steps with a transition: `n`, or all `T` for the cGRU's context GRU (`nt`).
-    n: usize,
-    nt: usize,
-    gated: bool,
-    paper: bool,
     sv: &'a Saved<T>,
     /// `∂[t_{i−1} | s_i]` `[B·T, 3H]` and `v`.
     g: &'a [T],
@@ -38,23 +27,10 @@ struct Backward<'a, T: Real> {
     cw: Oriented<'a, T>,
     u_ru: Oriented<'a, T>,
     u: Oriented<'a, T>,
-    has_uz: bool,
-    has_cz: bool,
     scales: RowScales<T>,
     cgru: Option<CgruView<'a, T>>,
     cd: Option<&'a CovData<T>>,
     cr: Option<CovRows<'a, T>>,
-    /// Coverage: `d`, the widths of its pre-computed term, its `k·d` query part, its activations, and its
-    /// `U`, `U_ru` (neural, gated).
-    cdim: usize,
-    pw: usize,
-    kd: usize,
-    aw: usize,
-    uw: usize,
-    uruw: usize,
-    wh_off: usize,
-    wb_off: usize,
-    bsd: usize,
     /// The mix's state and word rows.
     mix: MixRows<'a, T>,
 }
@@ -141,7 +117,7 @@ impl DecoderSequence {
                 x.word_gru(&mut d, i);
             }
             // The transition's rows: those of step i + 1 (the cGRU's context GRU: step i's).
-            let mt = match (i < x.nt, x.cgru.is_some()) {
+            let mt = match (i < x.dims.nt, x.cgru.is_some()) {
                 (false, _) => 0,
                 (true, true) => m,
                 (true, false) => self.active[i + 1],
@@ -202,53 +178,22 @@ impl<'a, T: Real> Backward<'a, T> {
         cd: Option<&'a CovData<T>>,
         cgru_v: Option<&'a [Vec<T>; 3]>,
     ) -> Result<Self> {
-        let Dims { tl, h, k, ad, .. } = dims;
-        let gru = k == 3;
-        let n = tl - 1;
+        let Dims { h, k, .. } = dims;
         let cgru = cgru_v.map(|v| CgruView::new(v, h));
         let cr = cd.map(|c| c.rows());
-        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
-            (c.d, c.pre_width(), c.kd(), c.acts_width())
-        });
-        let (uw, uruw) = match &cr {
-            Some(c) if c.neural => (cdim * cdim, if c.gated { 2 * cdim * cdim } else { 0 }),
-            _ => (0, 0),
-        };
-        let (has_uz, has_cz) = (op.u_z.is_some(), op.c_z.is_some());
-        let wh_off = ad + if has_uz { h } else { 0 };
         Ok(Backward {
             op,
             dims,
-            a2: 2 * h,
-            h3: 3 * h,
-            kh: k * h,
-            w_ac: dims.s + 2 * h,
-            gru,
-            n,
-            nt: if cgru.is_some() { tl } else { n },
-            gated: op.gate.is_some(),
-            paper: op.paper,
             sv,
             g,
             v,
             tw: Oriented::new(&sv.tw, h, sv.wq),
             cw: Oriented::new(&sv.cw, 2 * h, sv.wc),
-            u_ru: Oriented::new(u_ru, h, if gru { 2 * h } else { 0 }),
+            u_ru: Oriented::new(u_ru, h, if dims.gru { 2 * h } else { 0 }),
             u: Oriented::new(u, h, h),
-            has_uz,
-            has_cz,
             scales: op.scales::<T>(),
             cd,
             cr,
-            cdim,
-            pw,
-            kd,
-            aw,
-            uw,
-            uruw,
-            wh_off,
-            wb_off: wh_off + kd,
-            bsd: dims.b * dims.s * cdim,
             mix: MixRows::new(
                 (h, k * h),
                 op.paper,
@@ -263,10 +208,10 @@ impl<'a, T: Real> Backward<'a, T> {
         let Dims {
             tl, b, h, s, ad, ..
         } = self.dims;
-        let (off, nt, kh, bh) = (&self.op.off, self.nt, self.kh, b * h);
+        let (off, nt, kh, bh) = (&self.op.off, self.dims.nt, self.dims.kh, b * h);
         let zeroed = crate::kernels::zeroed::<T>;
-        let (paper, cg) = (self.paper, self.cgru.is_some());
-        let cn = if cg { self.n } else { 0 };
+        let (paper, cg) = (self.dims.paper, self.cgru.is_some());
+        let cn = if cg { self.dims.n } else { 0 };
         // (The projections' rows: see `word_offsets`.)
         let wp_rows = self.op.wp.tensor.dim(0)?;
         let static_z = matches!(self.op.z_pre, Some(ZPreOp::Static { .. }));
@@ -276,7 +221,7 @@ impl<'a, T: Real> Backward<'a, T> {
             dts: vec![T::zero(); bh],
             drts: vec![T::zero(); bh],
             dtp: vec![T::zero(); if paper { bh } else { 0 }],
-            dhus: zeroed(if paper && self.gru {
+            dhus: zeroed(if paper && self.dims.gru {
                 off[nt] * 2 * h
             } else {
                 0
@@ -286,28 +231,28 @@ impl<'a, T: Real> Backward<'a, T> {
             dh_w: vec![T::zero(); if cg { bh } else { 0 }],
             dwp_scratch: vec![T::zero(); if cg { b * kh } else { 0 }],
             dwp: zeroed(wp_rows * kh),
-            dzp: zeroed(if self.gated { wp_rows * h } else { 0 }),
+            dzp: zeroed(if self.dims.gated { wp_rows * h } else { 0 }),
             dcp: zeroed(off[nt] * self.sv.wc),
             dpre: zeroed(off[nt] * kh),
             dq: zeroed(off[tl] * self.sv.wq),
-            dctx_all: zeroed(off[tl] * self.a2),
+            dctx_all: zeroed(off[tl] * self.dims.a2),
             dv_rows: vec![T::zero(); b * ad],
             db_beta: T::zero(),
             dtheta: vec![T::zero(); if static_z { h } else { 0 }],
-            dcov: vec![T::zero(); self.bsd],
-            dcov_prev: vec![T::zero(); self.bsd],
-            dpre_cov: vec![T::zero(); b * s * self.pw],
-            dvcov_rows: vec![T::zero(); b * self.cdim * ad],
-            dp_rows: vec![T::zero(); b * self.kd],
-            du_rows: vec![T::zero(); b * self.uw],
-            duru_rows: vec![T::zero(); b * self.uruw],
+            dcov: vec![T::zero(); self.dims.bsd],
+            dcov_prev: vec![T::zero(); self.dims.bsd],
+            dpre_cov: vec![T::zero(); b * s * self.dims.pw],
+            dvcov_rows: vec![T::zero(); b * self.dims.cdim * ad],
+            dp_rows: vec![T::zero(); b * self.dims.kd],
+            du_rows: vec![T::zero(); b * self.dims.uw],
+            duru_rows: vec![T::zero(); b * self.dims.uruw],
         })
     }
 
     /// The readout's gradients for `[t_{i−1} | s_i]` of step `i`'s `m` rows (padded rows' are not read):
     /// into `dt_prev` and step `i`'s `∂s_i`.
     fn readout(&self, d: &mut Grads<T>, i: usize, m: usize) {
-        let (h, h3, a2, tl) = (self.dims.h, self.h3, self.a2, self.dims.tl);
+        let (h, h3, a2, tl) = (self.dims.h, self.dims.h3, self.dims.a2, self.dims.tl);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let dctx = &mut d.dctx_all[o * a2..o1 * a2];
         for r in 0..m {
@@ -321,7 +266,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// t'_{i+1} = GRU_word(e(y_i), t_i) adds its share, from ∂t'_{i+1} in `dt`. Leaves ∂t_i (the context
     /// GRU's output gradient) in `dt`; ∂t'_i collects in `dt_prev` from here.
     fn word_gru(&self, d: &mut Grads<T>, i: usize) {
-        let (h, kh, n) = (self.dims.h, self.kh, self.n);
+        let (h, kh, n) = (self.dims.h, self.dims.kh, self.dims.n);
         let (off, toff) = (&self.op.off, &self.op.toff);
         let g = self.cgru.as_ref().expect("the cGRU's step");
         let o = off[i];
@@ -364,7 +309,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// Back through the transition of step `i`'s `mt` rows from ∂t_{i+1} in `dt`: the pre-activations'
     /// gradient `dpre`, and `dts` = ∂(T∘t) (paper form: ∂T, with ∂t_i through the transition in `dtp`).
     fn transition(&self, d: &mut Grads<T>, i: usize, mt: usize) {
-        let (h, kh) = (self.dims.h, self.kh);
+        let (h, kh) = (self.dims.h, self.dims.kh);
         let off = &self.op.off;
         let (o, o1) = (off[i], off[i + 1]);
         let sv = self.sv;
@@ -382,9 +327,9 @@ impl<'a, T: Real> Backward<'a, T> {
             ..
         } = d;
         let dpre_i = &mut dpre[o * kh..o1 * kh];
-        if self.paper {
+        if self.dims.paper {
             // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
-            let gru_acts = self.gru.then(|| {
+            let gru_acts = self.dims.gru.then(|| {
                 (
                     &sv.ru[o * 2 * h..o1 * 2 * h],
                     &sv.c[o * h..o1 * h],
@@ -411,7 +356,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     (dts, dtp, drts),
                 )
             });
-        } else if self.gru {
+        } else if self.dims.gru {
             let (ru_i, ts_i, cc_i) = (
                 &sv.ru[o * 2 * h..o1 * 2 * h],
                 &sv.ts[o * h..o1 * h],
@@ -460,7 +405,13 @@ impl<'a, T: Real> Backward<'a, T> {
     /// ∂ of the gate's pre-activation next to ∂(C s) and ∂(B t) for the stacked products.
     fn gate(&self, d: &mut Grads<T>, i: usize, mt: usize) {
         let Dims { h, ad, .. } = self.dims;
-        let (kh, wc, wq, gated, paper) = (self.kh, self.sv.wc, self.sv.wq, self.gated, self.paper);
+        let (kh, wc, wq, gated, paper) = (
+            self.dims.kh,
+            self.sv.wc,
+            self.sv.wq,
+            self.dims.gated,
+            self.dims.paper,
+        );
         let (off, toff) = (&self.op.off, &self.op.toff);
         let (o, o1) = (off[i], off[i + 1]);
         let sv = self.sv;
@@ -531,7 +482,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 // β's pre-activation is every element's: its gradient is the row's sum.
                 Some(ZPreOp::Scalar { .. }) => {
                     let s = g.iter().fold(T::zero(), |a, &x| a + x);
-                    dq[(o + r) * wq + self.wb_off] = s;
+                    dq[(o + r) * wq + self.dims.wb_off] = s;
                     *db_beta = *db_beta + s;
                 }
                 Some(ZPreOp::Static { .. }) => {
@@ -541,10 +492,10 @@ impl<'a, T: Real> Backward<'a, T> {
                 }
                 None => {}
             }
-            if self.has_cz {
+            if self.dims.has_cz {
                 dcp_i[r * wc + kh..(r + 1) * wc].copy_from_slice(g);
             }
-            if self.has_uz {
+            if self.dims.has_uz {
                 dq[(o + r) * wq + ad..(o + r) * wq + ad + h].copy_from_slice(g);
             }
         }
@@ -552,7 +503,7 @@ impl<'a, T: Real> Backward<'a, T> {
 
     /// ∂s_i of step `i`'s `mt` transition rows from ∂(s [C | C_z]), added to the readout's.
     fn context_product(&self, d: &mut Grads<T>, i: usize, mt: usize) {
-        let (a2, wc) = (self.a2, self.sv.wc);
+        let (a2, wc) = (self.dims.a2, self.sv.wc);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let dctx = &mut d.dctx_all[o * a2..o1 * a2];
         let dcp_i = &d.dcp[o * wc..o1 * wc];
@@ -566,8 +517,20 @@ impl<'a, T: Real> Backward<'a, T> {
     /// per-sentence weight gradients.
     fn attention(&self, d: &mut Grads<T>, i: usize, m: usize) -> Result<()> {
         let Dims { s, ad, b, .. } = self.dims;
-        let (a2, w_ac, wq, n, bsd) = (self.a2, self.w_ac, self.sv.wq, self.n, self.bsd);
-        let (cdim, pw, kd, aw, wh_off) = (self.cdim, self.pw, self.kd, self.aw, self.wh_off);
+        let (a2, w_ac, wq, n, bsd) = (
+            self.dims.a2,
+            self.dims.w_ac,
+            self.sv.wq,
+            self.dims.n,
+            self.dims.bsd,
+        );
+        let (cdim, pw, kd, aw, wh_off) = (
+            self.dims.cdim,
+            self.dims.pw,
+            self.dims.kd,
+            self.dims.aw,
+            self.dims.wh_off,
+        );
         let (off, koff, lens) = (&self.op.off, &self.op.koff, &self.op.src_lens);
         let (o, o1) = (off[i], off[i + 1]);
         let sv = self.sv;
@@ -594,8 +557,8 @@ impl<'a, T: Real> Backward<'a, T> {
         let dprew = RowsMut::new(&mut d.dpre_cov, s * pw);
         let dvcw = RowsMut::new(&mut d.dvcov_rows, cdim * ad);
         let dpw = RowsMut::new(&mut d.dp_rows, kd);
-        let duw = RowsMut::new(&mut d.du_rows, self.uw);
-        let duruw = RowsMut::new(&mut d.duru_rows, self.uruw);
+        let duw = RowsMut::new(&mut d.du_rows, self.dims.uw);
+        let duruw = RowsMut::new(&mut d.duru_rows, self.dims.uruw);
         let (cr, cd) = (&self.cr, &self.cd);
         let _t = crate::profile::Scope::new("  decoder bwd: attention rows");
         self.op.ah.with_slice::<T, _>(|ah| {
@@ -704,7 +667,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// `[L, S]` and ∂S_r `[L, 2H]` over the sentence's `L` steps, gathered from the time-major rows.
     fn annotations(&self, d: &Grads<T>) {
         let Dims { s, .. } = self.dims;
-        let (a2, w_ac) = (self.a2, self.w_ac);
+        let (a2, w_ac) = (self.dims.a2, self.dims.w_ac);
         let _t = crate::profile::Scope::new("  decoder bwd: annotation gradients");
         let (active, off, lens) = (&self.op.active, &self.op.off, &self.op.src_lens);
         let (actx, dctx_all) = (&self.sv.actx, &d.dctx_all);
@@ -757,7 +720,8 @@ impl<'a, T: Real> Backward<'a, T> {
             return;
         };
         let Dims { tl, h, ad, .. } = self.dims;
-        c.v_cov.add_grad(sum_rows(&d.dvcov_rows, self.cdim * ad));
+        c.v_cov
+            .add_grad(sum_rows(&d.dvcov_rows, self.dims.cdim * ad));
         let mut dpre_cov = std::mem::take(&mut d.dpre_cov);
         if let Some(nf) = c.fertility {
             // ∂(1/(N σ(x)))/∂x = −(1 − σ)/(N σ).
@@ -769,21 +733,21 @@ impl<'a, T: Real> Backward<'a, T> {
         }
         c.pre.add_grad(dpre_cov);
         if let Some(p) = &c.p {
-            p.add_grad(sum_rows(&d.dp_rows, self.kd));
+            p.add_grad(sum_rows(&d.dp_rows, self.dims.kd));
         }
         if let Some(u) = &c.u {
-            u.add_grad(sum_rows(&d.du_rows, self.uw));
+            u.add_grad(sum_rows(&d.du_rows, self.dims.uw));
         }
         if let Some(u_ru) = &c.u_ru {
-            u_ru.add_grad(sum_rows(&d.duru_rows, self.uruw));
+            u_ru.add_grad(sum_rows(&d.duru_rows, self.dims.uruw));
         }
         if let Some(w_h) = &c.w_h {
             w_h.add_grad(crate::kernels::product::<T>(
                 h,
-                self.kd,
+                self.dims.kd,
                 self.op.off[tl],
                 Mat::t(&self.sv.tall, h),
-                block(&d.dq, self.sv.wq, self.wh_off),
+                block(&d.dq, self.sv.wq, self.dims.wh_off),
             ));
         }
     }
@@ -792,7 +756,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// the gating scalar's `w_β`, `b_β`, the static interpolation's `θ`.
     fn gate_weights(&self, d: &Grads<T>) {
         let Dims { tl, h, ad, .. } = self.dims;
-        let (wq, wc, kh) = (self.sv.wq, self.sv.wc, self.kh);
+        let (wq, wc, kh) = (self.sv.wq, self.sv.wc, self.dims.kh);
         let rows_t = self.op.off[tl];
         let tall = Mat::t(&self.sv.tall, h);
         match &self.op.z_pre {
@@ -802,7 +766,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     1,
                     rows_t,
                     tall,
-                    block(&d.dq, wq, self.wb_off),
+                    block(&d.dq, wq, self.dims.wb_off),
                 ));
                 bias.add_grad(vec![d.db_beta]);
             }
@@ -820,9 +784,9 @@ impl<'a, T: Real> Backward<'a, T> {
         }
         if let Some(cz) = &self.op.c_z {
             cz.add_grad(crate::kernels::product::<T>(
-                self.a2,
+                self.dims.a2,
                 h,
-                self.op.off[self.nt],
+                self.op.off[self.dims.nt],
                 self.context_rows(),
                 block(&d.dcp, wc, kh),
             ));
@@ -834,7 +798,7 @@ impl<'a, T: Real> Backward<'a, T> {
         Mat {
             data: &self.sv.actx[self.dims.s..],
             rs: 1,
-            cs: self.w_ac,
+            cs: self.dims.w_ac,
         }
     }
 
@@ -842,12 +806,12 @@ impl<'a, T: Real> Backward<'a, T> {
     /// (scaled) state; the cGRU's context GRU's bias and its word GRU's `U_ru`, `U`.
     fn transition_weights(&self, d: &Grads<T>) {
         let h = self.dims.h;
-        let (wc, kh, gru) = (self.sv.wc, self.kh, self.gru);
+        let (wc, kh, gru) = (self.sv.wc, self.dims.kh, self.dims.gru);
         let sv = self.sv;
-        let nb = self.op.off[self.nt];
+        let nb = self.op.off[self.dims.nt];
         let weight_grad = crate::kernels::product::<T>;
         self.op.c.add_grad(weight_grad(
-            self.a2,
+            self.dims.a2,
             kh,
             nb,
             self.context_rows(),
@@ -863,7 +827,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 }
             }
             gs.b.add_grad(db);
-            let nw = self.op.off[self.n];
+            let nw = self.op.off[self.dims.n];
             gs.u_ru.add_grad(weight_grad(
                 h,
                 2 * h,
@@ -879,7 +843,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 block(&d.dpw_all, kh, 2 * h),
             ));
         }
-        if self.paper {
+        if self.dims.paper {
             // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla).
             if let Some(u_ru) = &self.op.u_ru {
                 u_ru.add_grad(weight_grad(

@@ -16,16 +16,6 @@ use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
 struct Forward<'a, T: Real> {
     op: &'a DecoderSequence,
     dims: Dims,
-    /// `2H`, the transition's `k·H` inputs, the `[α | s]` row width `S + 2H`.
-    a2: usize,
-    kh: usize,
-    w_ac: usize,
-    gru: bool,
-    /// Steps with a transition: `T − 1`, or all `T` for the cGRU's context GRU (`nt`); `n = T − 1`.
-    n: usize,
-    nt: usize,
-    gated: bool,
-    paper: bool,
     wp: &'a [T],
     ah: &'a [T],
     ann: &'a [T],
@@ -38,21 +28,11 @@ struct Forward<'a, T: Real> {
     wc: usize,
     u_ru: Oriented<'a, T>,
     u: Oriented<'a, T>,
-    has_uz: bool,
-    has_cz: bool,
     mask: Vec<T>,
     scales: RowScales<T>,
     zc: ZConst<T>,
     cd: Option<&'a CovData<T>>,
     cr: Option<CovRows<'a, T>>,
-    /// Coverage: `d`, the widths of its pre-computed term, its `k·d` query part and its activations.
-    cdim: usize,
-    pw: usize,
-    kd: usize,
-    aw: usize,
-    wh_off: usize,
-    wb_off: usize,
-    bsd: usize,
     cgru: Option<CgruView<'a, T>>,
     /// The mix's state and word rows.
     mix: MixRows<'a, T>,
@@ -124,7 +104,7 @@ impl DecoderSequence {
                 x.word_gru(&mut a, i, m);
             }
             x.attention(&mut a, i, m);
-            if i == x.nt {
+            if i == x.dims.nt {
                 break;
             }
             // The rows the transition covers: those of the next step (the cGRU's context GRU: this step's).
@@ -161,29 +141,12 @@ impl<'a, T: Real> Forward<'a, T> {
         cd: Option<&'a CovData<T>>,
         cgru_v: Option<&'a [Vec<T>; 3]>,
     ) -> Result<Self> {
-        let Dims {
-            tl, h, k, s, ad, ..
-        } = dims;
-        let gru = k == 3;
-        let n = tl - 1;
+        let Dims { h, k, .. } = dims;
         let cgru = cgru_v.map(|v| CgruView::new(v, h));
         let cr = cd.map(|c| c.rows());
-        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
-            (c.d, c.pre_width(), c.kd(), c.acts_width())
-        });
-        let (has_uz, has_cz) = (op.u_z.is_some(), op.c_z.is_some());
-        let wh_off = ad + if has_uz { h } else { 0 };
         Ok(Forward {
             op,
             dims,
-            a2: 2 * h,
-            kh: k * h,
-            w_ac: s + 2 * h,
-            gru,
-            n,
-            nt: if cgru.is_some() { tl } else { n },
-            gated: op.gate.is_some(),
-            paper: op.paper,
             wp,
             ah,
             ann,
@@ -193,22 +156,13 @@ impl<'a, T: Real> Forward<'a, T> {
             wq,
             cw: Oriented::new(cw, 2 * h, wc),
             wc,
-            u_ru: Oriented::new(u_ru, h, if gru { 2 * h } else { 0 }),
+            u_ru: Oriented::new(u_ru, h, if dims.gru { 2 * h } else { 0 }),
             u: Oriented::new(u, h, h),
-            has_uz,
-            has_cz,
             mask: crate::kernels::to_vec(&op.mask)?,
             scales: op.scales::<T>(),
             zc: op.z_const::<T>()?,
             cd,
             cr,
-            cdim,
-            pw,
-            kd,
-            aw,
-            wh_off,
-            wb_off: wh_off + kd,
-            bsd: dims.b * s * cdim,
             mix: MixRows::new(
                 (h, k * h),
                 op.paper,
@@ -222,30 +176,30 @@ impl<'a, T: Real> Forward<'a, T> {
     /// with the initial state `t0` in step 0's rows.
     fn acts(&self, t0: &[T]) -> Acts<T> {
         let Dims { tl, b, h, s, .. } = self.dims;
-        let (off, nt, n, kh) = (&self.op.off, self.nt, self.n, self.kh);
+        let (off, nt, n, kh) = (&self.op.off, self.dims.nt, self.dims.n, self.dims.kh);
         let zeroed = crate::kernels::zeroed::<T>;
         let mut tall = zeroed(off[tl] * h);
         tall[..b * h].copy_from_slice(t0);
         // GRU activations (none for the vanilla unit, whose activation is the next state itself).
-        let gn = if self.gru { nt } else { 0 };
+        let gn = if self.dims.gru { nt } else { 0 };
         // cGRU: the context GRU's states, the word GRU's activations and its step's inputs; the context GRU
         // has no word term (a zero row in the mix).
         let cg = self.cgru.is_some();
         let cn = if cg { n } else { 0 };
-        let paper = self.paper;
+        let paper = self.dims.paper;
         Acts {
             s: Saved {
                 tall,
                 q: zeroed(off[tl] * self.wq),
-                actx: zeroed(off[tl] * self.w_ac),
-                z: zeroed(if self.gated { off[nt] * h } else { 0 }),
+                actx: zeroed(off[tl] * self.dims.w_ac),
+                z: zeroed(if self.dims.gated { off[nt] * h } else { 0 }),
                 ts: zeroed(off[nt] * h),
                 cp: zeroed(off[nt] * self.wc),
                 ru: zeroed(off[gn] * 2 * h),
                 rts: zeroed(off[gn] * h),
                 c: zeroed(off[gn] * h),
-                covs: zeroed(tl * self.bsd),
-                cacts: zeroed(n * b * s * self.aw),
+                covs: zeroed(tl * self.dims.bsd),
+                cacts: zeroed(n * b * s * self.dims.aw),
                 hus: zeroed(if paper { off[gn] * 2 * h } else { 0 }),
                 rcs: zeroed(if paper { off[nt] * h } else { 0 }),
                 sall: zeroed(if cg { off[tl] * h } else { 0 }),
@@ -266,7 +220,7 @@ impl<'a, T: Real> Forward<'a, T> {
 
     /// cGRU: the word GRU `t'_i = GRU_word(e(y_{i−1}), t_{i−1})` over step `i`'s `m` rows.
     fn word_gru(&self, a: &mut Acts<T>, i: usize, m: usize) {
-        let (h, kh) = (self.dims.h, self.kh);
+        let (h, kh) = (self.dims.h, self.dims.kh);
         let (off, toff) = (&self.op.off, &self.op.toff);
         let g = self.cgru.as_ref().expect("the cGRU's step");
         let (o, op) = (off[i], off[i - 1]);
@@ -300,8 +254,20 @@ impl<'a, T: Real> Forward<'a, T> {
     /// the scores (with the coverage term), `α_i` and `s_i`; with coverage, `C_i` from `C_{i−1}`.
     fn attention(&self, a: &mut Acts<T>, i: usize, m: usize) {
         let Dims { h, s, ad, b, .. } = self.dims;
-        let (a2, w_ac, wq, n, bsd) = (self.a2, self.w_ac, self.wq, self.n, self.bsd);
-        let (cdim, pw, kd, aw, wh_off) = (self.cdim, self.pw, self.kd, self.aw, self.wh_off);
+        let (a2, w_ac, wq, n, bsd) = (
+            self.dims.a2,
+            self.dims.w_ac,
+            self.wq,
+            self.dims.n,
+            self.dims.bsd,
+        );
+        let (cdim, pw, kd, aw, wh_off) = (
+            self.dims.cdim,
+            self.dims.pw,
+            self.dims.kd,
+            self.dims.aw,
+            self.dims.wh_off,
+        );
         let (off, koff, lens) = (&self.op.off, &self.op.koff, &self.op.src_lens);
         let (o, o1) = (off[i], off[i + 1]);
         let t_i = &a.s.tall[o * h..o1 * h];
@@ -372,7 +338,7 @@ impl<'a, T: Real> Forward<'a, T> {
     /// The context's products `s_i [C | C_z]` over the transition's `mt` rows (the cGRU's context GRU: with
     /// its candidate's bias).
     fn context_product(&self, a: &mut Acts<T>, i: usize, mt: usize) {
-        let (h, s, w_ac, wc) = (self.dims.h, self.dims.s, self.w_ac, self.wc);
+        let (h, s, w_ac, wc) = (self.dims.h, self.dims.s, self.dims.w_ac, self.wc);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let ctx_i = Mat {
             data: &a.s.actx[o * w_ac + s..o1 * w_ac],
@@ -397,7 +363,13 @@ impl<'a, T: Real> Forward<'a, T> {
     /// transition's pre-activations `T∘(W e) + S∘(C s)` (see `gate_mix`).
     fn gate(&self, a: &mut Acts<T>, i: usize, mt: usize) {
         let Dims { h, ad, .. } = self.dims;
-        let (kh, wq, wc, wb_off, gated) = (self.kh, self.wq, self.wc, self.wb_off, self.gated);
+        let (kh, wq, wc, wb_off, gated) = (
+            self.dims.kh,
+            self.wq,
+            self.wc,
+            self.dims.wb_off,
+            self.dims.gated,
+        );
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let toff = &self.op.toff;
         let Saved {
@@ -418,7 +390,7 @@ impl<'a, T: Real> Forward<'a, T> {
             RowsMut::new(pre, kh),
         );
         let (wz, q_i, cp_i) = (self.wz, &q[o * wq..o1 * wq], &cp[o * wc..o1 * wc]);
-        let (has_uz, has_cz, scales) = (self.has_uz, self.has_cz, self.scales);
+        let (has_uz, has_cz, scales) = (self.dims.has_uz, self.dims.has_cz, self.scales);
         let (zc, mix) = (&self.zc, &self.mix);
         let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
         rows_par(mt, mt * kh, |r| {
@@ -458,7 +430,7 @@ impl<'a, T: Real> Forward<'a, T> {
     /// The transition over its `mt` rows, from the pre-activations and `T∘t`: the next state `t_i` (the
     /// cGRU's context GRU: `s`-state), GRU, vanilla or paper form.
     fn transition(&self, a: &mut Acts<T>, i: usize, mt: usize) {
-        let (h, kh) = (self.dims.h, self.kh);
+        let (h, kh) = (self.dims.h, self.dims.kh);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let mth = mt * h;
         let Saved {
@@ -481,9 +453,9 @@ impl<'a, T: Real> Forward<'a, T> {
             &mut t_rest[..mth]
         };
         let (u, u_ru) = (&self.u, &self.u_ru);
-        if self.paper {
+        if self.dims.paper {
             // t_i from the unscaled state; the products scaled by T (= ts_i) after them.
-            let gru_acts = self.gru.then(|| {
+            let gru_acts = self.dims.gru.then(|| {
                 (
                     &mut hus[o * 2 * h..o1 * 2 * h],
                     &mut ru[o * 2 * h..o1 * 2 * h],
@@ -503,7 +475,7 @@ impl<'a, T: Real> Forward<'a, T> {
             });
             return;
         }
-        if !self.gru {
+        if !self.dims.gru {
             // The vanilla unit: t_i = tanh(pre + U (T∘t)).
             crate::profile::timed("  decoder fwd: GRU step", || {
                 u.mul_into(mt, t_next, h, false, Mat::rows(ts_i, h));
@@ -541,7 +513,7 @@ impl<'a, T: Real> Forward<'a, T> {
     fn readout_input(&self, a: &Acts<T>) -> Vec<T> {
         use rayon::prelude::*;
         let Dims { tl, b, h, s, .. } = self.dims;
-        let w_ac = self.w_ac;
+        let w_ac = self.dims.w_ac;
         let mut out = crate::kernels::zeroed(b * tl * 3 * h);
         let states = if self.cgru.is_some() {
             &a.s.sall

@@ -587,7 +587,7 @@ fn source_lengths<T: Real>(mask: &[T], b: usize, s: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Sizes of one run.
+/// Sizes of one run, and the widths both passes derive from them.
 #[derive(Clone, Copy)]
 struct Dims {
     tl: usize,
@@ -597,6 +597,32 @@ struct Dims {
     k: usize,
     s: usize,
     ad: usize,
+    /// `2H`, the output rows' `3H`, the transition's `k·H` inputs, the `[α | s]` row width `S + 2H`.
+    a2: usize,
+    h3: usize,
+    kh: usize,
+    w_ac: usize,
+    gru: bool,
+    /// `n = T − 1`; steps with a transition: `n`, or all `T` for the cGRU's context GRU (`nt`).
+    n: usize,
+    nt: usize,
+    gated: bool,
+    paper: bool,
+    /// Whether the gate reads the state (`U_z`) and the context (`C_z`).
+    has_uz: bool,
+    has_cz: bool,
+    /// Coverage: `d`, the widths of its pre-computed term, its `k·d` query part, its activations, its `U`
+    /// and `U_ru` (neural, gated), and `B·S·d`.
+    cdim: usize,
+    pw: usize,
+    kd: usize,
+    aw: usize,
+    uw: usize,
+    uruw: usize,
+    bsd: usize,
+    /// Where the query rows `t [B | U_z | W_h | w_β]` hold coverage's `t W_h` and the gating scalar's term.
+    wh_off: usize,
+    wb_off: usize,
 }
 
 impl DecoderSequence {
@@ -606,13 +632,52 @@ impl DecoderSequence {
         let tl = self.active.len();
         let s = self.ann.tensor.dim(1)?;
         let ad = *self.ah.tensor.dims().last().unwrap_or(&0);
+        let k = kh / h.max(1);
+        let n = tl - 1;
+        let cr = self.cov.as_ref().map(|c| crate::coverage::CovRows::<f32> {
+            neural: c.neural,
+            gated: c.gated,
+            d: c.d,
+            p: &[],
+            u: &[],
+            u_ru: &[],
+        });
+        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
+            (c.d, c.pre_width(), c.kd(), c.acts_width())
+        });
+        let (uw, uruw) = match &cr {
+            Some(c) if c.neural => (cdim * cdim, if c.gated { 2 * cdim * cdim } else { 0 }),
+            _ => (0, 0),
+        };
+        let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
+        let wh_off = ad + if has_uz { h } else { 0 };
         Ok(Dims {
             tl,
             b,
             h,
-            k: kh / h.max(1),
+            k,
             s,
             ad,
+            a2: 2 * h,
+            h3: 3 * h,
+            kh,
+            w_ac: s + 2 * h,
+            gru: k == 3,
+            n,
+            nt: if self.cgru.is_some() { tl } else { n },
+            gated: self.gate.is_some(),
+            paper: self.paper,
+            has_uz,
+            has_cz,
+            cdim,
+            pw,
+            kd,
+            aw,
+            uw,
+            uruw,
+            bsd: b * s * cdim,
+            wh_off,
+            wb_off: wh_off + kd,
         })
     }
 
