@@ -206,11 +206,19 @@ impl<'a, T: Real> Backward<'a, T> {
     /// The gradients' buffers, zero.
     fn grads(&self) -> Result<Grads<T>> {
         let Dims {
-            tl, b, h, s, ad, ..
+            tl,
+            b,
+            h,
+            s,
+            ad,
+            nt,
+            kh,
+            paper,
+            ..
         } = self.dims;
-        let (off, nt, kh, bh) = (&self.op.off, self.dims.nt, self.dims.kh, b * h);
+        let (off, bh) = (&self.op.off, b * h);
         let zeroed = crate::kernels::zeroed::<T>;
-        let (paper, cg) = (self.dims.paper, self.cgru.is_some());
+        let cg = self.cgru.is_some();
         let cn = if cg { self.dims.n } else { 0 };
         // (The projections' rows: see `word_offsets`.)
         let wp_rows = self.op.wp.tensor.dim(0)?;
@@ -252,7 +260,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// The readout's gradients for `[t_{i−1} | s_i]` of step `i`'s `m` rows (padded rows' are not read):
     /// into `dt_prev` and step `i`'s `∂s_i`.
     fn readout(&self, d: &mut Grads<T>, i: usize, m: usize) {
-        let (h, h3, a2, tl) = (self.dims.h, self.dims.h3, self.dims.a2, self.dims.tl);
+        let Dims { h, h3, a2, tl, .. } = self.dims;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let dctx = &mut d.dctx_all[o * a2..o1 * a2];
         for r in 0..m {
@@ -266,7 +274,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// t'_{i+1} = GRU_word(e(y_i), t_i) adds its share, from ∂t'_{i+1} in `dt`. Leaves ∂t_i (the context
     /// GRU's output gradient) in `dt`; ∂t'_i collects in `dt_prev` from here.
     fn word_gru(&self, d: &mut Grads<T>, i: usize) {
-        let (h, kh, n) = (self.dims.h, self.dims.kh, self.dims.n);
+        let Dims { h, kh, n, .. } = self.dims;
         let (off, toff) = (&self.op.off, &self.op.toff);
         let g = self.cgru.as_ref().expect("the cGRU's step");
         let o = off[i];
@@ -309,7 +317,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// Back through the transition of step `i`'s `mt` rows from ∂t_{i+1} in `dt`: the pre-activations'
     /// gradient `dpre`, and `dts` = ∂(T∘t) (paper form: ∂T, with ∂t_i through the transition in `dtp`).
     fn transition(&self, d: &mut Grads<T>, i: usize, mt: usize) {
-        let (h, kh) = (self.dims.h, self.dims.kh);
+        let Dims { h, kh, .. } = self.dims;
         let off = &self.op.off;
         let (o, o1) = (off[i], off[i + 1]);
         let sv = self.sv;
@@ -404,14 +412,15 @@ impl<'a, T: Real> Backward<'a, T> {
     /// products) into `dcp`, ∂z into `dzp`, ∂t_{i−1} through T∘t added to `dt_prev` (via `dt`, free now), and
     /// ∂ of the gate's pre-activation next to ∂(C s) and ∂(B t) for the stacked products.
     fn gate(&self, d: &mut Grads<T>, i: usize, mt: usize) {
-        let Dims { h, ad, .. } = self.dims;
-        let (kh, wc, wq, gated, paper) = (
-            self.dims.kh,
-            self.sv.wc,
-            self.sv.wq,
-            self.dims.gated,
-            self.dims.paper,
-        );
+        let Dims {
+            h,
+            ad,
+            kh,
+            gated,
+            paper,
+            ..
+        } = self.dims;
+        let (wc, wq) = (self.sv.wc, self.sv.wq);
         let (off, toff) = (&self.op.off, &self.op.toff);
         let (o, o1) = (off[i], off[i + 1]);
         let sv = self.sv;
@@ -503,7 +512,8 @@ impl<'a, T: Real> Backward<'a, T> {
 
     /// ∂s_i of step `i`'s `mt` transition rows from ∂(s [C | C_z]), added to the readout's.
     fn context_product(&self, d: &mut Grads<T>, i: usize, mt: usize) {
-        let (a2, wc) = (self.dims.a2, self.sv.wc);
+        let Dims { a2, .. } = self.dims;
+        let wc = self.sv.wc;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let dctx = &mut d.dctx_all[o * a2..o1 * a2];
         let dcp_i = &d.dcp[o * wc..o1 * wc];
@@ -516,21 +526,22 @@ impl<'a, T: Real> Backward<'a, T> {
     /// the loop); with coverage, back through C_i's update: ∂C_{i−1}, ∂(1/Φ or h W_c), ∂V_cov and the
     /// per-sentence weight gradients.
     fn attention(&self, d: &mut Grads<T>, i: usize, m: usize) -> Result<()> {
-        let Dims { s, ad, b, .. } = self.dims;
-        let (a2, w_ac, wq, n, bsd) = (
-            self.dims.a2,
-            self.dims.w_ac,
-            self.sv.wq,
-            self.dims.n,
-            self.dims.bsd,
-        );
-        let (cdim, pw, kd, aw, wh_off) = (
-            self.dims.cdim,
-            self.dims.pw,
-            self.dims.kd,
-            self.dims.aw,
-            self.dims.wh_off,
-        );
+        let Dims {
+            s,
+            ad,
+            b,
+            a2,
+            w_ac,
+            n,
+            bsd,
+            cdim,
+            pw,
+            kd,
+            aw,
+            wh_off,
+            ..
+        } = self.dims;
+        let wq = self.sv.wq;
         let (off, koff, lens) = (&self.op.off, &self.op.koff, &self.op.src_lens);
         let (o, o1) = (off[i], off[i + 1]);
         let sv = self.sv;
@@ -653,7 +664,8 @@ impl<'a, T: Real> Backward<'a, T> {
     /// ∂t_{i−1} of step `i`'s `m` rows from the query products' gradients `∂(t [B | U_z | …])`, added to
     /// `dt_prev`, which becomes the `dt` of the step before.
     fn query(&self, d: &mut Grads<T>, i: usize, m: usize) {
-        let (h, wq) = (self.dims.h, self.sv.wq);
+        let Dims { h, .. } = self.dims;
+        let wq = self.sv.wq;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let dq_i = &d.dq[o * wq..o1 * wq];
         crate::profile::timed("  decoder bwd: query GEMM", || {
@@ -666,8 +678,7 @@ impl<'a, T: Real> Backward<'a, T> {
     /// The annotations' gradient from every step's context, per sentence: ∂h_r += α_rᵀ ∂S_r with α_r
     /// `[L, S]` and ∂S_r `[L, 2H]` over the sentence's `L` steps, gathered from the time-major rows.
     fn annotations(&self, d: &Grads<T>) {
-        let Dims { s, .. } = self.dims;
-        let (a2, w_ac) = (self.dims.a2, self.dims.w_ac);
+        let Dims { s, a2, w_ac, .. } = self.dims;
         let _t = crate::profile::Scope::new("  decoder bwd: annotation gradients");
         let (active, off, lens) = (&self.op.active, &self.op.off, &self.op.src_lens);
         let (actx, dctx_all) = (&self.sv.actx, &d.dctx_all);
@@ -755,8 +766,8 @@ impl<'a, T: Real> Backward<'a, T> {
     /// The gate's weights: `U_z` from the state, `C_z` from the context (one GEMM each over all steps),
     /// the gating scalar's `w_β`, `b_β`, the static interpolation's `θ`.
     fn gate_weights(&self, d: &Grads<T>) {
-        let Dims { tl, h, ad, .. } = self.dims;
-        let (wq, wc, kh) = (self.sv.wq, self.sv.wc, self.dims.kh);
+        let Dims { tl, h, ad, kh, .. } = self.dims;
+        let (wq, wc) = (self.sv.wq, self.sv.wc);
         let rows_t = self.op.off[tl];
         let tall = Mat::t(&self.sv.tall, h);
         match &self.op.z_pre {
@@ -806,7 +817,8 @@ impl<'a, T: Real> Backward<'a, T> {
     /// (scaled) state; the cGRU's context GRU's bias and its word GRU's `U_ru`, `U`.
     fn transition_weights(&self, d: &Grads<T>) {
         let h = self.dims.h;
-        let (wc, kh, gru) = (self.sv.wc, self.dims.kh, self.dims.gru);
+        let Dims { kh, gru, .. } = self.dims;
+        let wc = self.sv.wc;
         let sv = self.sv;
         let nb = self.op.off[self.dims.nt];
         let weight_grad = crate::kernels::product::<T>;

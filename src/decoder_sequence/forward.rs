@@ -175,8 +175,17 @@ impl<'a, T: Real> Forward<'a, T> {
     /// The activations' buffers, time-major (step `i`'s rows at `off[i]..off[i + 1]`, see `step_offsets`),
     /// with the initial state `t0` in step 0's rows.
     fn acts(&self, t0: &[T]) -> Acts<T> {
-        let Dims { tl, b, h, s, .. } = self.dims;
-        let (off, nt, n, kh) = (&self.op.off, self.dims.nt, self.dims.n, self.dims.kh);
+        let Dims {
+            tl,
+            b,
+            h,
+            s,
+            nt,
+            n,
+            kh,
+            ..
+        } = self.dims;
+        let off = &self.op.off;
         let zeroed = crate::kernels::zeroed::<T>;
         let mut tall = zeroed(off[tl] * h);
         tall[..b * h].copy_from_slice(t0);
@@ -220,7 +229,7 @@ impl<'a, T: Real> Forward<'a, T> {
 
     /// cGRU: the word GRU `t'_i = GRU_word(e(y_{i−1}), t_{i−1})` over step `i`'s `m` rows.
     fn word_gru(&self, a: &mut Acts<T>, i: usize, m: usize) {
-        let (h, kh) = (self.dims.h, self.dims.kh);
+        let Dims { h, kh, .. } = self.dims;
         let (off, toff) = (&self.op.off, &self.op.toff);
         let g = self.cgru.as_ref().expect("the cGRU's step");
         let (o, op) = (off[i], off[i - 1]);
@@ -253,21 +262,23 @@ impl<'a, T: Real> Forward<'a, T> {
     /// Attention from `t_{i−1}` (cGRU: `t'_i`) over step `i`'s `m` rows: the query products `t [B | U_z …]`,
     /// the scores (with the coverage term), `α_i` and `s_i`; with coverage, `C_i` from `C_{i−1}`.
     fn attention(&self, a: &mut Acts<T>, i: usize, m: usize) {
-        let Dims { h, s, ad, b, .. } = self.dims;
-        let (a2, w_ac, wq, n, bsd) = (
-            self.dims.a2,
-            self.dims.w_ac,
-            self.wq,
-            self.dims.n,
-            self.dims.bsd,
-        );
-        let (cdim, pw, kd, aw, wh_off) = (
-            self.dims.cdim,
-            self.dims.pw,
-            self.dims.kd,
-            self.dims.aw,
-            self.dims.wh_off,
-        );
+        let Dims {
+            h,
+            s,
+            ad,
+            b,
+            a2,
+            w_ac,
+            n,
+            bsd,
+            cdim,
+            pw,
+            kd,
+            aw,
+            wh_off,
+            ..
+        } = self.dims;
+        let wq = self.wq;
         let (off, koff, lens) = (&self.op.off, &self.op.koff, &self.op.src_lens);
         let (o, o1) = (off[i], off[i + 1]);
         let t_i = &a.s.tall[o * h..o1 * h];
@@ -338,7 +349,8 @@ impl<'a, T: Real> Forward<'a, T> {
     /// The context's products `s_i [C | C_z]` over the transition's `mt` rows (the cGRU's context GRU: with
     /// its candidate's bias).
     fn context_product(&self, a: &mut Acts<T>, i: usize, mt: usize) {
-        let (h, s, w_ac, wc) = (self.dims.h, self.dims.s, self.dims.w_ac, self.wc);
+        let Dims { h, s, w_ac, .. } = self.dims;
+        let wc = self.wc;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let ctx_i = Mat {
             data: &a.s.actx[o * w_ac + s..o1 * w_ac],
@@ -362,14 +374,17 @@ impl<'a, T: Real> Forward<'a, T> {
     /// The gate and the mix over the transition's `mt` rows: `z`, `T∘t` (paper form: `T`) and the
     /// transition's pre-activations `T∘(W e) + S∘(C s)` (see `gate_mix`).
     fn gate(&self, a: &mut Acts<T>, i: usize, mt: usize) {
-        let Dims { h, ad, .. } = self.dims;
-        let (kh, wq, wc, wb_off, gated) = (
-            self.dims.kh,
-            self.wq,
-            self.wc,
-            self.dims.wb_off,
-            self.dims.gated,
-        );
+        let Dims {
+            h,
+            ad,
+            kh,
+            wb_off,
+            gated,
+            has_uz,
+            has_cz,
+            ..
+        } = self.dims;
+        let (wq, wc) = (self.wq, self.wc);
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let toff = &self.op.toff;
         let Saved {
@@ -390,7 +405,7 @@ impl<'a, T: Real> Forward<'a, T> {
             RowsMut::new(pre, kh),
         );
         let (wz, q_i, cp_i) = (self.wz, &q[o * wq..o1 * wq], &cp[o * wc..o1 * wc]);
-        let (has_uz, has_cz, scales) = (self.dims.has_uz, self.dims.has_cz, self.scales);
+        let scales = self.scales;
         let (zc, mix) = (&self.zc, &self.mix);
         let _t = crate::profile::Scope::new("  decoder fwd: gate rows");
         rows_par(mt, mt * kh, |r| {
@@ -430,7 +445,7 @@ impl<'a, T: Real> Forward<'a, T> {
     /// The transition over its `mt` rows, from the pre-activations and `T∘t`: the next state `t_i` (the
     /// cGRU's context GRU: `s`-state), GRU, vanilla or paper form.
     fn transition(&self, a: &mut Acts<T>, i: usize, mt: usize) {
-        let (h, kh) = (self.dims.h, self.dims.kh);
+        let Dims { h, kh, .. } = self.dims;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let mth = mt * h;
         let Saved {
