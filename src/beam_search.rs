@@ -20,6 +20,11 @@ pub struct DecodeOptions {
     /// GNMT's length penalty α (Wu et al., 2016): rank finished hypotheses by log-probability /
     /// ((5 + length + 1) / 6)^α; 0 (the default, GroundHog's) ranks by the total. Ignored with `length_norm`.
     pub length_penalty: f64,
+    /// GNMT's coverage penalty β (Wu et al., 2016): rank finished hypotheses by the above plus
+    /// `β Σ_j log(min(Σ_i α_ij, 1))` over the source positions `j` (EOS included) and the hypothesis's steps
+    /// `i` (its EOS included), which favours translations that attend to every source word; 0 (the
+    /// default) adds nothing.
+    pub coverage_penalty: f64,
     /// How many hypotheses to return per sentence (≤ beam).
     pub nbest: usize,
     /// Decode-time context scaling `(a, b)`: source terms × a, target terms × b.
@@ -56,6 +61,7 @@ impl Default for DecodeOptions {
             beam: 10,
             length_norm: false,
             length_penalty: 0.0,
+            coverage_penalty: 0.0,
             nbest: 1,
             context_scale: (1.0, 1.0),
             record: false,
@@ -79,6 +85,8 @@ pub struct Hypothesis {
     pub gates: Vec<f32>,
     /// Final coverage per source position (first coverage dimension), when coverage is on.
     pub coverage: Vec<f32>,
+    /// With a coverage penalty: the attention each source position received over the steps so far.
+    pub attention_mass: Vec<f64>,
 }
 
 /// Length limits for a source of `n` words: (minimum words before EOS, maximum words).
@@ -87,16 +95,28 @@ pub fn length_limits(n: usize) -> (usize, usize) {
 }
 
 /// What finished hypotheses are ranked by: the total log-probability, per word (`length_norm`), or over
-/// GNMT's length penalty `((5 + |y|) / 6)^α` (`|y|` counting EOS).
+/// GNMT's length penalty `((5 + |y|) / 6)^α` (`|y|` counting EOS); plus GNMT's coverage penalty where β ≠ 0.
 fn rank_key(h: &Hypothesis, opts: &DecodeOptions) -> f64 {
     let words = (h.tokens.len() + 1) as f64;
-    if opts.length_norm {
+    let key = if opts.length_norm {
         h.score / words
     } else if opts.length_penalty != 0.0 {
         h.score / ((5.0 + words) / 6.0).powf(opts.length_penalty)
     } else {
         h.score
+    };
+    if opts.coverage_penalty == 0.0 {
+        return key;
     }
+    key + opts.coverage_penalty * coverage_penalty(&h.attention_mass)
+}
+
+/// `Σ_j log(min(m_j, 1))` of the attention mass `m_j` each source position received (≤ 0; 0 when every
+/// position received at least 1). A position that received none counts as the smallest positive mass.
+pub fn coverage_penalty(mass: &[f64]) -> f64 {
+    mass.iter()
+        .map(|&m| m.clamp(f64::MIN_POSITIVE, 1.0).ln())
+        .sum()
 }
 
 fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
@@ -246,7 +266,10 @@ pub fn beam_search_with(
     let mut step = 0usize;
     // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
     let nbest = opts.nbest.clamp(1, beam);
-    let settle = opts.settle && !opts.length_norm && opts.length_penalty == 0.0;
+    let settle = opts.settle
+        && !opts.length_norm
+        && opts.length_penalty == 0.0
+        && opts.coverage_penalty == 0.0;
     // With a shortlist, the batch's output layer covers its words only; rows then hold their columns.
     let words = match &opts.shortlist {
         Some(sl) => Some(model.readout.output_words(
@@ -332,7 +355,7 @@ pub fn beam_search_with(
                 })
                 .collect()
         };
-        let alpha: Option<Vec<Vec<f32>>> = if opts.record {
+        let alpha: Option<Vec<Vec<f32>>> = if opts.record || opts.coverage_penalty != 0.0 {
             Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?)
         } else {
             None
@@ -375,6 +398,15 @@ pub fn beam_search_with(
                 ..Default::default()
             };
             hyp.tokens = live[r].hyp.tokens.clone();
+            if opts.coverage_penalty != 0.0 {
+                let a = &alpha.as_ref().expect("fetched")[r][..src_lens[s]];
+                let parent = &live[r].hyp.attention_mass;
+                hyp.attention_mass = if parent.is_empty() {
+                    a.iter().map(|&x| x as f64).collect()
+                } else {
+                    parent.iter().zip(a).map(|(&m, &x)| m + x as f64).collect()
+                };
+            }
             if opts.record {
                 hyp.attention = live[r].hyp.attention.clone();
                 hyp.attention
@@ -671,6 +703,42 @@ mod tests {
         assert!((rank_key(&short, &lp) + 2.25).abs() < 1e-12);
         assert!((rank_key(&long, &lp) + 4.0 * 6.0 / 14.0).abs() < 1e-12);
         assert!(rank_key(&long, &lp) > rank_key(&short, &lp));
+    }
+
+    #[test]
+    fn coverage_penalty_ranks_like_gnmt() {
+        use super::{coverage_penalty, rank_key, DecodeOptions, Hypothesis};
+        // Σ_j log(min(m_j, 1)): 0 for full coverage; a position with no attention counts as a tiny mass.
+        assert_eq!(coverage_penalty(&[1.0, 2.5, 1.0]), 0.0);
+        let p = coverage_penalty(&[0.5, 1.7, 0.25]);
+        assert!((p - (0.5f64.ln() + 0.25f64.ln())).abs() < 1e-12);
+        assert!(coverage_penalty(&[0.0]).is_finite() && coverage_penalty(&[0.0]) < -700.0);
+        let hyp = |score: f64, mass: &[f64]| Hypothesis {
+            tokens: vec![0; 3],
+            score,
+            attention_mass: mass.to_vec(),
+            ..Default::default()
+        };
+        // The likelier hypothesis left a word unattended; β = 0.5 ranks the one that covers it first:
+        // −2 + 0.5·(log 0.2 + log 1) ≈ −2.80 against −2.5 + 0.5·log 0.9 ≈ −2.55.
+        let (skips, covers) = (hyp(-2.0, &[0.2, 1.8]), hyp(-2.5, &[0.9, 1.1]));
+        let plain = DecodeOptions::default();
+        assert!(rank_key(&skips, &plain) > rank_key(&covers, &plain));
+        let cp = DecodeOptions {
+            coverage_penalty: 0.5,
+            ..Default::default()
+        };
+        assert!((rank_key(&skips, &cp) - (-2.0 + 0.5 * 0.2f64.ln())).abs() < 1e-12);
+        assert!((rank_key(&covers, &cp) - (-2.5 + 0.5 * 0.9f64.ln())).abs() < 1e-12);
+        assert!(rank_key(&covers, &cp) > rank_key(&skips, &cp));
+        // With the length penalty: the penalised log-probability plus β·cp.
+        let both = DecodeOptions {
+            coverage_penalty: 0.5,
+            length_penalty: 1.0,
+            ..Default::default()
+        };
+        let lp = (5.0 + 4.0) / 6.0;
+        assert!((rank_key(&covers, &both) - (-2.5 / lp + 0.5 * 0.9f64.ln())).abs() < 1e-12);
     }
 
     /// The `k` best by a full sort (ties: lower word id first), skipping `skip`.

@@ -239,6 +239,7 @@ fn join_pieces(parts: &[(usize, Option<&Hypothesis>)]) -> Hypothesis {
         attention: vec![],
         gates: vec![],
         coverage: vec![],
+        attention_mass: vec![],
     };
     let mut offset = 0;
     let last = parts.len() - 1;

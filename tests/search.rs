@@ -1,12 +1,14 @@
 //! Search options on a real model: GNMT's length penalty (`translate --length-penalty`) at 0 is the plain
-//! search byte for byte, and a positive α lengthens the outputs the total log-probability keeps short.
+//! search byte for byte, and a positive α lengthens the outputs the total log-probability keeps short;
+//! GNMT's coverage penalty (`--coverage-penalty`) at 0 is the plain search, and a positive β picks, per
+//! sentence, the hypothesis with the best log-probability + β·penalty, checked on the attention dumped.
 
 mod common;
 
 use common::{prepare, run_ok};
 
 #[test]
-fn length_penalty_lengthens_outputs_and_zero_changes_nothing() {
+fn length_and_coverage_penalties_rank_like_gnmt_and_zero_changes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
     prepare(&prepared, 400);
@@ -69,4 +71,64 @@ fn length_penalty_lengthens_outputs_and_zero_changes_nothing() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--length-penalty -1"));
+
+    // Coverage penalty: β = 0 is the plain search; with β = 1 each sentence's output has the best
+    // log-probability + β·cp among the finished hypotheses, which hold the plain output (the highest
+    // log-probability): so it scores no higher and covers the source at least as well.
+    assert_eq!(tr(&["--coverage-penalty", "0"]), plain);
+    let dumped = |extra: &[&str], name: &str| {
+        let path = tmp.path().join(name);
+        let mut args = vec!["--dump", path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = tr(&args);
+        (out, cgnmt_eval::analysis::read_dump(&path).unwrap())
+    };
+    let (plain_out, plain_dump) = dumped(&[], "plain.jsonl");
+    assert_eq!(plain_out, plain);
+    let beta = 1.0;
+    let (cov_out, cov_dump) = dumped(&["--coverage-penalty", "1"], "cov.jsonl");
+    assert_eq!(cov_dump.len(), plain_dump.len());
+    let cp = |d: &cgnmt_eval::analysis::DumpRecord| -> f64 {
+        let mut mass = vec![0.0f64; d.attention[0].len()];
+        for row in &d.attention {
+            for (m, &a) in mass.iter_mut().zip(row) {
+                *m += a;
+            }
+        }
+        cgnmt::beam_search::coverage_penalty(&mass)
+    };
+    let mut changed = 0;
+    for (p, c) in plain_dump.iter().zip(&cov_dump) {
+        let (sp, sc) = (p.score.unwrap(), c.score.unwrap());
+        let (cp_p, cp_c) = (cp(p), cp(c));
+        assert!(
+            sc <= sp + 1e-4,
+            "{:?}: log-probability {sc} above the plain {sp}",
+            c.id
+        );
+        assert!(
+            sc + beta * cp_c >= sp + beta * cp_p - 1e-3,
+            "{:?}: {sc} + {cp_c} below the plain output's {sp} + {cp_p}",
+            c.id
+        );
+        assert!(cp_c >= cp_p - 1e-3, "{:?}: coverage {cp_c} < {cp_p}", c.id);
+        if p.hyp != c.hyp {
+            changed += 1;
+        }
+    }
+    assert!(changed > 0, "β = 1 changed no output");
+    assert_eq!(cov_out.len(), plain.len());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args([
+            "translate",
+            "-m",
+            model.to_str().unwrap(),
+            "-i",
+            input.to_str().unwrap(),
+            "--coverage-penalty=nan",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--coverage-penalty NaN"));
 }

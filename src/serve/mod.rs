@@ -5,7 +5,7 @@
 //! Requests that arrive within a few milliseconds of each other are decoded together (dynamic batching, one
 //! decoding thread whose calls decode their batches concurrently).
 //!
-//! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?, "length_penalty"?,
+//! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?, "length_penalty"?, "coverage_penalty"?,
 //! "context_scale"?: [a, b], "return_attention"?}` → `{"model", "translations": [{"translation", "tokens",
 //! "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?}]}` in the order of the sentences;
 //! `GET /v1/models`; `GET /healthz`.
@@ -105,6 +105,8 @@ struct TranslateRequest {
     length_norm: bool,
     #[serde(default)]
     length_penalty: Option<f64>,
+    #[serde(default)]
+    coverage_penalty: Option<f64>,
     #[serde(default)]
     context_scale: Option<(f64, f64)>,
     #[serde(default)]
@@ -395,6 +397,12 @@ async fn translate_admitted(
             "length_penalty {length_penalty}: it must be a number ≥ 0"
         )));
     }
+    let coverage_penalty = req.coverage_penalty.unwrap_or(0.0);
+    if !(coverage_penalty.is_finite() && coverage_penalty >= 0.0) {
+        return Err(bad(format!(
+            "coverage_penalty {coverage_penalty}: it must be a number ≥ 0"
+        )));
+    }
     if let Some((x, y)) = req.context_scale {
         if !(x.is_finite() && y.is_finite()) {
             return Err(bad("context_scale must be two finite numbers"));
@@ -418,6 +426,7 @@ async fn translate_admitted(
         nbest,
         length_norm: req.length_norm,
         length_penalty: length_penalty.to_bits(),
+        coverage_penalty: coverage_penalty.to_bits(),
         context_scale: req
             .context_scale
             .map_or((1f64.to_bits(), 1f64.to_bits()), |(x, y)| {
@@ -465,6 +474,8 @@ struct OptionsKey {
     length_norm: bool,
     /// GNMT's length penalty α, as bits.
     length_penalty: u64,
+    /// GNMT's coverage penalty β, as bits.
+    coverage_penalty: u64,
     /// The context scale's bits (a, b).
     context_scale: (u64, u64),
     record: bool,
@@ -477,6 +488,7 @@ impl OptionsKey {
             nbest: self.nbest,
             length_norm: self.length_norm,
             length_penalty: f64::from_bits(self.length_penalty),
+            coverage_penalty: f64::from_bits(self.coverage_penalty),
             context_scale: (
                 f64::from_bits(self.context_scale.0),
                 f64::from_bits(self.context_scale.1),
@@ -643,6 +655,7 @@ fn openapi() -> serde_json::Value {
                 "nbest": {"type": "integer", "minimum": 1, "default": 1},
                 "length_norm": {"type": "boolean", "default": false},
                 "length_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's length penalty α"},
+                "coverage_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's coverage penalty β"},
                 "context_scale": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
                 "return_attention": {"type": "boolean", "default": false}
             }},
