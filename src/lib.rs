@@ -30,6 +30,7 @@ pub mod optim;
 pub mod profile;
 pub mod readout;
 pub mod reproduce;
+pub mod rescore;
 pub mod serve;
 pub mod shortlist;
 pub mod subjective;

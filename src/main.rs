@@ -52,6 +52,9 @@ enum Cmd {
     Reproduce(cgnmt::reproduce::ReproduceArgs),
     /// Average the parameters of several checkpoints of one model into a new model directory.
     Average(cgnmt::averaging::AverageArgs),
+    /// Pick each sentence's best hypothesis of an n-best list (translate --nbest N) by weighted features:
+    /// the model's log-probability, the output's length, and features that other tools add.
+    Rescore(cgnmt::rescore::RescoreArgs),
     /// Serve translations over HTTP (JSON API: /v1/translate, /v1/models, /healthz), the attention-and-gate
     /// explorer (/) and the subjective-evaluation page (/eval, with --eval-db).
     Serve(cgnmt::serve::ServeArgs),
@@ -115,7 +118,7 @@ struct TranslateArgs {
     /// Sentences decoded together.
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// Write the N best hypotheses per sentence as `index ||| text ||| score`.
+    /// Write the N best hypotheses per sentence as `index ||| text ||| score` (for `cgnmt rescore`).
     #[arg(long, default_value_t = 1)]
     nbest: usize,
     /// Rank hypotheses by log-probability per word instead of the total.
@@ -321,6 +324,7 @@ fn main() {
         Cmd::EvalPairs(a) => cgnmt::subjective::cmd_eval_pairs(&a),
         Cmd::EvalReport(a) => cgnmt::subjective::cmd_eval_report(&a),
         Cmd::Average(a) => cgnmt::averaging::run(a),
+        Cmd::Rescore(a) => cgnmt::rescore::run(a),
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),
         Cmd::Bench(a) => cmd_bench(a),

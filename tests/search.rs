@@ -1,14 +1,16 @@
 //! Search options on a real model: GNMT's length penalty (`translate --length-penalty`) at 0 is the plain
 //! search byte for byte, and a positive α lengthens the outputs the total log-probability keeps short;
 //! GNMT's coverage penalty (`--coverage-penalty`) at 0 is the plain search, and a positive β picks, per
-//! sentence, the hypothesis with the best log-probability + β·penalty, checked on the attention dumped.
+//! sentence, the hypothesis with the best log-probability + β·penalty, checked on the attention dumped;
+//! `cgnmt rescore` of `translate --nbest` picks translate's output with the default weights, and follows
+//! a weighted length or an external feature file.
 
 mod common;
 
 use common::{prepare, run_ok};
 
 #[test]
-fn length_and_coverage_penalties_rank_like_gnmt_and_zero_changes_nothing() {
+fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
     prepare(&prepared, 400);
@@ -131,4 +133,63 @@ fn length_and_coverage_penalties_rank_like_gnmt_and_zero_changes_nothing() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--coverage-penalty NaN"));
+
+    // n-best rescoring: the default weights pick translate's own output; a length weight lengthens; an
+    // external feature that favours each sentence's last hypothesis picks it.
+    let nbest_path = tmp.path().join("nbest.txt");
+    tr(&[
+        "--beam",
+        "5",
+        "--nbest",
+        "5",
+        "-o",
+        nbest_path.to_str().unwrap(),
+    ]);
+    let nbest: Vec<(usize, String)> = std::fs::read_to_string(&nbest_path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split(" ||| ").collect();
+            (f[0].parse().unwrap(), f[1].to_string())
+        })
+        .collect();
+    assert_eq!(nbest.last().unwrap().0, 119);
+    let rescore = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["rescore", "-i", nbest_path.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        run_ok(&args).lines().map(String::from).collect()
+    };
+    assert_eq!(rescore(&[]), tr(&["--beam", "5"]));
+    let longer = rescore(&["--weight", "words=3"]);
+    assert!(words(&longer) > words(&rescore(&[])));
+    let mut rank = vec![];
+    for (k, (i, _)) in nbest.iter().enumerate() {
+        rank.push(if k > 0 && nbest[k - 1].0 == *i {
+            rank[k - 1] + 1.0
+        } else {
+            0.0
+        });
+    }
+    let feature = tmp.path().join("last.txt");
+    let text: String = rank.iter().map(|r| format!("{}\n", r * 1000.0)).collect();
+    std::fs::write(&feature, text).unwrap();
+    let last: Vec<String> = (0..120)
+        .map(|i| nbest.iter().rev().find(|(j, _)| *j == i).unwrap().1.clone())
+        .collect();
+    let arg = format!("last={}", feature.display());
+    assert_eq!(rescore(&["--feature", &arg, "--weight", "last=1"]), last);
+    std::fs::write(&feature, "1\n2\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args([
+            "rescore",
+            "-i",
+            nbest_path.to_str().unwrap(),
+            "--feature",
+            &arg,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("has 2 lines"), "{msg}");
 }
