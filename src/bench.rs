@@ -447,7 +447,13 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
     // Seconds in forward, backward and optimiser update.
     let step = |b: &Batch, opt: &mut Optimizer, padding: TargetPadding| -> Result<[f64; 3]> {
         let s = Instant::now();
-        let loss = model.loss_with(b, padding)?;
+        let loss = model.loss_with(
+            b,
+            &crate::model::LossOptions {
+                target_padding: padding,
+                ..Default::default()
+            },
+        )?;
         let f = s.elapsed().as_secs_f64();
         let g = model.backward(&loss)?;
         let bw = s.elapsed().as_secs_f64() - f;

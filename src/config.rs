@@ -191,6 +191,9 @@ pub struct TrainConfig {
     /// output layer compute the words' positions only) or `computed` too, under the mask (the same loss and
     /// gradients; `cgnmt bench --compare-target-padding` times the two).
     pub target_padding: TargetPadding,
+    /// Label smoothing ε in `[0, 1)`: the training loss is `−(1 − ε) log p(y) − ε · mean_k log p(k)` per word
+    /// (0, the paper's recipe: the plain negative log-likelihood; dev losses are always the plain one).
+    pub label_smoothing: f64,
 }
 
 /// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
@@ -244,6 +247,7 @@ impl Default for TrainConfig {
             select_by: SelectBy::Bleu,
             weight_decay: 0.0,
             target_padding: TargetPadding::Skipped,
+            label_smoothing: 0.0,
         }
     }
 }
@@ -364,6 +368,9 @@ impl Config {
         }
         if t.sort_batches == 0 {
             return bad("train.sort_batches", "must be positive");
+        }
+        if !(0.0..1.0).contains(&t.label_smoothing) {
+            return bad("train.label_smoothing", "must be in [0, 1) (0: none)");
         }
         if !(t.learning_rate > 0.0) {
             return bad("train.learning_rate", "must be positive");
@@ -526,6 +533,12 @@ mod tests {
             e.contains("train.weight_decay") && e.contains("adam"),
             "{e}"
         );
+        for bad in ["1", "-0.1", "1.5"] {
+            let e = Config::load(None, &[format!("train.label_smoothing={bad}")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("train.label_smoothing"), "{e}");
+        }
         let e = Config::load(None, &["train.select_by=\"ter\"".into()])
             .unwrap_err()
             .to_string();
@@ -541,6 +554,8 @@ mod tests {
         .unwrap();
         assert_eq!(c.train.weight_decay, 0.01);
         assert_eq!(c.train.select_by, SelectBy::SmoothedBleu);
+        let c = Config::load(None, &["train.label_smoothing=0.1".into()]).unwrap();
+        assert_eq!(c.train.label_smoothing, 0.1);
     }
 
     #[test]

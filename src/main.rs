@@ -17,7 +17,7 @@ use cgnmt::translate::Translator;
 #[derive(Parser)]
 #[command(
     name = "cgnmt",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CGNMT_COMMIT"), ")"),
     about = "Context-gated neural machine translation (Tu et al., TACL 2017)"
 )]
 struct Cli {

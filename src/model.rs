@@ -12,7 +12,7 @@ use crate::decoder_cell::DecoderCell;
 use crate::encoder::Encoder;
 use crate::gate::{Gate, GateKinds, Scales};
 use crate::kernels::Kernels;
-use crate::readout::{output_nll_fused, output_nll_reference, Readout};
+use crate::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference, Readout};
 
 /// How training runs the decoder (see [`Model::decoder_path`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -649,14 +649,15 @@ impl Model {
 
     /// Summed token negative log-likelihood (EOS included) divided by the batch size (model-spec §6).
     pub fn loss(&self, batch: &Batch) -> Result<Tensor> {
-        self.loss_with(batch, TargetPadding::Skipped)
+        self.loss_with(batch, &LossOptions::default())
     }
 
-    /// [`Model::loss`], computing the target side's padded positions too where `padding` says so
-    /// (`train.target_padding`; the same value either way). The steps: encode, embed the target words, run
+    /// [`Model::loss`] with the training options `opts`: the target side's padded positions computed too
+    /// (`train.target_padding`; the same value either way), label smoothing (`train.label_smoothing`). The
+    /// steps: encode, embed the target words, run
     /// the decoder's recurrence (one fused op, or step by step), the readout over all steps, the output
     /// layer's negative log-likelihood.
-    pub fn loss_with(&self, batch: &Batch, padding: TargetPadding) -> Result<Tensor> {
+    pub fn loss_with(&self, batch: &Batch, opts: &LossOptions) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
         let path = self.decoder_path();
         let fused = matches!(path, DecoderPath::Fused { .. });
@@ -683,7 +684,7 @@ impl Model {
         };
         // With the fused decoder op, the sentences' target lengths: the op, the readout and the output layer
         // then compute the words' positions only (when the mask is words then padding).
-        let lengths = if fused && padding == TargetPadding::Skipped {
+        let lengths = if fused && opts.target_padding == TargetPadding::Skipped {
             mask_lengths(&batch.tgt_mask)?
         } else {
             None
@@ -707,7 +708,7 @@ impl Model {
                     .hidden(self.kernels, &(&ctxs).into(), &states, e_prev)?
             }
         };
-        self.output_nll(&hid, batch, lengths.as_deref())
+        self.output_nll(&hid, batch, lengths.as_deref(), opts.label_smoothing)
     }
 
     /// The whole decoder recurrence as one fused op (see `decoder_sequence`) over the target words'
@@ -833,9 +834,15 @@ impl Model {
     }
 
     /// The output layer's summed negative log-likelihood of the targets over the readout's rows `hid`
-    /// (the words' rows only when `lengths` is given, else every position under the mask), divided by the
-    /// batch size.
-    fn output_nll(&self, hid: &Tensor, batch: &Batch, lengths: Option<&[usize]>) -> Result<Tensor> {
+    /// (the words' rows only when `lengths` is given, else every position under the mask), with label
+    /// smoothing `eps`, divided by the batch size.
+    fn output_nll(
+        &self,
+        hid: &Tensor,
+        batch: &Batch,
+        lengths: Option<&[usize]>,
+        eps: f64,
+    ) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
         let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
         if let Some(lens) = lengths {
@@ -847,19 +854,35 @@ impl Model {
                 .flat_map(|(r, &n)| ids[r * t_len..r * t_len + n].iter().copied())
                 .collect();
             let targets = Tensor::from_vec(targets, hid.dim(0)?, hid.device())?;
-            return output_nll_fused(hid, w_2, b_out, &targets)?
+            return output_nll_smoothed_fused(hid, w_2, b_out, &targets, eps)?
                 .sum_all()?
                 .affine(1.0 / b as f64, 0.0);
         }
         let targets = batch.tgt.flatten_all()?;
         let nll = if self.kernels.fused_on(hid.device()) {
-            output_nll_fused(hid, w_2, b_out, &targets)?
+            output_nll_smoothed_fused(hid, w_2, b_out, &targets, eps)?
         } else {
-            output_nll_reference(hid, w_2, b_out, &targets)?
+            output_nll_smoothed_reference(hid, w_2, b_out, &targets, eps)?
         };
         (nll * batch.tgt_mask.flatten_all()?)?
             .sum_all()?
             .affine(1.0 / b as f64, 0.0)
+    }
+}
+
+/// Training options of [`Model::loss_with`] (from `[train]`; the defaults give [`Model::loss`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LossOptions {
+    pub target_padding: TargetPadding,
+    pub label_smoothing: f64,
+}
+
+impl LossOptions {
+    pub fn of(t: &crate::config::TrainConfig) -> Self {
+        LossOptions {
+            target_padding: t.target_padding,
+            label_smoothing: t.label_smoothing,
+        }
     }
 }
 

@@ -368,16 +368,51 @@ pub fn output_nll_reference(
     nll_reference(&x.matmul(w_2)?.broadcast_add(b)?, targets)
 }
 
+/// [`output_nll_reference`] with label smoothing `ε` (uniform over the vocabulary, the target included):
+/// `−(1 − ε) log p(target) − ε · mean_k log p(k)` per row; `ε = 0` is the plain loss.
+pub fn output_nll_smoothed_reference(
+    x: &Tensor,
+    w_2: &Tensor,
+    b: &Tensor,
+    targets: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let logits = x.matmul(w_2)?.broadcast_add(b)?;
+    if eps == 0.0 {
+        return nll_reference(&logits, targets);
+    }
+    let lp = log_softmax(&logits)?;
+    let nll = lp.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?.neg()?;
+    let uniform = lp.mean(1)?.neg()?;
+    nll.affine(1.0 - eps, 0.0)? + uniform.affine(eps, 0.0)?
+}
+
 /// The output layer and its loss as one op: the `[N, V]` logits are computed by one GEMM into a buffer that
 /// the backward pass turns in place into `g (softmax − onehot)`; only `∂x`, `∂W_2` and `∂b` reach the
 /// autodiff graph (no `[N, V]` tensor is allocated, broadcast or accumulated by it).
 pub fn output_nll_fused(x: &Tensor, w_2: &Tensor, b: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    output_nll_smoothed_fused(x, w_2, b, targets, 0.0)
+}
+
+/// [`output_nll_fused`] with label smoothing `ε` (see [`output_nll_smoothed_reference`]): the row's
+/// gradient is `g (softmax − (1 − ε) onehot − ε / V)`.
+pub fn output_nll_smoothed_fused(
+    x: &Tensor,
+    w_2: &Tensor,
+    b: &Tensor,
+    targets: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    if !(0.0..1.0).contains(&eps) {
+        candle_core::bail!("label smoothing {eps}: it must be in [0, 1)");
+    }
     let targets: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
     x.contiguous()?.apply_op3(
         &w_2.contiguous()?,
         &b.contiguous()?,
         OutputNll {
             targets,
+            eps,
             logits: std::sync::Mutex::new(None),
         },
     )
@@ -385,6 +420,8 @@ pub fn output_nll_fused(x: &Tensor, w_2: &Tensor, b: &Tensor, targets: &Tensor) 
 
 struct OutputNll {
     targets: Vec<u32>,
+    /// Label smoothing ε (0: the plain loss).
+    eps: f64,
     /// The forward pass's logits (bias included) and each row's log-normaliser, consumed by the backward pass.
     logits: std::sync::Mutex<Option<(CpuStorage, Vec<f64>)>>,
 }
@@ -434,8 +471,19 @@ impl Drop for OutputNll {
     }
 }
 
+/// The bias added to each row of logits, its log-normaliser, and its loss: `lse − x_t`, or with label
+/// smoothing (`keep` = 1 − ε, `u` = ε / V, nonzero) `lse − keep·x_t − u·Σ_k x_k`.
 #[inline(always)]
-fn bias_nll_rows<T: Real>(logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T], lses: &mut [T]) {
+#[allow(clippy::too_many_arguments)]
+fn bias_nll_rows<T: Real>(
+    logits: &mut [T],
+    b: &[T],
+    tgt: &[u32],
+    out: &mut [T],
+    lses: &mut [T],
+    keep: T,
+    u: T,
+) {
     let v = b.len();
     for (i, (o, l)) in out.iter_mut().zip(lses.iter_mut()).enumerate() {
         let row = &mut logits[i * v..(i + 1) * v];
@@ -444,34 +492,50 @@ fn bias_nll_rows<T: Real>(logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T],
         }
         let (_, lse) = row_lse(row);
         *l = lse;
-        *o = lse - row[tgt[i] as usize];
+        if u == T::zero() {
+            *o = lse - row[tgt[i] as usize];
+        } else {
+            let sum = row.iter().fold(T::zero(), |a, &x| a + x);
+            *o = lse - keep * row[tgt[i] as usize] - u * sum;
+        }
     }
 }
-simd_dispatch!(bias_nll_rows_d, bias_nll_rows_avx, bias_nll_rows, (logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T], lses: &mut [T]));
+simd_dispatch!(bias_nll_rows_d, bias_nll_rows_avx, bias_nll_rows, (logits: &mut [T], b: &[T], tgt: &[u32], out: &mut [T], lses: &mut [T], keep: T, u: T));
 
-/// `g (softmax − onehot)` in place of each row of logits, each finished row also added into `db` (the bias
-/// gradient's share of these rows, formed while the row is in cache).
+/// `g (softmax − onehot)` in place of each row of logits (with label smoothing, `keep` = 1 − ε and `u` = ε / V
+/// nonzero: `g (softmax − keep·onehot − u)`), each finished row also added into `db` (the bias gradient's
+/// share of these rows, formed while the row is in cache).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn nll_grad_rows_inplace<T: Real>(
     logits: &mut [T],
     tgt: &[u32],
     g: &[T],
     lses: &[T],
     db: &mut [T],
+    keep: T,
+    u: T,
 ) {
     let v = db.len();
     for (i, (&gi, &lse)) in g.iter().zip(lses).enumerate() {
         let row = &mut logits[i * v..(i + 1) * v];
-        for x in row.iter_mut() {
-            *x = gi * (*x - lse).exp_v();
+        if u == T::zero() {
+            for x in row.iter_mut() {
+                *x = gi * (*x - lse).exp_v();
+            }
+            row[tgt[i] as usize] = row[tgt[i] as usize] - gi;
+        } else {
+            for x in row.iter_mut() {
+                *x = gi * ((*x - lse).exp_v() - u);
+            }
+            row[tgt[i] as usize] = row[tgt[i] as usize] - gi * keep;
         }
-        row[tgt[i] as usize] = row[tgt[i] as usize] - gi;
         for (d, &x) in db.iter_mut().zip(row.iter()) {
             *d = *d + x;
         }
     }
 }
-simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], db: &mut [T]));
+simd_dispatch!(nll_grad_rows_inplace_d, nll_grad_rows_inplace_avx, nll_grad_rows_inplace, (logits: &mut [T], tgt: &[u32], g: &[T], lses: &[T], db: &mut [T], keep: T, u: T));
 
 #[allow(clippy::too_many_arguments)]
 fn output_nll_fwd<T: Real>(
@@ -507,6 +571,7 @@ fn output_nll_fwd<T: Real>(
     let _t = crate::profile::Scope::new("  output nll fwd: bias and normalisers");
     let mut out = vec![T::zero(); n];
     let mut lses = vec![T::zero(); n];
+    let (keep, u) = smoothing::<T>(op.eps, v);
     {
         out.par_chunks_mut(ROWS_PER_TASK)
             .zip(lses.par_chunks_mut(ROWS_PER_TASK))
@@ -514,7 +579,7 @@ fn output_nll_fwd<T: Real>(
             .enumerate()
             .for_each(|(c, ((o, l), x))| {
                 let r0 = c * ROWS_PER_TASK;
-                bias_nll_rows_d(x, b, &op.targets[r0..r0 + o.len()], o, l)
+                bias_nll_rows_d(x, b, &op.targets[r0..r0 + o.len()], o, l, keep, u)
             });
     }
     let lses = lses
@@ -525,11 +590,17 @@ fn output_nll_fwd<T: Real>(
     Ok((T::to_cpu_storage_owned(out), Shape::from(n)))
 }
 
+/// Label smoothing `ε` over `V` words as the rows' `(keep, u)` = `(1 − ε, ε / V)`.
+fn smoothing<T: Real>(eps: f64, v: usize) -> (T, T) {
+    (T::from_f64c(1.0 - eps), T::from_f64c(eps / v.max(1) as f64))
+}
+
 /// `g (softmax − onehot)` in place of the logits, from each row's log-normaliser (computed here when
 /// `lses` is `None`), and its column sums (the bias gradient) from the same pass: each task sums its rows
 /// into its own accumulator, and the accumulators are added at the end.
 fn output_nll_grad<T: Real>(
     targets: &[u32],
+    eps: f64,
     mut logits: Vec<T>,
     lses: Option<Vec<f64>>,
     g: &Tensor,
@@ -541,6 +612,7 @@ fn output_nll_grad<T: Real>(
         None => logits.par_chunks(v).map(|row| row_lse(row).1).collect(),
     };
     let n = targets.len();
+    let (keep, u) = smoothing::<T>(eps, v);
     // A few tasks per thread (load balance), each with a `V`-long accumulator.
     let per = n
         .div_ceil(4 * rayon::current_num_threads())
@@ -553,7 +625,15 @@ fn output_nll_grad<T: Real>(
             for (k, rows) in x.chunks_mut(ROWS_PER_TASK * v.max(1)).enumerate() {
                 let r0 = c * per + k * ROWS_PER_TASK;
                 let r1 = r0 + rows.len() / v.max(1);
-                nll_grad_rows_inplace_d(rows, &targets[r0..r1], &g[r0..r1], &lses[r0..r1], &mut db);
+                nll_grad_rows_inplace_d(
+                    rows,
+                    &targets[r0..r1],
+                    &g[r0..r1],
+                    &lses[r0..r1],
+                    &mut db,
+                    keep,
+                    u,
+                );
             }
             db
         })
@@ -619,7 +699,7 @@ impl CustomOp3 for OutputNll {
             ) -> Result<(Tensor, Tensor, Tensor)> {
                 let ((n, e), v) = (x.dims2()?, w_2.dim(1)?);
                 let _t = crate::profile::Scope::new("  output nll bwd: softmax rows, bias sums");
-                let (d, db) = output_nll_grad(&op.targets, logits, lses, grad, v)?;
+                let (d, db) = output_nll_grad(&op.targets, op.eps, logits, lses, grad, v)?;
                 drop(_t);
                 let _t = crate::profile::Scope::new("  output nll bwd: GEMMs");
                 let (x, w_2) = (x.contiguous()?, w_2.contiguous()?);

@@ -430,7 +430,7 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
             let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
             let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), dtype, &dev)?;
-            let loss = model.loss_with(&batch, cfg.train.target_padding)?;
+            let loss = model.loss_with(&batch, &crate::model::LossOptions::of(&cfg.train))?;
             let mut lv = loss.to_scalar::<f32>()? as f64;
             if injected_nan(state.step + 1) {
                 lv = f64::NAN;

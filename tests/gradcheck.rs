@@ -16,6 +16,30 @@ fn baseline_gru_gradients_match_finite_differences() {
     assert!(worst < 1e-5);
 }
 
+/// Label smoothing (`train.label_smoothing`) in the fused output layer: the whole model's gradients of the
+/// smoothed loss against finite differences, with the target padding skipped and computed.
+#[test]
+fn label_smoothed_gradients_match_finite_differences() {
+    for (sets, padding) in [
+        (
+            vec!["model.context_gate=both"],
+            cgnmt::config::TargetPadding::Skipped,
+        ),
+        (
+            vec!["model.context_gate=none"],
+            cgnmt::config::TargetPadding::Computed,
+        ),
+    ] {
+        let cfg = tiny_model_config(&sets);
+        let opts = cgnmt::model::LossOptions {
+            target_padding: padding,
+            label_smoothing: 0.1,
+        };
+        let worst = grad_check_with(&cfg, 31, 40, &opts);
+        assert!(worst < 1e-5);
+    }
+}
+
 #[test]
 fn every_decoder_variant_gradients_match_finite_differences() {
     let mut variants: Vec<Vec<String>> = Vec::new();

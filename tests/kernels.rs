@@ -372,6 +372,23 @@ fn fused_ops_match_their_composed_reference() {
                 gt,
                 "output layer + NLL",
             );
+            // With label smoothing (ε = 0.1, and ε = 0 is the plain loss).
+            use cgnmt::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference};
+            compare(
+                dtype,
+                &vars2,
+                &|x| vec![output_nll_smoothed_fused(&x[0], &x[1], &x[2], &tg, 0.1).unwrap()],
+                &|x| vec![output_nll_smoothed_reference(&x[0], &x[1], &x[2], &tg, 0.1).unwrap()],
+                ft,
+                gt,
+                "output layer + label-smoothed NLL",
+            );
+            let x: Vec<&Tensor> = vars2.iter().map(|x| x.as_tensor()).collect();
+            let plain = output_nll_fused(x[0], x[1], x[2], &tg).unwrap();
+            let zero = output_nll_smoothed_fused(x[0], x[1], x[2], &tg, 0.0).unwrap();
+            assert_eq!(max_rel_diff(&plain, &zero).unwrap(), 0.0);
+            let smoothed = output_nll_smoothed_fused(x[0], x[1], x[2], &tg, 0.1).unwrap();
+            assert!(max_rel_diff(&smoothed, &plain).unwrap() > 1e-3);
         }
         let (n, v) = (9, 301);
         let vars = [rand_var(&mut rng, &[n, v], 8.0, dtype)];
@@ -734,7 +751,15 @@ fn target_padding_computed_equals_skipped() {
             let (model, varmap) = Model::build(&cfg, 11, 9, 7, DType::F64, &Device::Cpu).unwrap();
             assert_eq!(model.kernels, Kernels::Fused);
             randomize(&varmap, 8, 0.4);
-            let loss = model.loss_with(&batch, padding).unwrap();
+            let loss = model
+                .loss_with(
+                    &batch,
+                    &cgnmt::model::LossOptions {
+                        target_padding: padding,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
             let g = model.backward(&loss).unwrap();
             let grads = sorted_vars(&varmap)
                 .into_iter()

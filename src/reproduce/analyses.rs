@@ -891,13 +891,8 @@ fn align_all<'a>(
 }
 
 fn environment() -> Environment {
-    let commit = std::process::Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into());
+    // The commit the binary was built from (see build.rs), not the checkout's at the time of the report.
+    let commit = env!("CGNMT_COMMIT").to_string();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {

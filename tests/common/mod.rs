@@ -119,11 +119,21 @@ pub fn sorted_vars(varmap: &VarMap) -> Vec<(String, Var)> {
 /// Compare autodiff gradients with central finite differences (f64) on up to `per_param` entries of every
 /// parameter. Returns the worst relative error.
 pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
+    grad_check_with(cfg, seed, per_param, &cgnmt::model::LossOptions::default())
+}
+
+/// [`grad_check`] of the training loss with options `opts` (e.g. label smoothing).
+pub fn grad_check_with(
+    cfg: &ModelConfig,
+    seed: u64,
+    per_param: usize,
+    opts: &cgnmt::model::LossOptions,
+) -> f64 {
     let (vs, vt) = (7, 6);
     let (model, varmap) = Model::build(cfg, vs, vt, seed, DType::F64, &Device::Cpu).unwrap();
     randomize(&varmap, seed + 1, 0.5);
     let batch = tiny_batch(seed + 2, vs, vt, DType::F64);
-    let loss = model.loss(&batch).unwrap();
+    let loss = model.loss_with(&batch, opts).unwrap();
     let grads = model.backward(&loss).unwrap();
     let mut worst: f64 = 0.0;
     let eps = 1e-5;
@@ -154,7 +164,11 @@ pub fn grad_check(cfg: &ModelConfig, seed: u64, per_param: usize) -> f64 {
                 v[k] += delta;
                 var.set(&Tensor::from_vec(v, var.shape().clone(), &Device::Cpu).unwrap())
                     .unwrap();
-                model.loss(&batch).unwrap().to_scalar::<f64>().unwrap()
+                model
+                    .loss_with(&batch, opts)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap()
             };
             let fd = (eval(eps) - eval(-eps)) / (2.0 * eps);
             var.set(&Tensor::from_vec(base.clone(), var.shape().clone(), &Device::Cpu).unwrap())
