@@ -226,7 +226,7 @@ fn blocks(r: &Results) -> Vec<Block> {
     b.push(List(vec![
         format!("Plan: `{}`; seeds {:?}; beam {}; {} test sentences, {} reference(s).", r.plan_file, r.seeds, r.beam, r.test_sentences, r.references),
         format!("Command: `{}`", r.environment.command),
-        format!("cgnmt {} (binary built from commit `{}`); CPU: {} ({} threads available); written {}.", r.environment.cgnmt_version, r.environment.commit, r.environment.cpu, r.environment.cores, r.environment.date),
+        format!("Report written by cgnmt {} (built from commit `{}`); CPU: {} ({} threads available); written {}.", r.environment.cgnmt_version, r.environment.commit, r.environment.cpu, r.environment.cores, r.environment.date),
         format!("Runs finished: {} of {}.{}", r.runs.len(), r.runs.len() + r.pending.len(), if r.pending.is_empty() { String::new() } else { format!(" Pending: {}.", r.pending.join("; ")) }),
         "BLEU is NIST mteval-v11b, case-insensitive (the paper's metric), of each run's best-dev-BLEU model; sacreBLEU (13a, cased) and chrF are shown beside it. Every number below is read from the run files (`results.json`).".into(),
     ]));
