@@ -183,6 +183,17 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
         assert!(md.contains(section), "report.md lacks {section}");
     }
     assert!(!md.contains("pending"), "every run finished:\n{md}");
+    // The command that trained the runs, with its binary's commit (recorded in invocations.jsonl).
+    let training = md
+        .lines()
+        .find(|l| l.contains("Training commands: `"))
+        .unwrap_or_else(|| panic!("no training command in report.md:\n{md}"));
+    assert!(
+        training.contains(" reproduce ")
+            && training.contains("--quick")
+            && training.contains("(commit `"),
+        "{training}"
+    );
     let figures = results["figures"].as_array().unwrap();
     let files: Vec<&str> = figures
         .iter()

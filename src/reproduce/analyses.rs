@@ -221,6 +221,21 @@ pub struct Invocation {
     #[serde(default)]
     pub jobs: usize,
     pub report_only: bool,
+    /// The command line, and the commit its binary was built from (absent in records of earlier versions).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub command: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit: String,
+}
+
+impl Invocation {
+    /// This process's command line and its binary's commit, for a record.
+    pub fn this_process() -> (String, String) {
+        (
+            std::env::args().collect::<Vec<_>>().join(" "),
+            env!("CGNMT_COMMIT").to_string(),
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -1008,6 +1023,8 @@ mod tests {
                 own_seconds: 0.0,
                 jobs: 2,
                 report_only: false,
+                command: String::new(),
+                commit: String::new(),
             })
             .unwrap()
         };

@@ -210,6 +210,7 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
         }
     }
     check_stale(&tasks)?;
+    let (command, commit) = analyses::Invocation::this_process();
     if !setup.args.report_only {
         // The invocation's account so far, after each finished run: a killed invocation's time is counted too.
         let log_progress = || {
@@ -221,6 +222,8 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
                 own_seconds: clock.own_seconds(),
                 jobs: setup.args.jobs,
                 report_only: false,
+                command: command.clone(),
+                commit: commit.clone(),
             };
             if let Ok(line) = serde_json::to_string(&inv) {
                 if let Err(e) = append_line(&setup.out.join("invocations.jsonl"), &line) {
@@ -246,6 +249,8 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
         own_seconds: own,
         jobs: setup.args.jobs,
         report_only: setup.args.report_only,
+        command,
+        commit,
     };
     let results = analyses::finish(&setup, results, timing)?;
     write_atomic(

@@ -226,6 +226,7 @@ fn blocks(r: &Results) -> Vec<Block> {
     b.push(List(vec![
         format!("Plan: `{}`; seeds {:?}; beam {}; {} test sentences, {} reference(s).", r.plan_file, r.seeds, r.beam, r.test_sentences, r.references),
         format!("Command: `{}`", r.environment.command),
+        training_commands(r),
         format!("Report written by cgnmt {} (built from commit `{}`); CPU: {} ({} threads available); written {}.", r.environment.cgnmt_version, r.environment.commit, r.environment.cpu, r.environment.cores, r.environment.date),
         format!("Runs finished: {} of {}.{}", r.runs.len(), r.runs.len() + r.pending.len(), if r.pending.is_empty() { String::new() } else { format!(" Pending: {}.", r.pending.join("; ")) }),
         "BLEU is NIST mteval-v11b, case-insensitive (the paper's metric), of each run's best-dev-BLEU model; sacreBLEU (13a, cased) and chrF are shown beside it. Every number below is read from the run files (`results.json`).".into(),
@@ -661,4 +662,27 @@ pub fn write(s: &Setup, r: &Results) -> Result<()> {
     let title = format!("Reproduction of Tu et al. (2017): {}", r.plan);
     write_atomic(&s.out.join("report.html"), html(&b, s, &title)?.as_bytes())?;
     Ok(())
+}
+
+/// The commands that trained the runs (the invocations that were not `--report-only`, each once, with the
+/// commits of their binaries), as recorded in `invocations.jsonl`; records of earlier versions hold none.
+fn training_commands(r: &super::analyses::Results) -> String {
+    let mut seen: Vec<(String, String)> = vec![];
+    for i in r
+        .invocations
+        .iter()
+        .filter(|i| !i.report_only && !i.command.is_empty())
+    {
+        if !seen.iter().any(|(c, k)| c == &i.command && k == &i.commit) {
+            seen.push((i.command.clone(), i.commit.clone()));
+        }
+    }
+    if seen.is_empty() {
+        return "Training commands: not recorded (invocations of an earlier version).".into();
+    }
+    let list: Vec<String> = seen
+        .iter()
+        .map(|(c, k)| format!("`{c}` (commit `{k}`)"))
+        .collect();
+    format!("Training commands: {}.", list.join("; "))
 }
