@@ -378,7 +378,7 @@ fn load_once(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
     need(cgnmt_data::preprocess::PREPROCESS_FILE)?;
     let preprocess = Preprocessor::load(&dir)?;
     let weights = need(WEIGHTS_FILE)?;
-    let (model, mut varmap) =
+    let (mut model, mut varmap) =
         Model::build_uninit(&config.model, src_vocab.len(), tgt_vocab.len(), dtype, dev)?;
     varmap.load(&weights).map_err(|e| {
         NmtError::model_dir(
@@ -386,6 +386,7 @@ fn load_once(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
             format!("{WEIGHTS_FILE} does not match config.toml/vocabularies: {e}"),
         )
     })?;
+    model.refresh_tied_output()?;
     Ok(LoadedModel {
         dir,
         config,

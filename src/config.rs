@@ -85,6 +85,9 @@ pub struct ModelConfig {
     pub coverage_dim: usize,
     /// Neural coverage as a GRU (true) or a plain tanh recurrence (false).
     pub coverage_gated: bool,
+    /// Tie the output layer's `W_2` `[E, V]` to the target embeddings `E_y` `[V, E]` (`W_2 = E_yᵀ`, one
+    /// parameter fewer of `E·V` values); false, the paper's recipe: separate weights.
+    pub tied_output_embeddings: bool,
 }
 
 impl Default for ModelConfig {
@@ -104,6 +107,7 @@ impl Default for ModelConfig {
             coverage_max_fertility: 2.0,
             coverage_dim: 10,
             coverage_gated: true,
+            tied_output_embeddings: false,
         }
     }
 }

@@ -208,6 +208,14 @@ impl Model {
     ) -> Result<Self> {
         let (e, h) = (cfg.embedding_dim, cfg.hidden_dim);
         let dec = vb.pp("decoder");
+        let tgt_emb = dec.get_with_hints((tgt_vocab, e), "E", crate::init::ZERO)?;
+        let readout = Readout::new(
+            dec.pp("readout"),
+            e,
+            h,
+            tgt_vocab,
+            cfg.tied_output_embeddings.then_some(&tgt_emb),
+        )?;
         Ok(Self {
             cfg: cfg.clone(),
             src_vocab,
@@ -221,12 +229,22 @@ impl Model {
                 .get_with_hints(h, "b_init", crate::init::ZERO)?,
             attention: Attention::new(dec.pp("attention"), 2 * h, h, cfg.attention_dim)?,
             coverage: Coverage::new(dec.clone(), cfg)?,
-            tgt_emb: dec.get_with_hints((tgt_vocab, e), "E", crate::init::ZERO)?,
+            tgt_emb,
             gate: Gate::new(dec.clone(), cfg)?,
             cell: DecoderCell::new(dec.pp("cell"), cfg.decoder, cfg.gate_form, e, h)?,
-            readout: Readout::new(dec.pp("readout"), e, h, tgt_vocab)?,
+            readout,
             kernels: Kernels::process_choice(),
         })
+    }
+
+    /// Tied output embeddings: the readout's `W_2` formed again from the embeddings' values now (after the
+    /// variables were initialised or loaded; training forms it at every pass and decodes with a
+    /// [`Model::frozen`] twin, so it never reads a stale copy). Nothing to do for separate weights.
+    pub fn refresh_tied_output(&mut self) -> Result<()> {
+        if self.cfg.tied_output_embeddings {
+            self.readout.w_2 = self.tgt_emb.detach().t()?.contiguous()?;
+        }
+        Ok(())
     }
 
     /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
@@ -260,8 +278,9 @@ impl Model {
         dtype: DType,
         dev: &Device,
     ) -> crate::error::Result<(Model, VarMap)> {
-        let (model, varmap) = Self::build_uninit(cfg, src_vocab, tgt_vocab, dtype, dev)?;
+        let (mut model, varmap) = Self::build_uninit(cfg, src_vocab, tgt_vocab, dtype, dev)?;
         crate::init::init_params(&varmap, seed)?;
+        model.refresh_tied_output()?;
         Ok((model, varmap))
     }
 
@@ -844,7 +863,16 @@ impl Model {
         eps: f64,
     ) -> Result<Tensor> {
         let (b, t_len) = batch.tgt.dims2()?;
-        let (w_2, b_out) = (&self.readout.w_2, &self.readout.b);
+        // Tied output embeddings: `W_2 = E_yᵀ` formed from the embeddings' current values at every pass (the
+        // readout's copy is for decoding, by a model built after the last update).
+        let tied;
+        let w_2 = if self.cfg.tied_output_embeddings {
+            tied = self.tgt_emb.t()?.contiguous()?;
+            &tied
+        } else {
+            &self.readout.w_2
+        };
+        let b_out = &self.readout.b;
         if let Some(lens) = lengths {
             // The words' rows only: their targets, and no mask.
             let ids: Vec<u32> = batch.tgt.flatten_all()?.to_vec1()?;

@@ -20,14 +20,25 @@ pub struct Readout {
 }
 
 impl Readout {
-    pub fn new(vb: VarBuilder, emb: usize, hidden: usize, vocab: usize) -> Result<Self> {
+    /// `tied`: the target embeddings `[V, E]` when the output layer's `W_2` is their transpose (a copy of
+    /// their values now: training forms `W_2` from them at every pass, see `Model::loss`).
+    pub fn new(
+        vb: VarBuilder,
+        emb: usize,
+        hidden: usize,
+        vocab: usize,
+        tied: Option<&Tensor>,
+    ) -> Result<Self> {
         Ok(Self {
             w_o: vb.get_with_hints((2 * hidden, hidden), "W_o", crate::init::ZERO)?,
             u_o: vb.get_with_hints((hidden, hidden), "U_o", crate::init::ZERO)?,
             v_o: vb.get_with_hints((emb, hidden), "V_o", crate::init::ZERO)?,
             b_o: vb.get_with_hints(hidden, "b_o", crate::init::ZERO)?,
             w_1: vb.get_with_hints((hidden / 2, emb), "W_1", crate::init::ZERO)?,
-            w_2: vb.get_with_hints((emb, vocab), "W_2", crate::init::ZERO)?,
+            w_2: match tied {
+                Some(e) => e.detach().t()?.contiguous()?,
+                None => vb.get_with_hints((emb, vocab), "W_2", crate::init::ZERO)?,
+            },
             b: vb.get_with_hints(vocab, "b", crate::init::ZERO)?,
             hidden,
         })
