@@ -169,7 +169,7 @@ pub fn run(a: RescoreArgs) -> Result<()> {
         weights.insert(k.to_string(), v);
     }
     weights.retain(|_, w| *w != 0.0);
-    let best = pick(&cands, &weights)?;
+    let best = pick(&cands, &weights).with_context(|| name.clone())?;
     let mut text = String::new();
     for c in best {
         text.push_str(&c.text);

@@ -60,19 +60,21 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
         words(&long),
         words(&plain)
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
-        .args([
-            "translate",
-            "-m",
-            model.to_str().unwrap(),
-            "-i",
-            input.to_str().unwrap(),
-            "--length-penalty=-1",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--length-penalty -1"));
+    // A bad option value is refused with a message naming it.
+    let refused = |args: &[&str], says: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(msg.contains(says), "{args:?}: {msg}");
+    };
+    let (m, i) = (model.to_str().unwrap(), input.to_str().unwrap());
+    refused(
+        &["translate", "-m", m, "-i", i, "--length-penalty=-1"],
+        "--length-penalty -1",
+    );
 
     // Coverage penalty: β = 0 is the plain search; with β = 1 each sentence's output has the best
     // log-probability + β·cp among the finished hypotheses, which hold the plain output (the highest
@@ -120,19 +122,10 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
     }
     assert!(changed > 0, "β = 1 changed no output");
     assert_eq!(cov_out.len(), plain.len());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
-        .args([
-            "translate",
-            "-m",
-            model.to_str().unwrap(),
-            "-i",
-            input.to_str().unwrap(),
-            "--coverage-penalty=nan",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--coverage-penalty NaN"));
+    refused(
+        &["translate", "-m", m, "-i", i, "--coverage-penalty=nan"],
+        "--coverage-penalty NaN",
+    );
 
     // n-best rescoring: the default weights pick translate's own output; a length weight lengthens; an
     // external feature that favours each sentence's last hypothesis picks it.
@@ -179,17 +172,14 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
     let arg = format!("last={}", feature.display());
     assert_eq!(rescore(&["--feature", &arg, "--weight", "last=1"]), last);
     std::fs::write(&feature, "1\n2\n").unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
-        .args([
+    refused(
+        &[
             "rescore",
             "-i",
             nbest_path.to_str().unwrap(),
             "--feature",
             &arg,
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let msg = String::from_utf8_lossy(&out.stderr);
-    assert!(msg.contains("has 2 lines"), "{msg}");
+        ],
+        "has 2 lines",
+    );
 }
