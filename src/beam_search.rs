@@ -223,25 +223,118 @@ pub fn beam_search_with(
     prepared: Option<&crate::kernels::Prepared>,
     table: Option<&WordTable>,
 ) -> Result<Vec<Vec<Hypothesis>>> {
-    let dev: Device = model.tgt_emb.device().clone();
-    let dtype = model.tgt_emb.dtype();
+    beam_search_ensemble(
+        &[Member {
+            model,
+            prepared,
+            table,
+        }],
+        srcs,
+        eos,
+        opts,
+    )
+}
+
+/// One model of an ensemble, with what [`beam_search_with`] takes beside it.
+#[derive(Clone, Copy)]
+pub struct Member<'a> {
+    pub model: &'a Model,
+    pub prepared: Option<&'a crate::kernels::Prepared>,
+    pub table: Option<&'a WordTable>,
+}
+
+/// A member's decoding state over the live hypotheses.
+struct MemberState<'a> {
+    m: Member<'a>,
+    cur: crate::model::Source,
+    products: Option<crate::attention::ContextProducts>,
+    row_keys: bool,
+    t: Tensor,
+    cov: Option<Tensor>,
+    w_prev: crate::model::WordTerms,
+    words: Option<crate::readout::OutputWords>,
+    /// The step's context and attention output.
+    step: Option<(crate::attention::Context, crate::model::StepOut)>,
+    /// The step's rows of logits (fused kernels) or log-probabilities, and their width.
+    scores: Vec<f32>,
+    vocab: usize,
+    /// In an ensemble with fused kernels, the normaliser `log Σ exp` of each row of logits.
+    norm: Vec<f32>,
+}
+
+/// Beam search with an ensemble (model-spec §7 with several models): every member runs its own decoder over
+/// the same hypotheses, and a step's word scores are the members' log-probabilities averaged (a hypothesis's
+/// score is the sum of those averages). The members must share the source and target vocabularies. Recorded
+/// attention, and the attention mass of the coverage penalty, are the members' mean; recorded gates and
+/// coverage are the first member's. With one member this is [`beam_search_with`].
+pub fn beam_search_ensemble(
+    members: &[Member],
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let Some(first) = members.first() else {
+        candle_core::bail!("beam search needs at least one model");
+    };
+    let dev: Device = first.model.tgt_emb.device().clone();
+    let dtype = first.model.tgt_emb.dtype();
     let nsent = srcs.len();
     if nsent == 0 {
         return Ok(vec![]);
     }
     let beam = opts.beam.max(1);
-    // Int8 products need their weights quantised: prepare them for this call if the caller did not.
-    let own;
-    let prepared = match prepared {
-        None if opts.int8 => {
-            own = model.prepare_decoding_as(true)?;
-            own.as_ref()
-        }
-        p => p,
-    };
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
-    let source = model.encode_prepared(&src_ids, &src_mask, prepared)?;
-    let products = model.context_products(&source)?;
+    let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
+    // Int8 products need their weights quantised: prepare them for this call where the caller did not.
+    let mut owned: Vec<Option<crate::kernels::Prepared>> = Vec::with_capacity(members.len());
+    for m in members {
+        owned.push(match m.prepared {
+            None if opts.int8 => m.model.prepare_decoding_as(true)?,
+            _ => None,
+        });
+    }
+    let mut states: Vec<MemberState> = Vec::with_capacity(members.len());
+    for (m, own) in members.iter().zip(&owned) {
+        let model = m.model;
+        if model.tgt_vocab != first.model.tgt_vocab {
+            candle_core::bail!(
+                "ensemble: the members' target vocabularies differ ({} and {} words)",
+                first.model.tgt_vocab,
+                model.tgt_vocab
+            );
+        }
+        let prepared = m.prepared.or(own.as_ref());
+        let source = model.encode_prepared(&src_ids, &src_mask, prepared)?;
+        let products = model.context_products(&source)?;
+        let cur = source.select(&idx0)?;
+        let e_dim = model.tgt_emb.dim(1)?;
+        states.push(MemberState {
+            m: Member { prepared, ..*m },
+            products,
+            // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur`
+            // keeps one row per sentence); otherwise `cur` holds one row per live hypothesis.
+            row_keys: model.attends_by_rows(&dev),
+            t: cur.t0.clone(),
+            cov: model.initial_coverage(&cur)?,
+            cur,
+            // The terms of the words fed to the next step (none yet: those of a zero embedding).
+            w_prev: model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, &dev)?)?,
+            // With a shortlist, the batch's output layer covers its words only; rows then hold their
+            // columns (the same ones for every member).
+            words: match &opts.shortlist {
+                Some(sl) => Some(model.readout.output_words(
+                    model.kernels,
+                    &sl.words(srcs, eos),
+                    opts.int8,
+                )?),
+                None => None,
+            },
+            step: None,
+            scores: Vec::new(),
+            vocab: 0,
+            norm: Vec::new(),
+        });
+    }
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
     let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
 
@@ -252,16 +345,6 @@ pub fn beam_search_with(
             hyp: Hypothesis::default(),
         })
         .collect();
-    let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
-    let mut cur = source.select(&idx0)?;
-    // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur` keeps one row
-    // per sentence); otherwise `cur` holds one row per live hypothesis.
-    let row_keys = model.attends_by_rows(&dev);
-    let mut t = cur.t0.clone();
-    let mut cov = model.initial_coverage(&cur)?;
-    let e_dim = model.tgt_emb.dim(1)?;
-    // The terms of the words fed to the next step (none yet: those of a zero embedding).
-    let mut w_prev = model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, &dev)?)?;
 
     let mut step = 0usize;
     // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
@@ -270,66 +353,88 @@ pub fn beam_search_with(
         && !opts.length_norm
         && opts.length_penalty == 0.0
         && opts.coverage_penalty == 0.0;
-    // With a shortlist, the batch's output layer covers its words only; rows then hold their columns.
-    let words = match &opts.shortlist {
-        Some(sl) => Some(model.readout.output_words(
-            model.kernels,
-            &sl.words(srcs, eos),
-            opts.int8,
-        )?),
-        None => None,
-    };
     // EOS's column (a shortlist holds it).
-    let eos_column = match &words {
+    let eos_column = match &states[0].words {
         Some(o) => o.ids.binary_search(&eos).ok().map(|c| c as u32),
         None => Some(eos),
     };
-    // Each step's logits (or log-probabilities), one row per live hypothesis.
-    let mut scores: Vec<f32> = Vec::new();
+    // With fused kernels the rows stay logits: the top-k of a row are the same words, and only the chosen
+    // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
+    let fused = first.model.kernels.fused_on(&dev) && members.len() == 1;
+    // An ensemble's averaged rows and normalisers.
+    let (mut mean, mut mean_norm): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
     while !live.is_empty() {
-        DECODER_ROWS.fetch_add(live.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        DECODER_ROWS.fetch_add(
+            (live.len() * members.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // Each live hypothesis's sentence.
         let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
-        let out = if row_keys {
-            model.attend_rows(&cur, &rows, &t)?
+        let mut cond_gate = None;
+        for (i, st) in states.iter_mut().enumerate() {
+            let model = st.m.model;
+            let out = if st.row_keys {
+                model.attend_rows(&st.cur, &rows, &st.t)?
+            } else {
+                model.attend(&st.cur, &st.t, st.cov.as_ref())?
+            };
+            let ctx = model.step_context(&out, st.products.as_ref(), &rows)?;
+            let (t_read, cond) =
+                model.condition_term(&st.t, &ctx, st.w_prev.gate.as_ref(), opts.context_scale)?;
+            if i == 0 {
+                cond_gate = match cond.and_then(|c| c.gate) {
+                    Some(g) if opts.record => Some(mean_rows(&g)?),
+                    _ => None,
+                };
+            }
+            st.t = t_read;
+            if model.kernels.fused_on(&dev) {
+                st.vocab = model.readout.logit_rows_term(
+                    model.kernels,
+                    &ctx,
+                    &st.t,
+                    &st.w_prev.readout,
+                    st.words.as_ref(),
+                    &mut st.scores,
+                )?;
+                if !fused {
+                    // An ensemble member's rows' normalisers.
+                    use rayon::prelude::*;
+                    st.norm = st
+                        .scores
+                        .par_chunks(st.vocab.max(1))
+                        .map(log_normaliser)
+                        .collect();
+                }
+            } else {
+                let lp = log_softmax(&model.readout.logits_term(
+                    model.kernels,
+                    &ctx,
+                    &st.t,
+                    &st.w_prev.readout,
+                    st.words.as_ref(),
+                )?)?;
+                st.scores = lp
+                    .to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()?;
+                st.vocab = lp.dim(1)?;
+            }
+            st.step = Some((ctx, out));
+        }
+        let vocab = states[0].vocab;
+        // An ensemble's rows: the members' logits averaged, and their normalisers averaged (subtracted from
+        // the chosen words' below), which is averaging the log-probabilities; without fused kernels the
+        // members' log-probabilities averaged.
+        let scores: &[f32] = if members.len() == 1 {
+            &states[0].scores
         } else {
-            model.attend(&cur, &t, cov.as_ref())?
-        };
-        let ctx = model.step_context(&out, products.as_ref(), &rows)?;
-        let (t_read, cond) =
-            model.condition_term(&t, &ctx, w_prev.gate.as_ref(), opts.context_scale)?;
-        let cond_gate = match cond.and_then(|c| c.gate) {
-            Some(g) if opts.record => Some(mean_rows(&g)?),
-            _ => None,
-        };
-        t = t_read;
-        // With fused kernels the rows stay logits: the top-k of a row are the same words, and only the chosen
-        // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
-        let fused = model.kernels.fused_on(&dev);
-        let vocab = if fused {
-            model.readout.logit_rows_term(
-                model.kernels,
-                &ctx,
-                &t,
-                &w_prev.readout,
-                words.as_ref(),
-                &mut scores,
-            )?
-        } else {
-            let lp = log_softmax(&model.readout.logits_term(
-                model.kernels,
-                &ctx,
-                &t,
-                &w_prev.readout,
-                words.as_ref(),
-            )?)?;
-            scores = lp
-                .to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1()?;
-            lp.dim(1)?
+            mean_into(&mut mean, states.iter().map(|st| &st.scores[..]));
+            mean_into(&mut mean_norm, states.iter().map(|st| &st.norm[..]));
+            &mean
         };
         // Top-k words of every row, in parallel (k = the row's sentence's remaining beam).
+        let words = &states[0].words;
         let row_top: Vec<Vec<(f32, u32)>> = {
             use rayon::prelude::*;
             scores
@@ -340,13 +445,17 @@ pub fn beam_search_with(
                     let k = beam.saturating_sub(finished[s].len());
                     let eos_ok = step >= limits[s].0;
                     let mut top = top_k(row, k, if eos_ok { None } else { eos_column });
-                    if fused {
-                        let lse = log_normaliser(row);
+                    let lse = if fused {
+                        log_normaliser(row)
+                    } else {
+                        mean_norm.get(r).copied().unwrap_or(0.0)
+                    };
+                    if lse != 0.0 {
                         for c in &mut top {
                             c.0 -= lse;
                         }
                     }
-                    if let Some(o) = &words {
+                    if let Some(o) = words {
                         for c in &mut top {
                             c.1 = o.ids[c.1 as usize];
                         }
@@ -356,7 +465,31 @@ pub fn beam_search_with(
                 .collect()
         };
         let alpha: Option<Vec<Vec<f32>>> = if opts.record || opts.coverage_penalty != 0.0 {
-            Some(out.alpha.to_dtype(candle_core::DType::F32)?.to_vec2()?)
+            let mut a: Vec<Vec<f32>> = Vec::new();
+            for (i, st) in states.iter().enumerate() {
+                let x: Vec<Vec<f32>> = st
+                    .step
+                    .as_ref()
+                    .expect("stepped")
+                    .1
+                    .alpha
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_vec2()?;
+                if i == 0 {
+                    a = x;
+                } else {
+                    for (ra, rx) in a.iter_mut().zip(&x) {
+                        for (p, q) in ra.iter_mut().zip(rx) {
+                            *p += q;
+                        }
+                    }
+                }
+            }
+            if members.len() > 1 {
+                let k = members.len() as f32;
+                a.iter_mut().flatten().for_each(|p| *p /= k);
+            }
+            Some(a)
         } else {
             None
         };
@@ -420,7 +553,7 @@ pub fn beam_search_with(
             }
             if w == eos {
                 if opts.record {
-                    if let Some(c) = &out.cov {
+                    if let Some(c) = &states[0].step.as_ref().expect("stepped").1.cov {
                         hyp.coverage = coverage_row(c, r, src_lens[s])?;
                     }
                 }
@@ -438,39 +571,43 @@ pub fn beam_search_with(
         }
         let pidx = Tensor::from_vec(parents.clone(), parents.len(), &dev)?;
         let wids = Tensor::from_vec(words, parents.len(), &dev)?;
-        let w = match table {
-            Some(table) => table.rows(&wids)?,
-            None => model.word_terms(&model.embed(&wids)?)?,
-        };
-        let t_sel = crate::kernels::select_rows(&t, &pidx)?;
-        // The parents' rows of what the transition reads of the context.
-        let ctx_sel = ctx.select(&pidx, &model.transition_context_weights())?;
-        let (t_new, sc) = model.transition_projected(
-            &t_sel,
-            &w.proj,
-            w.gate.as_ref(),
-            &ctx_sel,
-            opts.context_scale,
-        )?;
-        if opts.record {
-            if let Some(g) = &sc.gate {
-                let means = mean_rows(g)?;
-                for (i, l) in new_live.iter_mut().enumerate() {
-                    l.hyp
-                        .gates
-                        .push(if means.len() == 1 { means[0] } else { means[i] });
+        for (i, st) in states.iter_mut().enumerate() {
+            let model = st.m.model;
+            let (ctx, out) = st.step.take().expect("stepped");
+            let w = match st.m.table {
+                Some(table) => table.rows(&wids)?,
+                None => model.word_terms(&model.embed(&wids)?)?,
+            };
+            let t_sel = crate::kernels::select_rows(&st.t, &pidx)?;
+            // The parents' rows of what the transition reads of the context.
+            let ctx_sel = ctx.select(&pidx, &model.transition_context_weights())?;
+            let (t_new, sc) = model.transition_projected(
+                &t_sel,
+                &w.proj,
+                w.gate.as_ref(),
+                &ctx_sel,
+                opts.context_scale,
+            )?;
+            if opts.record && i == 0 {
+                if let Some(g) = &sc.gate {
+                    let means = mean_rows(g)?;
+                    for (i, l) in new_live.iter_mut().enumerate() {
+                        l.hyp
+                            .gates
+                            .push(if means.len() == 1 { means[0] } else { means[i] });
+                    }
                 }
             }
+            st.cov = match &out.cov {
+                Some(c) => Some(crate::kernels::select_rows(c, &pidx)?),
+                None => None,
+            };
+            if !st.row_keys {
+                st.cur = st.cur.select(&pidx)?;
+            }
+            st.t = t_new;
+            st.w_prev = w;
         }
-        cov = match &out.cov {
-            Some(c) => Some(crate::kernels::select_rows(c, &pidx)?),
-            None => None,
-        };
-        if !row_keys {
-            cur = cur.select(&pidx)?;
-        }
-        t = t_new;
-        w_prev = w;
         // Hypotheses that reached the maximum length finish without EOS.
         let mut keep: Vec<u32> = Vec::new();
         let mut kept: Vec<Live> = Vec::new();
@@ -479,7 +616,7 @@ pub fn beam_search_with(
                 if finished[l.sent].len() < beam {
                     let mut h = l.hyp;
                     if opts.record {
-                        if let Some(c) = &cov {
+                        if let Some(c) = &states[0].cov {
                             h.coverage = coverage_row(c, i, src_lens[l.sent])?;
                         }
                     }
@@ -525,14 +662,16 @@ pub fn beam_search_with(
                 break;
             }
             let kidx = Tensor::from_vec(keep.clone(), keep.len(), &dev)?;
-            t = crate::kernels::select_rows(&t, &kidx)?;
-            w_prev = w_prev.select(&kidx)?;
-            cov = match &cov {
-                Some(c) => Some(crate::kernels::select_rows(c, &kidx)?),
-                None => None,
-            };
-            if !row_keys {
-                cur = cur.select(&kidx)?;
+            for st in states.iter_mut() {
+                st.t = crate::kernels::select_rows(&st.t, &kidx)?;
+                st.w_prev = st.w_prev.select(&kidx)?;
+                st.cov = match &st.cov {
+                    Some(c) => Some(crate::kernels::select_rows(c, &kidx)?),
+                    None => None,
+                };
+                if !st.row_keys {
+                    st.cur = st.cur.select(&kidx)?;
+                }
             }
         }
         live = kept;
@@ -549,6 +688,23 @@ pub fn beam_search_with(
             f
         })
         .collect())
+}
+
+/// The element-wise mean of equally long `parts`, into `out`.
+fn mean_into<'a>(out: &mut Vec<f32>, mut parts: impl ExactSizeIterator<Item = &'a [f32]>) {
+    let k = parts.len() as f32;
+    out.clear();
+    if let Some(first) = parts.next() {
+        out.extend_from_slice(first);
+    }
+    for p in parts {
+        for (a, b) in out.iter_mut().zip(p) {
+            *a += b;
+        }
+    }
+    for a in out.iter_mut() {
+        *a /= k;
+    }
 }
 
 fn coverage_row(c: &Tensor, row: usize, len: usize) -> Result<Vec<f32>> {
@@ -630,31 +786,48 @@ pub fn greedy(
 /// serial work (beam bookkeeping, small ops) overlaps the others', and their matrix products share the
 /// pool. Results are those of decoding the batches one after the other. `done(n)` is called as each batch
 /// of `n` sentences finishes. The weights are prepared (transposed, packed) once for all the batches.
+/// Several `models` decode as an ensemble ([`beam_search_ensemble`]).
 pub fn beam_search_batches(
-    model: &Model,
+    models: &[&Model],
     batches: &[Vec<Vec<u32>>],
     eos: u32,
     opts: &DecodeOptions,
     done: impl Fn(usize) + Sync,
 ) -> Result<Vec<Vec<Vec<Hypothesis>>>> {
     use rayon::prelude::*;
-    let prepared = model.prepare_decoding_as(opts.int8)?;
     // The table costs a product of each of its weights over the vocabulary, the steps' would cover about
     // beam × (length + 1) words per sentence: form it when those are at least twice the vocabulary.
     let words: usize = batches.iter().flatten().map(|s| s.len() + 1).sum();
-    let table = if opts.word_table
-        && prepared.is_some()
-        && model.word_table_bytes() <= WORD_TABLE_MAX_BYTES
-        && opts.beam.max(1) * words >= 2 * model.tgt_vocab
-    {
-        Some(model.word_table(prepared.as_ref())?)
-    } else {
-        None
-    };
+    let mut prepared = Vec::with_capacity(models.len());
+    let mut tables = Vec::with_capacity(models.len());
+    for model in models {
+        let p = model.prepare_decoding_as(opts.int8)?;
+        tables.push(
+            if opts.word_table
+                && p.is_some()
+                && model.word_table_bytes() <= WORD_TABLE_MAX_BYTES
+                && opts.beam.max(1) * words >= 2 * model.tgt_vocab
+            {
+                Some(model.word_table(p.as_ref())?)
+            } else {
+                None
+            },
+        );
+        prepared.push(p);
+    }
+    let members: Vec<Member> = models
+        .iter()
+        .zip(prepared.iter().zip(&tables))
+        .map(|(model, (p, t))| Member {
+            model,
+            prepared: p.as_ref(),
+            table: t.as_ref(),
+        })
+        .collect();
     batches
         .par_iter()
         .map(|b| {
-            let h = beam_search_with(model, b, eos, opts, prepared.as_ref(), table.as_ref())?;
+            let h = beam_search_ensemble(&members, b, eos, opts)?;
             done(b.len());
             Ok(h)
         })

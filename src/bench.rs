@@ -615,7 +615,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         let s = Instant::now();
         // As `translate` decodes: batches of 32, decoded concurrently.
         beam_search_batches(
-            &model,
+            &[&model],
             &dec_batches,
             0,
             &DecodeOptions {
@@ -630,7 +630,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
             let r0 = rows();
             let s = Instant::now();
             beam_search_batches(
-                &model,
+                &[&model],
                 &dec_batches,
                 0,
                 &DecodeOptions {

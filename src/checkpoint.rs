@@ -118,6 +118,48 @@ pub struct LoadedModel {
     pub preprocess: Preprocessor,
 }
 
+impl LoadedModel {
+    /// Whether `other` can decode in an ensemble with this model: the same source and target vocabularies
+    /// and the same preprocessing (tokenisers, BPE models). The error names `other`'s directory and what
+    /// differs.
+    pub fn check_ensemble(&self, other: &LoadedModel) -> Result<()> {
+        let differ = |what: &str| {
+            Err(NmtError::model_dir(
+                &other.dir,
+                format!(
+                    "its {what} differs from that of {}: an ensemble's models must share vocabularies and \
+                     preprocessing (train them from the same prepared data)",
+                    self.dir.display()
+                ),
+            ))
+        };
+        if self.src_vocab != other.src_vocab {
+            return differ("source vocabulary");
+        }
+        if self.tgt_vocab != other.tgt_vocab {
+            return differ("target vocabulary");
+        }
+        for (side, a, b) in [
+            ("source", &self.preprocess.src, &other.preprocess.src),
+            ("target", &self.preprocess.tgt, &other.preprocess.tgt),
+        ] {
+            let json = |c| serde_json::to_string(c).unwrap_or_default();
+            if json(a) != json(b) {
+                return differ(&format!("{side} preprocessing"));
+            }
+            if let (Some(x), Some(y)) = (&a.bpe, &b.bpe) {
+                let read = |d: &Path, rel| {
+                    std::fs::read(d.join(rel)).map_err(|e| NmtError::io(&d.join(rel), e))
+                };
+                if read(&self.dir, x)? != read(&other.dir, y)? {
+                    return differ(&format!("{side} BPE model"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn copy_preprocess(from_dir: &Path, to_dir: &Path) -> Result<()> {
     let pre = Preprocessor::load(from_dir)?;
     pre.save(to_dir)?;

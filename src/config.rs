@@ -198,6 +198,10 @@ pub struct TrainConfig {
     /// Label smoothing ε in `[0, 1)`: the training loss is `−(1 − ε) log p(y) − ε · mean_k log p(k)` per word
     /// (0, the paper's recipe: the plain negative log-likelihood; dev losses are always the plain one).
     pub label_smoothing: f64,
+    /// Dropout rate on the source and target word embeddings in `[0, 1)` (0, the paper's recipe: none).
+    pub embedding_dropout: f64,
+    /// Dropout rate on the readout's output `t̃_i`, the output layer's input, in `[0, 1)` (0: none).
+    pub readout_dropout: f64,
 }
 
 /// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
@@ -252,6 +256,8 @@ impl Default for TrainConfig {
             weight_decay: 0.0,
             target_padding: TargetPadding::Skipped,
             label_smoothing: 0.0,
+            embedding_dropout: 0.0,
+            readout_dropout: 0.0,
         }
     }
 }
@@ -375,6 +381,14 @@ impl Config {
         }
         if !(0.0..1.0).contains(&t.label_smoothing) {
             return bad("train.label_smoothing", "must be in [0, 1) (0: none)");
+        }
+        for (key, p) in [
+            ("train.embedding_dropout", t.embedding_dropout),
+            ("train.readout_dropout", t.readout_dropout),
+        ] {
+            if !(0.0..1.0).contains(&p) {
+                return bad(key, "must be in [0, 1) (0: none)");
+            }
         }
         if !(t.learning_rate > 0.0) {
             return bad("train.learning_rate", "must be positive");
@@ -542,6 +556,12 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("train.label_smoothing"), "{e}");
+            for key in ["train.embedding_dropout", "train.readout_dropout"] {
+                let e = Config::load(None, &[format!("{key}={bad}")])
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains(key), "{e}");
+            }
         }
         let e = Config::load(None, &["train.select_by=\"ter\"".into()])
             .unwrap_err()

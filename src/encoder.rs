@@ -53,10 +53,9 @@ impl Encoder {
     /// encoder, formed outside the graph, whose consumers (the decoder's attention, the keys `A h`, the initial
     /// state) add their gradients into the handle; the encoder's backward pass reads the sum from there, so
     /// the annotations' gradient never enters candle's gradient store.
-    pub fn forward_shared(&self, k: Kernels, src: &Tensor, mask: &Tensor) -> Result<Shared> {
-        let (b, _) = src.dims2()?;
-        let e = crate::kernels::embedding(k, &self.emb, &src.flatten_all()?)?
-            .broadcast_add(&self.emb_b)?;
+    /// `e`: the embedded words `[B·S, E]` ([`Encoder::embed`], after dropout).
+    pub fn forward_shared(&self, k: Kernels, e: &Tensor, mask: &Tensor) -> Result<Shared> {
+        let (b, _) = mask.dims2()?;
         if !k.fused_on(e.device()) {
             candle_core::bail!("shared annotations need the fused kernels on the CPU");
         }
@@ -75,11 +74,19 @@ impl Encoder {
 
     /// `src`: `[B, S]` u32 ids, `mask`: `[B, S]` (1 = word, 0 = padding), in the model dtype.
     pub fn forward(&self, k: Kernels, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
-        let (b, s) = src.dims2()?;
-        let e = crate::kernels::embedding(k, &self.emb, &src.flatten_all()?)?
-            .broadcast_add(&self.emb_b)?;
+        self.forward_embedded(k, &self.embed(k, src)?, mask)
+    }
+
+    /// The source words' embeddings `E[x] + b_e`, `[B·S, E]` (rows `(b, t)`) of `src` `[B, S]`.
+    pub fn embed(&self, k: Kernels, src: &Tensor) -> Result<Tensor> {
+        crate::kernels::embedding(k, &self.emb, &src.flatten_all()?)?.broadcast_add(&self.emb_b)
+    }
+
+    /// [`Encoder::forward`] from the embedded words `e` `[B·S, E]` ([`Encoder::embed`], after dropout).
+    pub fn forward_embedded(&self, k: Kernels, e: &Tensor, mask: &Tensor) -> Result<Encoded> {
+        let (b, s) = mask.dims2()?;
         if k.fused_on(e.device()) {
-            let annotations = self.bigru_op(&e, b, mask)?.apply()?;
+            let annotations = self.bigru_op(e, b, mask)?.apply()?;
             let bwd_first = annotations
                 .i((.., 0))?
                 .narrow(1, self.hidden, self.hidden)?;
@@ -90,7 +97,7 @@ impl Encoder {
         }
         // Time-major so every step reads a contiguous slice.
         let time_major = |g: &Gru| -> Result<Tensor> {
-            g.project(k, &e)?
+            g.project(k, e)?
                 .reshape((b, s, 3 * self.hidden))?
                 .transpose(0, 1)?
                 .contiguous()

@@ -19,6 +19,7 @@ pub mod datasets;
 pub mod decoder_cell;
 pub mod decoder_sequence;
 pub mod demo;
+pub mod dropout;
 pub mod encoder;
 pub mod error;
 pub mod gate;

@@ -109,9 +109,10 @@ struct InfoArgs {
 
 #[derive(clap::Args)]
 struct TranslateArgs {
-    /// Model directory (a run directory means its best/ model).
-    #[arg(short, long)]
-    model: PathBuf,
+    /// Model directory (a run directory means its best/ model). Repeat for an ensemble: the models'
+    /// log-probabilities are averaged at every step (they must share vocabularies and preprocessing).
+    #[arg(short, long, required = true)]
+    model: Vec<PathBuf>,
     /// Beam size (1 = greedy).
     #[arg(short, long, default_value_t = 10)]
     beam: usize,
@@ -484,8 +485,14 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
     if a.nbest == 0 || a.nbest > a.beam {
         bail!("--nbest must be between 1 and --beam");
     }
-    let dir = resolve_model_dir(&a.model);
+    let dir = resolve_model_dir(&a.model[0]);
     let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
+    let mut members = Vec::new();
+    for m in &a.model[1..] {
+        let other = checkpoint::load(&resolve_model_dir(m), DType::F32, &Device::Cpu)?;
+        lm.check_ensemble(&other)?;
+        members.push(other);
+    }
     if a.beam > lm.tgt_vocab.len() {
         bail!(
             "--beam {} is larger than the model's target vocabulary ({} words): use at most {}",
@@ -534,7 +541,12 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         opts.shortlist = Some(std::sync::Arc::new(sl));
     }
     let model = lm.model.frozen(&lm.varmap)?;
-    let tr = Translator::of(&model, &lm);
+    let others = members
+        .iter()
+        .map(|m| m.model.frozen(&m.varmap))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut tr = Translator::of(&model, &lm);
+    tr.others = others.iter().collect();
     let pb = if a.quiet || lines.len() < 50 {
         indicatif::ProgressBar::hidden()
     } else {

@@ -378,7 +378,13 @@ impl Model {
         prepared: Option<&crate::kernels::Prepared>,
     ) -> Result<Source> {
         self.begin_decoding_pass(prepared)?;
-        let enc = self.encoder.forward(self.kernels, src, src_mask)?;
+        let e = self.encoder.embed(self.kernels, src)?;
+        self.encode_embedded(&e, src_mask)
+    }
+
+    /// The source side from its embedded words `e` `[B·S, E]` (after dropout when training).
+    fn encode_embedded(&self, e: &Tensor, src_mask: &Tensor) -> Result<Source> {
+        let enc = self.encoder.forward_embedded(self.kernels, e, src_mask)?;
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;
         let cov_keys = match &self.coverage {
@@ -399,10 +405,9 @@ impl Model {
     /// encoder as a [`crate::kernels::Shared`] handle, and the keys `A h` and the initial state's `←h_1` are
     /// read from it by ops that add their gradients into the handle — the annotations' and the keys'
     /// gradients never enter candle's gradient store (the decoder op takes both handles as they are).
-    fn encode_shared(&self, src: &Tensor, src_mask: &Tensor) -> Result<Source> {
+    fn encode_shared(&self, e: &Tensor, src_mask: &Tensor) -> Result<Source> {
         use crate::kernels::{product_shared_rows, shared_rows};
-        crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
-        let ann = self.encoder.forward_shared(self.kernels, src, src_mask)?;
+        let ann = self.encoder.forward_shared(self.kernels, e, src_mask)?;
         let (b, s, a2) = ann.tensor.dims3()?;
         // The keys of the words' positions only (`[Σ len, Ad]`, the decoder op reads no other) when the
         // mask is words then padding; else `[B, S, Ad]`.
@@ -680,10 +685,19 @@ impl Model {
         let (b, t_len) = batch.tgt.dims2()?;
         let path = self.decoder_path();
         let fused = matches!(path, DecoderPath::Fused { .. });
+        // Dropout's masks, drawn in a fixed order: source embeddings, target embeddings, readout.
+        let mut drop = crate::dropout::Dropper::new(opts.dropout.as_ref());
+        let (p_emb, p_readout) = opts
+            .dropout
+            .map_or((0.0, 0.0), |d| (d.embeddings, d.readout));
         let mut src = if fused {
-            self.encode_shared(&batch.src, &batch.src_mask)?
+            crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
+            let e = self.encoder.embed(self.kernels, &batch.src)?;
+            self.encode_shared(&drop.apply(&e, p_emb)?, &batch.src_mask)?
         } else {
-            self.encode(&batch.src, &batch.src_mask)?
+            self.begin_decoding_pass(None)?;
+            let e = self.encoder.embed(self.kernels, &batch.src)?;
+            self.encode_embedded(&drop.apply(&e, p_emb)?, &batch.src_mask)?
         };
         if self.kernels.fused_on(src.keys.ah.device()) && src.keys.shared.is_none() {
             // Every step reads the same keys and annotations: accumulate their gradients in place.
@@ -692,10 +706,12 @@ impl Model {
                 crate::kernels::Shared::new(&src.keys.annotations)?,
             ));
         }
-        let e_all =
-            crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?; // [B*T, E]
-                                                                                                // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
-                                                                                                // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
+        let e_all = drop.apply(
+            &crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?,
+            p_emb,
+        )?; // [B*T, E]
+            // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
+            // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
         let e_prev = if !fused || self.is_conditional() {
             Some(previous_words(&e_all, b, t_len)?)
         } else {
@@ -727,6 +743,7 @@ impl Model {
                     .hidden(self.kernels, &(&ctxs).into(), &states, e_prev)?
             }
         };
+        let hid = drop.apply(&hid, p_readout)?;
         self.output_nll(&hid, batch, lengths.as_deref(), opts.label_smoothing)
     }
 
@@ -903,13 +920,22 @@ impl Model {
 pub struct LossOptions {
     pub target_padding: TargetPadding,
     pub label_smoothing: f64,
+    /// Dropout's rates and this pass's mask seed (`None`: nothing dropped).
+    pub dropout: Option<crate::dropout::Dropout>,
 }
 
 impl LossOptions {
-    pub fn of(t: &crate::config::TrainConfig) -> Self {
+    /// The options of training update `step` (its dropout masks are seeded by `train.seed` and `step`).
+    pub fn of(t: &crate::config::TrainConfig, step: u64) -> Self {
+        let d = crate::dropout::Dropout {
+            embeddings: t.embedding_dropout,
+            readout: t.readout_dropout,
+            seed: crate::dropout::Dropout::step_seed(t.seed, step),
+        };
         LossOptions {
             target_padding: t.target_padding,
             label_smoothing: t.label_smoothing,
+            dropout: d.is_active().then_some(d),
         }
     }
 }

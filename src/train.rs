@@ -237,6 +237,7 @@ pub fn evaluate(
 ) -> Result<DevScores> {
     let tr = Translator {
         model,
+        others: vec![],
         src_vocab,
         tgt_vocab,
         preprocess: pre,
@@ -430,7 +431,10 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
             let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
             let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), dtype, &dev)?;
-            let loss = model.loss_with(&batch, &crate::model::LossOptions::of(&cfg.train))?;
+            let loss = model.loss_with(
+                &batch,
+                &crate::model::LossOptions::of(&cfg.train, state.step),
+            )?;
             let mut lv = loss.to_scalar::<f32>()? as f64;
             if injected_nan(state.step + 1) {
                 lv = f64::NAN;

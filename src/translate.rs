@@ -56,6 +56,9 @@ pub struct Translation {
 
 pub struct Translator<'a> {
     pub model: &'a Model,
+    /// The other members of an ensemble with `model` (empty: `model` alone); they share its vocabularies
+    /// and preprocessing.
+    pub others: Vec<&'a Model>,
     pub src_vocab: &'a Vocab,
     pub tgt_vocab: &'a Vocab,
     pub preprocess: &'a Preprocessor,
@@ -66,6 +69,7 @@ impl<'a> Translator<'a> {
     pub fn of(model: &'a Model, lm: &'a crate::checkpoint::LoadedModel) -> Self {
         Translator {
             model,
+            others: vec![],
             src_vocab: &lm.src_vocab,
             tgt_vocab: &lm.tgt_vocab,
             preprocess: &lm.preprocess,
@@ -179,10 +183,12 @@ impl<'a> Translator<'a> {
             .collect();
         let split = !long.is_empty() && limit.long_input == LongInput::Split;
         // With split lines, progress is reported per batch as whole lines finish below; otherwise per unit.
+        let mut models = vec![self.model];
+        models.extend(self.others.iter().copied());
         let hyps = if split {
-            beam_search_batches(self.model, &batches, eos, opts, |_| {})?
+            beam_search_batches(&models, &batches, eos, opts, |_| {})?
         } else {
-            beam_search_batches(self.model, &batches, eos, opts, &report)?
+            beam_search_batches(&models, &batches, eos, opts, &report)?
         };
         let mut unit_hyps: Vec<Vec<Hypothesis>> = vec![vec![]; units.len()];
         for (chunk, hyps) in chunks.iter().zip(hyps) {

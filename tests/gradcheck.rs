@@ -34,9 +34,77 @@ fn label_smoothed_gradients_match_finite_differences() {
         let opts = cgnmt::model::LossOptions {
             target_padding: padding,
             label_smoothing: 0.1,
+            ..Default::default()
         };
         let worst = grad_check_with(&cfg, 31, 40, &opts);
         assert!(worst < 1e-5);
+    }
+}
+
+/// Dropout (`train.embedding_dropout`, `train.readout_dropout`): a pass's masks are fixed by its seed, so the
+/// loss is a function of the parameters that finite differences can check; with the target padding skipped
+/// and computed, the fused and composed decoders. Dropping changes the loss, and the same seed repeats it.
+#[test]
+fn dropout_gradients_match_finite_differences() {
+    use cgnmt::dropout::Dropout;
+    for (sets, padding) in [
+        (
+            vec!["model.context_gate=both"],
+            cgnmt::config::TargetPadding::Skipped,
+        ),
+        (
+            vec![
+                "model.context_gate=source",
+                "model.tied_output_embeddings=true",
+            ],
+            cgnmt::config::TargetPadding::Computed,
+        ),
+    ] {
+        let cfg = tiny_model_config(&sets);
+        let d = Dropout {
+            embeddings: 0.3,
+            readout: 0.4,
+            seed: 5,
+        };
+        let opts = cgnmt::model::LossOptions {
+            target_padding: padding,
+            dropout: Some(d),
+            ..Default::default()
+        };
+        let worst = grad_check_with(&cfg, 41, 40, &opts);
+        assert!(worst < 1e-5);
+
+        let (vs, vt) = (7, 6);
+        let (model, varmap) = Model::build(&cfg, vs, vt, 41, DType::F64, &Device::Cpu).unwrap();
+        randomize(&varmap, 42, 0.5);
+        let batch = tiny_batch(43, vs, vt, DType::F64);
+        let loss = |o: &cgnmt::model::LossOptions| {
+            model
+                .loss_with(&batch, o)
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        };
+        let plain = cgnmt::model::LossOptions {
+            target_padding: padding,
+            ..Default::default()
+        };
+        let other = cgnmt::model::LossOptions {
+            dropout: Some(Dropout { seed: 6, ..d }),
+            ..opts
+        };
+        let zero = cgnmt::model::LossOptions {
+            dropout: Some(Dropout {
+                embeddings: 0.0,
+                readout: 0.0,
+                ..d
+            }),
+            ..opts
+        };
+        assert_eq!(loss(&opts), loss(&opts), "the same seed, the same masks");
+        assert_ne!(loss(&opts), loss(&plain), "dropout changes the loss");
+        assert_ne!(loss(&opts), loss(&other), "another seed, other masks");
+        assert_eq!(loss(&zero), loss(&plain), "rates of 0 drop nothing");
     }
 }
 

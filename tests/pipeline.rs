@@ -541,6 +541,7 @@ fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
     let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
     let tr = Translator {
         model: &lm.model,
+        others: vec![],
         src_vocab: &lm.src_vocab,
         tgt_vocab: &lm.tgt_vocab,
         preprocess: &lm.preprocess,

@@ -410,3 +410,125 @@ fn reproduce_refuses_bad_arguments_clearly() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("missing.toml"), "{err}");
 }
+
+/// The recipes plan (`configs/reproduce/recipes.toml`) on its quick budget with two seeds: rows with `from`
+/// train nothing and decode the source row's models otherwise (a length penalty, an average of the last
+/// checkpoints, an ensemble of the seeds, each checked here against `cgnmt average` and `cgnmt translate` run
+/// directly); `seeds = 1` rows train one seed; every run also decodes the extra test set (the longer half of
+/// the test set), whose table is in the report; a second invocation decodes nothing again.
+#[test]
+fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("recipes");
+    let plan = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/reproduce/recipes.toml");
+    ok(
+        &reproduce_with(&plan, &out, &["--seeds", "2", "--jobs", "2"])
+            .output()
+            .unwrap(),
+    );
+    let results = json(&out.join("results.json"));
+    let rows = results["rows"].as_array().unwrap();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r["system"] == name)
+            .unwrap_or_else(|| panic!("no row {name}"))
+            .clone()
+    };
+    let seeds = |name: &str| row(name)["seeds"].as_array().unwrap().len();
+    assert_eq!(seeds("paper"), 2);
+    assert_eq!(seeds("label smoothing"), 1, "seeds = 1 trains one seed");
+    assert_eq!(seeds("tied + label smoothing + length penalty"), 2);
+    assert_eq!(
+        seeds("tied + label smoothing + length penalty, ensemble of the seeds"),
+        1,
+        "an ensemble is one result"
+    );
+    let sys = out.join("systems");
+    let tls = sys.join("tied-label-smoothing");
+    // Rows with `from` train nothing of their own.
+    for r in [
+        "paper-length-penalty",
+        "tied-label-smoothing-length-penalty",
+        "tied-label-smoothing-length-penalty-ensemble-of-the-seeds",
+    ] {
+        assert!(
+            !sys.join(r).join("seed-1/run").exists(),
+            "{r} trained a model"
+        );
+        assert!(sys.join(r).join("seed-1/test.hyp").is_file(), "{r}");
+    }
+    let test_src = out.join("test/src.txt");
+    let translate = |models: &[PathBuf], extra: &[&str]| -> String {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
+        c.args(["translate", "--quiet", "--beam", "10", "-i"])
+            .arg(&test_src);
+        for m in models {
+            c.arg("-m").arg(m);
+        }
+        let o = c.args(extra).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let hyp = |row: &str| std::fs::read_to_string(sys.join(row).join("seed-1/test.hyp")).unwrap();
+    let best = |seed: u32| tls.join(format!("seed-{seed}/run/best"));
+    let lp = ["--length-penalty", "1"];
+    assert_eq!(
+        hyp("tied-label-smoothing-length-penalty"),
+        translate(&[best(1)], &lp)
+    );
+    assert_eq!(
+        hyp("tied-label-smoothing-length-penalty-ensemble-of-the-seeds"),
+        translate(&[best(1), best(2)], &lp)
+    );
+    // The average of the run's last four kept checkpoints.
+    let mut kept: Vec<PathBuf> = std::fs::read_dir(tls.join("seed-1/run"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("ckpt-")
+        })
+        .collect();
+    kept.sort();
+    assert!(kept.len() >= 4, "{kept:?}");
+    let avg = tmp.path().join("avg");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
+    c.arg("average");
+    for k in &kept[kept.len() - 4..] {
+        c.arg("-m").arg(k);
+    }
+    assert!(c.arg("-o").arg(&avg).status().unwrap().success());
+    assert_eq!(
+        hyp("tied-label-smoothing-length-penalty-averaging"),
+        translate(&[avg], &lp)
+    );
+    // The extra test set: the quick budget's first 80 pairs with references longer than 6 words.
+    let long_refs = std::fs::read_to_string(out.join("test/long.ref0.txt")).unwrap();
+    assert_eq!(long_refs.lines().count(), 80);
+    assert!(long_refs.lines().all(|l| l.split_whitespace().count() > 6));
+    for r in results["runs"].as_array().unwrap() {
+        let dir = out.join(r["dir"].as_str().unwrap());
+        let h = std::fs::read_to_string(dir.join("test-long.hyp")).unwrap();
+        assert_eq!(h.lines().count(), 80, "{}", dir.display());
+        assert_eq!(r["extra"][0]["name"], "long");
+    }
+    let tables = results["extra_tests"].as_array().unwrap();
+    assert_eq!(tables.len(), 1);
+    assert_eq!(tables[0]["sentences"], 80);
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("## Test set \"long\": 80 sentences"),
+        "{report}"
+    );
+    // Nothing is decoded again.
+    let marker = sys.join("tied-label-smoothing-length-penalty-averaging/seed-1/COMPLETE");
+    let before = mtime(&marker);
+    let err = ok(&reproduce_with(&plan, &out, &["--seeds", "2"])
+        .output()
+        .unwrap());
+    assert!(!err.contains("started"), "{err}");
+    assert_eq!(mtime(&marker), before);
+}

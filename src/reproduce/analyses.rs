@@ -42,7 +42,34 @@ pub fn score_run(
         .map(|r| r.iter().map(|l| word_count(l)).sum::<usize>() as f64)
         .sum::<f64>()
         / refs.len() as f64;
+    let mut extra = vec![];
+    for x in &s.extra_tests {
+        let hyps = cgnmt_data::corpus::read_lines(&t.dir.join(format!("test-{}.hyp", x.name)))?;
+        let refs = x
+            .refs
+            .iter()
+            .map(|p| Ok(cgnmt_data::corpus::read_lines(p)?))
+            .collect::<Result<Vec<_>>>()?;
+        extra.push(super::TestScore {
+            name: x.name.clone(),
+            bleu: corpus_bleu(&hyps, &refs, &BleuOptions::mteval_v11b())?.score,
+            sacrebleu: corpus_bleu(&hyps, &refs, &sacre_opts)?.score,
+            chrf: cgnmt_eval::chrf::corpus_chrf(
+                &hyps,
+                &refs,
+                &cgnmt_eval::chrf::ChrfOptions::chrf(),
+            )?
+            .score,
+            hyp_words: hyps.iter().map(|l| word_count(l)).sum(),
+            ref_words: refs
+                .iter()
+                .map(|r| r.iter().map(|l| word_count(l)).sum::<usize>() as f64)
+                .sum::<f64>()
+                / refs.len() as f64,
+        });
+    }
     Ok(RunResult {
+        extra,
         system: t.system.name.clone(),
         seed: t.seed,
         dir: t
@@ -104,6 +131,120 @@ pub struct Row {
     pub steps: Option<u64>,
     /// The seed whose test BLEU is the median (lower median): the analyses use its outputs.
     pub median_seed: Option<u64>,
+}
+
+/// The rows on an extra test set.
+#[derive(Debug, Clone, Serialize)]
+pub struct ExtraTable {
+    pub name: String,
+    pub description: String,
+    pub sentences: usize,
+    pub min_ref_words: usize,
+    pub rows: Vec<ExtraRow>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExtraRow {
+    pub system: String,
+    pub baseline: Option<String>,
+    pub seeds: Vec<u64>,
+    /// mteval-v11b BLEU per seed.
+    pub bleu: Vec<f64>,
+    pub mean: Option<f64>,
+    pub sd: Option<f64>,
+    pub sacrebleu_mean: Option<f64>,
+    pub chrf_mean: Option<f64>,
+    pub length_ratio: Option<f64>,
+    pub delta: Option<f64>,
+    /// Paired bootstrap p against the baseline on the pooled outputs (seed s with seed s).
+    pub bootstrap_p: Option<f64>,
+}
+
+/// Every row's scores on each extra test set, with the paired bootstrap against its baseline (as the main
+/// table's).
+fn extra_tables(s: &Setup, runs: &[RunResult], metric: &Metric) -> Result<Vec<ExtraTable>> {
+    let mut tables = vec![];
+    for (k, x) in s.extra_tests.iter().enumerate() {
+        let refs = x
+            .refs
+            .iter()
+            .map(|p| Ok(cgnmt_data::corpus::read_lines(p)?))
+            .collect::<Result<Vec<_>>>()?;
+        let of = |name: &str| -> Vec<&RunResult> {
+            let mut v: Vec<&RunResult> = runs
+                .iter()
+                .filter(|r| r.system == name && r.extra.get(k).is_some_and(|e| e.name == x.name))
+                .collect();
+            v.sort_by_key(|r| r.seed);
+            v
+        };
+        let stats = |r: &RunResult| -> Result<Vec<_>> {
+            let hyps = cgnmt_data::corpus::read_lines(
+                &s.out.join(&r.dir).join(format!("test-{}.hyp", x.name)),
+            )?;
+            Ok(metric.segment_stats(&hyps, &refs)?)
+        };
+        let mut rows = vec![];
+        for sys in &s.plan.systems {
+            let rs = of(&sys.name);
+            let bleu: Vec<f64> = rs.iter().map(|r| r.extra[k].bleu).collect();
+            let m = mean(&bleu);
+            let base = sys.baseline.as_deref().map(of).unwrap_or_default();
+            let base_mean = mean(&base.iter().map(|r| r.extra[k].bleu).collect::<Vec<_>>());
+            let mut bootstrap_p = None;
+            let paired: Vec<(&RunResult, &RunResult)> = rs
+                .iter()
+                .filter_map(|r| base.iter().find(|b| b.seed == r.seed).map(|b| (*r, *b)))
+                .collect();
+            if !paired.is_empty() {
+                let (mut sys_stats, mut base_stats) = (vec![], vec![]);
+                for (r, b) in &paired {
+                    sys_stats.extend(stats(r)?);
+                    base_stats.extend(stats(b)?);
+                }
+                let bs = significance::paired_bootstrap(
+                    metric,
+                    &base_stats,
+                    &sys_stats,
+                    BOOTSTRAP_SAMPLES,
+                    significance::DEFAULT_SEED,
+                )?;
+                bootstrap_p = Some(if bs.sys_score == bs.base_score {
+                    1.0
+                } else {
+                    bs.p_value
+                });
+            }
+            rows.push(ExtraRow {
+                system: sys.name.clone(),
+                baseline: sys.baseline.clone(),
+                seeds: rs.iter().map(|r| r.seed).collect(),
+                mean: m,
+                sd: sd(&bleu),
+                bleu,
+                sacrebleu_mean: mean(&rs.iter().map(|r| r.extra[k].sacrebleu).collect::<Vec<_>>()),
+                chrf_mean: mean(&rs.iter().map(|r| r.extra[k].chrf).collect::<Vec<_>>()),
+                length_ratio: mean(
+                    &rs.iter()
+                        .map(|r| r.extra[k].hyp_words as f64 / r.extra[k].ref_words.max(1.0))
+                        .collect::<Vec<_>>(),
+                ),
+                delta: match (m, base_mean) {
+                    (Some(a), Some(b)) => Some(a - b),
+                    _ => None,
+                },
+                bootstrap_p,
+            });
+        }
+        tables.push(ExtraTable {
+            name: x.name.clone(),
+            description: x.description.clone(),
+            sentences: x.sentences,
+            min_ref_words: x.min_ref_words,
+            rows,
+        });
+    }
+    Ok(tables)
 }
 
 /// Significance of a row against its baseline on the pooled outputs: every seed both have, the system's
@@ -265,6 +406,9 @@ pub struct Results {
     pub runs: Vec<RunResult>,
     pub pending: Vec<String>,
     pub rows: Vec<Row>,
+    /// The rows on each extra test set.
+    #[serde(default)]
+    pub extra_tests: Vec<ExtraTable>,
     pub stability: Vec<(String, Stability)>,
     pub gate_correlation: Option<GateCorrelationResult>,
     pub gate_histogram: Vec<GateHistogram>,
@@ -412,6 +556,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
             median_seed: median(&sys.name).map(|r| r.seed),
         });
     }
+    let extra_tests = extra_tables(s, &runs, &metric)?;
     let mut stability = vec![];
     for table in plan.table_ids() {
         let names: Vec<&str> = plan
@@ -651,6 +796,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
         runs,
         pending,
         rows,
+        extra_tests,
         stability,
         gate_correlation,
         gate_histogram,
@@ -987,6 +1133,7 @@ mod tests {
             hyp_words: 0,
             ref_words: 0.0,
             dev_curve: curve.to_vec(),
+            extra: vec![],
         }
     }
 

@@ -69,6 +69,13 @@ pub struct Task {
     pub system: SystemSpec,
     pub seed: u64,
     pub dir: PathBuf,
+    /// The training run this task decodes: its own (`dir/run`), or that of the row it is `from`.
+    pub run: PathBuf,
+    /// An ensemble row's members: the source row's training runs, one per seed.
+    pub members: Vec<PathBuf>,
+    /// The row's own decoding (`decode`, `average`, `ensemble`) and the extra test sets, as one string: a
+    /// finished run whose marker has another is decoded again.
+    pub decode_key: String,
     pub config: Config,
     /// Hash of the configuration and the decoding (names the run's analysis caches).
     pub fingerprint: String,
@@ -101,6 +108,32 @@ pub struct RunResult {
     pub ref_words: f64,
     /// Dev evaluations: (step, dev BLEU).
     pub dev_curve: Vec<(u64, f64)>,
+    /// Scores on the plan's extra test sets, in the plan's order.
+    #[serde(default)]
+    pub extra: Vec<TestScore>,
+}
+
+/// A run's scores on a test set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TestScore {
+    pub name: String,
+    /// NIST mteval-v11b, case-insensitive.
+    pub bleu: f64,
+    pub sacrebleu: f64,
+    pub chrf: f64,
+    pub hyp_words: usize,
+    pub ref_words: f64,
+}
+
+/// An extra test set as the runs read it (filtered, limited in quick mode).
+#[derive(Debug, Clone)]
+pub struct ExtraTestFiles {
+    pub name: String,
+    pub description: String,
+    pub min_ref_words: usize,
+    pub src: PathBuf,
+    pub refs: Vec<PathBuf>,
+    pub sentences: usize,
 }
 
 /// Everything the run needs besides the plan.
@@ -117,6 +150,7 @@ pub struct Setup {
     pub test_src: PathBuf,
     pub test_src_tok: PathBuf,
     pub test_refs: Vec<PathBuf>,
+    pub extra_tests: Vec<ExtraTestFiles>,
 }
 
 /// Seconds spent in child processes (training, decoding, aligning) and in this process's own work.
@@ -183,6 +217,7 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
     let t_prep = Instant::now();
     let (test_src, test_src_tok, test_refs) =
         prepare_data(&plan, &args, &data_dir, &args.out, args.quiet)?;
+    let extra_tests = prepare_extra_tests(&plan, &args, &data_dir, &args.out)?;
     clock.add_work(t_prep.elapsed());
     let setup = Setup {
         plan_text,
@@ -194,6 +229,7 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
         test_src,
         test_src_tok,
         test_refs,
+        extra_tests,
         plan,
         args,
     };
@@ -231,7 +267,10 @@ pub fn run(args: ReproduceArgs, data_dir: crate::datasets::DataDir) -> Result<()
                 }
             }
         };
-        run_tasks(&setup, &tasks, &clock, &log_progress)?;
+        // Rows that decode other rows' models run once those are trained.
+        let trained = tasks.iter().filter(|t| t.system.from.is_none()).count();
+        run_tasks(&setup, &tasks[..trained], &clock, &log_progress)?;
+        run_tasks(&setup, &tasks[trained..], &clock, &log_progress)?;
     }
     // Reproduce's own work from here on: scoring, tests, analyses and figures, less the child processes
     // (analysis decodes) they start.
@@ -441,6 +480,86 @@ fn prepare_data(
     Ok((src, src_tok, refs))
 }
 
+/// The plan's extra test sets under `out/test/`: the pairs kept by each set's length filter (limited in quick
+/// mode). Misaligned files are refused, naming them.
+fn prepare_extra_tests(
+    plan: &Plan,
+    args: &ReproduceArgs,
+    data: &crate::datasets::DataDir,
+    out: &Path,
+) -> Result<Vec<ExtraTestFiles>> {
+    let limit = if args.quick && plan.quick.test_limit > 0 {
+        plan.quick.test_limit
+    } else {
+        usize::MAX
+    };
+    let tdir = out.join("test");
+    let mut sets = vec![];
+    for x in &plan.data.extra_tests {
+        let file = |rel: &str| {
+            data.file(rel)
+                .context("the plan's data paths are relative to the data directory")
+        };
+        let src_path = file(&x.src)?;
+        let src = cgnmt_data::corpus::read_lines(&src_path)?;
+        let mut refs = vec![];
+        for r in &x.refs {
+            let p = file(r)?;
+            let lines = cgnmt_data::corpus::read_lines(&p)?;
+            if lines.len() != src.len() {
+                bail!(
+                    "extra_test {:?}: {} has {} lines, but {} has {}",
+                    x.name,
+                    p.display(),
+                    lines.len(),
+                    src_path.display(),
+                    src.len()
+                );
+            }
+            refs.push(lines);
+        }
+        let keep: Vec<usize> = (0..src.len())
+            .filter(|&i| refs[0][i].split_whitespace().count() > x.min_ref_words)
+            .take(limit)
+            .collect();
+        if keep.is_empty() {
+            bail!(
+                "extra_test {:?}: no pair of {} has a reference longer than {} words",
+                x.name,
+                src_path.display(),
+                x.min_ref_words
+            );
+        }
+        std::fs::create_dir_all(&tdir)
+            .with_context(|| format!("{}: cannot create", tdir.display()))?;
+        let write = |lines: &[String], name: String| -> Result<PathBuf> {
+            let mut text = keep
+                .iter()
+                .map(|&i| lines[i].as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            text.push('\n');
+            let p = tdir.join(name);
+            write_atomic(&p, text.as_bytes())?;
+            Ok(p)
+        };
+        let src_file = write(&src, format!("{}.src.txt", x.name))?;
+        let mut ref_files = vec![];
+        for (k, r) in refs.iter().enumerate() {
+            ref_files.push(write(r, format!("{}.ref{k}.txt", x.name))?);
+        }
+        sets.push(ExtraTestFiles {
+            name: x.name.clone(),
+            description: x.description.clone(),
+            min_ref_words: x.min_ref_words,
+            src: src_file,
+            refs: ref_files,
+            sentences: keep.len(),
+        });
+    }
+    Ok(sets)
+}
+
 pub use crate::atomic_file::write_atomic;
 
 /// The runs in the order they are trained: table by table, seed by seed, row by row (so a table's rows are
@@ -448,10 +567,40 @@ pub use crate::atomic_file::write_atomic;
 fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
     let prepared = s.out.join("prepared");
     let test_sentences = cgnmt_data::corpus::read_lines(&s.test_src)?.len();
-    let mut tasks = vec![];
+    let seeds_of = |sys: &SystemSpec| -> Vec<u64> {
+        let own = sys.seeds.unwrap_or(usize::MAX);
+        let from = sys
+            .from
+            .as_deref()
+            .and_then(|f| s.plan.system(f))
+            .and_then(|f| f.seeds)
+            .unwrap_or(usize::MAX);
+        s.seeds.iter().copied().take(own.min(from)).collect()
+    };
+    let run_dir = |sys: &str, seed: u64| {
+        s.out
+            .join("systems")
+            .join(slug(sys))
+            .join(format!("seed-{seed}"))
+    };
+    let extra_key: String = s
+        .extra_tests
+        .iter()
+        .map(|x| format!("{}:{}", x.name, x.sentences))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut train = vec![];
+    let mut decode = vec![];
     for table in s.plan.table_ids() {
         for &seed in &s.seeds {
             for sys in s.plan.systems.iter().filter(|x| x.table == table) {
+                if !seeds_of(sys).contains(&seed) {
+                    continue;
+                }
+                // An ensemble is one result, named by its first seed.
+                if sys.ensemble && seed != seeds_of(sys)[0] {
+                    continue;
+                }
                 let mut sets = vec![
                     format!("data.prepared={:?}", prepared.display().to_string()),
                     format!("train.seed={seed}"),
@@ -460,28 +609,66 @@ fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
                     sets.push(format!("train.max_seconds={b}"));
                 }
                 let config = s.plan.config(sys, s.args.quick, &sets)?;
+                let mut decode_key = String::new();
+                if !sys.decode.is_empty() {
+                    decode_key += &format!("decode={};", sys.decode.join(" "));
+                }
+                if sys.average > 0 {
+                    decode_key += &format!("average={};", sys.average);
+                }
+                if sys.ensemble {
+                    decode_key += &format!("ensemble={:?};", seeds_of(sys));
+                }
+                if !extra_key.is_empty() {
+                    decode_key += &format!("extra={extra_key};");
+                }
                 let fingerprint = plan::fingerprint(&format!(
-                    "{}\nbeam={}\ntest={test_sentences}",
+                    "{}\nbeam={}\ntest={test_sentences}{}",
                     identity_toml(&config),
                     s.plan.decode.beam,
+                    if decode_key.is_empty() {
+                        String::new()
+                    } else {
+                        format!("\n{decode_key}")
+                    }
                 ));
-                tasks.push(Task {
-                    dir: s
-                        .out
-                        .join("systems")
-                        .join(slug(&sys.name))
-                        .join(format!("seed-{seed}")),
+                let dir = run_dir(&sys.name, seed);
+                let (run, members) = match &sys.from {
+                    Some(f) => (
+                        run_dir(f, seed).join("run"),
+                        if sys.ensemble {
+                            seeds_of(sys)
+                                .iter()
+                                .map(|&x| run_dir(f, x).join("run"))
+                                .collect()
+                        } else {
+                            vec![]
+                        },
+                    ),
+                    None => (dir.join("run"), vec![]),
+                };
+                let task = Task {
+                    dir,
+                    run,
+                    members,
+                    decode_key,
                     system: sys.clone(),
                     seed,
                     config,
                     fingerprint,
                     beam: s.plan.decode.beam,
                     test_sentences,
-                });
+                };
+                if sys.from.is_some() {
+                    decode.push(task);
+                } else {
+                    train.push(task);
+                }
             }
         }
     }
-    Ok(tasks)
+    train.extend(decode);
+    Ok(train)
 }
 
 /// A configuration as it decides a run's result: without the thread count and the prepared directory's
@@ -536,12 +723,16 @@ struct Complete {
     beam: Option<usize>,
     #[serde(default)]
     test_sentences: Option<usize>,
+    /// The row's own decoding and the extra test sets ([`Task::decode_key`]; absent: none).
+    #[serde(default)]
+    decode: String,
 }
 
 impl Complete {
     fn decoded_as(&self, t: &Task) -> bool {
         self.beam.is_none_or(|b| b == t.beam)
             && self.test_sentences.is_none_or(|n| n == t.test_sentences)
+            && self.decode == t.decode_key
     }
 }
 
@@ -555,7 +746,7 @@ enum RunMatch {
 }
 
 fn run_match(t: &Task) -> Result<Option<RunMatch>> {
-    let Some(dir) = checkpoint::complete_dir(&t.dir.join("run/last")) else {
+    let Some(dir) = checkpoint::complete_dir(&t.run.join("last")) else {
         // A kept record without its checkpoints (they are not put under version control): the configuration
         // it was trained with is beside it, and only the same configuration is that run.
         let record = t.dir.join(RECORD_CONFIG);
@@ -921,7 +1112,7 @@ fn run_task(
 ) -> Result<RunResult> {
     std::fs::create_dir_all(&t.dir)
         .with_context(|| format!("{}: cannot create", t.dir.display()))?;
-    let run = t.dir.join("run");
+    let run = t.run.clone();
     let log = t.dir.join("output.log");
     let cfg_path = t.dir.join("config.toml");
     let mut cfg = t.config.clone();
@@ -982,6 +1173,31 @@ fn run_task(
         .ok()
         .and_then(|x| serde_json::from_str(&x).ok())
         .unwrap_or_default();
+    if let (Some(_), Some(f)) = (&train_args, &t.system.from) {
+        bail!(
+            "{}: row {f:?} has not finished training seed {}, whose models row {:?} decodes",
+            run.display(),
+            t.seed,
+            t.system.name
+        );
+    }
+    for m in &t.members {
+        if !checkpoint::load_state(&checkpoint::complete_dir(&m.join("last")).with_context(
+            || {
+                format!(
+                    "{}: an ensemble member has no complete checkpoint",
+                    m.display()
+                )
+            },
+        )?)?
+        .finished
+        {
+            bail!(
+                "{}: an ensemble member has not finished training",
+                m.display()
+            );
+        }
+    }
     if let Some(a) = train_args {
         let t0 = Instant::now();
         let train_log = run.join("train.log");
@@ -1009,29 +1225,83 @@ fn run_task(
         }
     }
     progress(t.config.train.max_steps as u64, "decoding the test set");
-    let best = if run.join("best").is_dir() {
-        run.join("best")
-    } else {
-        run.join("last")
+    let best_of = |run: &Path| {
+        if run.join("best").is_dir() {
+            run.join("best")
+        } else {
+            run.join("last")
+        }
     };
     let t0 = Instant::now();
+    let best = if t.system.average > 0 {
+        // The average of the last checkpoints the run kept, made once (beside the row's own checkpoints).
+        let averaged = t.dir.join("run").join("averaged");
+        if checkpoint::complete_dir(&averaged).is_none() {
+            let mut kept: Vec<PathBuf> = std::fs::read_dir(&run)
+                .with_context(|| format!("{}: cannot list", run.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("ckpt-"))
+                        && p.is_dir()
+                })
+                .collect();
+            kept.sort();
+            if kept.len() < t.system.average {
+                bail!(
+                    "{}: row {:?} averages the last {} checkpoints, but the run kept {} (set train.keep_checkpoints)",
+                    run.display(),
+                    t.system.name,
+                    t.system.average,
+                    kept.len()
+                );
+            }
+            let mut aargs: Vec<String> = vec!["average".into()];
+            for k in &kept[kept.len() - t.system.average..] {
+                aargs.push("-m".into());
+                aargs.push(k.display().to_string());
+            }
+            aargs.push("-o".into());
+            aargs.push(averaged.display().to_string());
+            run_child(&s.exe, &aargs, &log, s.threads, clock, || {})?;
+        }
+        averaged
+    } else {
+        best_of(&run)
+    };
     let hyp = t.dir.join("test.hyp");
     let dump = t.dir.join("test.dump.jsonl");
-    let targs: Vec<String> = vec![
-        "translate".into(),
-        "--quiet".into(),
-        "-m".into(),
-        best.display().to_string(),
-        "--beam".into(),
-        s.plan.decode.beam.to_string(),
-        "-i".into(),
-        s.test_src.display().to_string(),
-        "-o".into(),
-        hyp.display().to_string(),
-        "--dump".into(),
-        dump.display().to_string(),
-    ];
-    run_child(&s.exe, &targs, &log, s.threads, clock, || {})?;
+    let models: Vec<PathBuf> = if t.members.is_empty() {
+        vec![best.clone()]
+    } else {
+        t.members.iter().map(|m| best_of(m)).collect()
+    };
+    let translate = |input: &Path, output: &Path, dump: Option<&Path>| -> Result<()> {
+        let mut targs: Vec<String> = vec!["translate".into(), "--quiet".into()];
+        for m in &models {
+            targs.push("-m".into());
+            targs.push(m.display().to_string());
+        }
+        targs.extend([
+            "--beam".into(),
+            s.plan.decode.beam.to_string(),
+            "-i".into(),
+            input.display().to_string(),
+            "-o".into(),
+            output.display().to_string(),
+        ]);
+        if let Some(d) = dump {
+            targs.push("--dump".into());
+            targs.push(d.display().to_string());
+        }
+        targs.extend(t.system.decode.iter().cloned());
+        run_child(&s.exe, &targs, &log, s.threads, clock, || {})
+    };
+    translate(&s.test_src, &hyp, Some(&dump))?;
+    for x in &s.extra_tests {
+        translate(&x.src, &t.dir.join(format!("test-{}.hyp", x.name)), None)?;
+    }
     timing.decode_seconds = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     compress_dump(&t.dir)?;
@@ -1049,6 +1319,7 @@ fn run_task(
             fingerprint: t.fingerprint.clone(),
             beam: Some(t.beam),
             test_sentences: Some(t.test_sentences),
+            decode: t.decode_key.clone(),
         })?
         .as_bytes(),
     )?;
@@ -1105,9 +1376,17 @@ mod tests {
                 set: vec![],
                 baseline: None,
                 paper: None,
+                seeds: None,
+                from: None,
+                decode: vec![],
+                average: 0,
+                ensemble: false,
             },
             seed: 1,
             dir: dir.to_path_buf(),
+            run: dir.join("run"),
+            members: vec![],
+            decode_key: String::new(),
             config,
             fingerprint: "f".into(),
             beam: 10,

@@ -50,6 +50,25 @@ pub struct PlanData {
     /// Extra `cgnmt prepare` arguments (tokenizers, `--limit`, `--max-len`, BPE).
     #[serde(default)]
     pub prepare: Vec<String>,
+    /// Further test sets every run also decodes and is scored on (a table each in the report).
+    #[serde(default, rename = "extra_test")]
+    pub extra_tests: Vec<ExtraTest>,
+}
+
+/// A further test set: files relative to the data directory, optionally only its pairs whose (first)
+/// reference is longer than a number of words (e.g. a harder, longer half of a test set).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExtraTest {
+    /// Short name (letters, digits, `-`): names the run's output files and the report's table.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub src: String,
+    pub refs: Vec<String>,
+    /// Keep only the pairs whose first reference has more than this many words (0: every pair).
+    #[serde(default)]
+    pub min_ref_words: usize,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -105,6 +124,24 @@ pub struct SystemSpec {
     /// The paper's BLEU for this row (model-spec §9), shown beside ours for reference.
     #[serde(default)]
     pub paper: Option<f64>,
+    /// Train this row with only the first N of the run's seeds (e.g. one seed for an ablation).
+    #[serde(default)]
+    pub seeds: Option<usize>,
+    /// The row's models are those trained for another row (named here, listed earlier, without a `from` of
+    /// its own): this row trains nothing and only decodes otherwise (`decode`, `average`, `ensemble`).
+    #[serde(default)]
+    pub from: Option<String>,
+    /// Extra `cgnmt translate` arguments for the row's test decoding (e.g. `["--length-penalty", "1"]`).
+    #[serde(default)]
+    pub decode: Vec<String>,
+    /// Decode the average of the last N checkpoints the run kept (`train.keep_checkpoints` ≥ N) instead of
+    /// the best one (0: the best).
+    #[serde(default)]
+    pub average: usize,
+    /// With `from`: decode with the ensemble of the source row's models of every seed (one result, named
+    /// by the first seed).
+    #[serde(default)]
+    pub ensemble: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -222,7 +259,14 @@ impl Plan {
     /// quick settings when asked, then the run's own (prepared data, seed, threads, budget).
     pub fn config(&self, sys: &SystemSpec, quick: bool, run_sets: &[String]) -> Result<Config> {
         let mut sets = self.train.set.clone();
-        sets.extend(sys.set.iter().cloned());
+        // A row that decodes another row's models has that row's configuration.
+        let trained = match &sys.from {
+            Some(f) => self.system(f).with_context(|| {
+                format!("system {:?}: from: no system is named {f:?}", sys.name)
+            })?,
+            None => sys,
+        };
+        sets.extend(trained.set.iter().cloned());
         if quick {
             sets.extend(self.quick.set.iter().cloned());
         }
@@ -255,9 +299,81 @@ impl Plan {
                     s.table
                 );
             }
+            if s.seeds == Some(0) {
+                bail!("system {:?}: seeds must be at least 1", s.name);
+            }
+            match &s.from {
+                Some(f) => {
+                    let Some(src) = self
+                        .systems
+                        .iter()
+                        .take_while(|x| x.name != s.name)
+                        .find(|x| &x.name == f)
+                    else {
+                        bail!(
+                            "system {:?}: from: no earlier system is named {f:?}",
+                            s.name
+                        );
+                    };
+                    if src.from.is_some() {
+                        bail!(
+                            "system {:?}: from {f:?}, which decodes another row's models itself",
+                            s.name
+                        );
+                    }
+                    if !s.set.is_empty() {
+                        bail!(
+                            "system {:?}: a row with `from` trains nothing: it takes no `set`",
+                            s.name
+                        );
+                    }
+                }
+                None if s.ensemble => {
+                    bail!(
+                        "system {:?}: ensemble needs `from` (the row whose seeds' models it joins)",
+                        s.name
+                    )
+                }
+                None => {}
+            }
+            if s.ensemble && s.average > 0 {
+                bail!(
+                    "system {:?}: ensemble and average cannot be combined",
+                    s.name
+                );
+            }
+            for a in &s.decode {
+                if [
+                    "-m", "--model", "-i", "--input", "-o", "--output", "--dump", "--beam", "-b",
+                ]
+                .contains(&a.as_str())
+                {
+                    bail!(
+                        "system {:?}: decode: {a} is set by reproduce itself",
+                        s.name
+                    );
+                }
+            }
             // Every system's settings must resolve (unknown keys, bad values) before anything runs.
             self.config(s, false, &[])?;
             self.config(s, true, &[])?;
+        }
+        let mut test_names = BTreeSet::new();
+        for x in &self.data.extra_tests {
+            if x.name.is_empty()
+                || !x
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
+            {
+                bail!("extra_test {:?}: a name is letters, digits and '-'", x.name);
+            }
+            if !test_names.insert(x.name.as_str()) {
+                bail!("extra_test {:?} is listed twice", x.name);
+            }
+            if x.refs.is_empty() {
+                bail!("extra_test {:?}: give at least one reference file", x.name);
+            }
         }
         let known = |what: &str, n: &str| -> Result<()> {
             if names.contains(n) {
@@ -355,7 +471,7 @@ mod tests {
     #[test]
     fn bundled_plans_load() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        for p in ["tatoeba.toml", "hansards.toml"] {
+        for p in ["tatoeba.toml", "hansards.toml", "recipes.toml"] {
             let plan = Plan::load(&root.join("configs/reproduce").join(p)).unwrap();
             assert!(plan.systems.len() >= 3, "{p}");
             let slugs: BTreeSet<String> = plan.systems.iter().map(|s| slug(&s.name)).collect();
@@ -395,6 +511,22 @@ table = "2"
         check(
             "[analyses.context_scaling]\nsystems = [\"A\"]\nscales = [[1.0, -1.0]]\n",
             "non-negative",
+        );
+        let row = |extra: &str| format!("[[system]]\nname = \"B\"\ntable = \"2\"\n{extra}");
+        check(&row("from = \"C\"\n"), "no earlier system is named \"C\"");
+        check(
+            &row("from = \"A\"\nset = [\"train.seed=2\"]\n"),
+            "takes no `set`",
+        );
+        check(&row("ensemble = true\n"), "ensemble needs `from`");
+        check(
+            &row("from = \"A\"\ndecode = [\"-m\", \"x\"]\n"),
+            "set by reproduce",
+        );
+        check(&row("seeds = 0\n"), "at least 1");
+        check(
+            "[[data.extra_test]]\nname = \"a b\"\nsrc = \"x\"\nrefs = [\"y\"]\n",
+            "letters, digits",
         );
     }
 

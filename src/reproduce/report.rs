@@ -298,6 +298,61 @@ fn blocks(r: &Results) -> Vec<Block> {
             ));
         }
     }
+    for x in &r.extra_tests {
+        b.push(H(
+            2,
+            format!("Test set {:?}: {} sentences", x.name, x.sentences),
+        ));
+        let mut what = x.description.clone();
+        if x.min_ref_words > 0 {
+            what += &format!(
+                " (the pairs whose reference has more than {} words)",
+                x.min_ref_words
+            );
+        }
+        b.push(P(format!("{what}. The same models as above; BLEU is mteval-v11b, case-insensitive, mean ± sd over seeds; p: paired bootstrap against the row's baseline on the pooled outputs.")));
+        b.push(Table(
+            [
+                "system",
+                "BLEU mean ± sd",
+                "per seed (seed)",
+                "sacreBLEU",
+                "chrF",
+                "len ratio",
+                "baseline",
+                "Δ",
+                "p bootstrap",
+            ]
+            .iter()
+            .map(|x| x.to_string())
+            .collect(),
+            x.rows
+                .iter()
+                .map(|w| {
+                    vec![
+                        w.system.clone(),
+                        match (w.mean, w.sd) {
+                            (Some(m), Some(s)) => format!("{m:.2} ± {s:.2}"),
+                            (Some(m), None) => format!("{m:.2}"),
+                            _ => "pending".into(),
+                        },
+                        w.seeds
+                            .iter()
+                            .zip(&w.bleu)
+                            .map(|(s, b)| format!("{b:.2} ({s})"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        f2(w.sacrebleu_mean),
+                        f2(w.chrf_mean),
+                        f2(w.length_ratio),
+                        w.baseline.clone().unwrap_or_else(|| "–".into()),
+                        signed(w.delta),
+                        w.bootstrap_p.map_or("–".into(), pval),
+                    ]
+                })
+                .collect(),
+        ));
+    }
     if !r.alignment.is_empty() {
         b.push(H(
             2,

@@ -1,0 +1,127 @@
+//! Dropout (training only): inverted dropout masks drawn from a seeded generator, so that a training update is
+//! the same function of its inputs every time it is computed (resuming, rolling back after a divergence, and
+//! the finite-difference gradient checks, which evaluate one update's loss many times).
+//!
+//! A kept value is scaled by `1 / (1 − p)`, so decoding (which drops nothing) sees activations of the same
+//! expected size. Where it applies: the source and target word embeddings (`train.embedding_dropout`) and the
+//! readout layer's output `t̃_i`, the input of the output layer (`train.readout_dropout`). The masks are plain
+//! tensors multiplied in the graph; the fused kernels never see them.
+
+use candle_core::{Result, Tensor};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The dropout rates of one training pass and the seed of its masks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    /// Rate on the source and target word embeddings.
+    pub embeddings: f64,
+    /// Rate on the readout's output (the output layer's input).
+    pub readout: f64,
+    /// Seed of this pass's masks (training derives one per update from `train.seed`).
+    pub seed: u64,
+}
+
+impl Dropout {
+    /// The seed of update `step` of a run seeded with `seed` (a fixed mix of the two).
+    pub fn step_seed(seed: u64, step: u64) -> u64 {
+        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ step.wrapping_add(1).wrapping_mul(0xbf58_476d_1ce4_e5b9)
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.embeddings > 0.0 || self.readout > 0.0
+    }
+}
+
+/// Draws the masks of one pass, in a fixed order (source embeddings, target embeddings, readout).
+pub struct Dropper {
+    rng: Option<StdRng>,
+}
+
+impl Dropper {
+    /// Drops nothing.
+    pub fn none() -> Self {
+        Self { rng: None }
+    }
+
+    pub fn new(d: Option<&Dropout>) -> Self {
+        Self {
+            rng: d
+                .filter(|d| d.is_active())
+                .map(|d| StdRng::seed_from_u64(d.seed)),
+        }
+    }
+
+    /// `x` with each value zeroed with probability `p` and the others scaled by `1 / (1 − p)`; `x` itself when
+    /// `p` is 0 or nothing drops.
+    pub fn apply(&mut self, x: &Tensor, p: f64) -> Result<Tensor> {
+        match &mut self.rng {
+            Some(rng) if p > 0.0 => {
+                let n = x.elem_count();
+                let keep = (1.0 / (1.0 - p)) as f32;
+                let m: Vec<f32> = (0..n)
+                    .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
+                    .collect();
+                let mask = Tensor::from_vec(m, x.shape(), x.device())?.to_dtype(x.dtype())?;
+                x.mul(&mask)
+            }
+            _ => Ok(x.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn masks_drop_about_p_keep_the_mean_and_repeat_with_the_seed() {
+        let x = Tensor::ones((200, 50), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let d = Dropout {
+            embeddings: 0.3,
+            readout: 0.0,
+            seed: 11,
+        };
+        let a: Vec<f32> = Dropper::new(Some(&d))
+            .apply(&x, 0.3)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let zeros = a.iter().filter(|v| **v == 0.0).count() as f64 / a.len() as f64;
+        assert!((zeros - 0.3).abs() < 0.02, "dropped {zeros}");
+        let mean = a.iter().sum::<f32>() / a.len() as f32;
+        assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
+        assert!(a.iter().all(|v| *v == 0.0 || (*v - 1.0 / 0.7).abs() < 1e-6));
+        let b: Vec<f32> = Dropper::new(Some(&d))
+            .apply(&x, 0.3)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_eq!(a, b, "same seed, same mask");
+        let c: Vec<f32> = Dropper::new(Some(&Dropout { seed: 12, ..d }))
+            .apply(&x, 0.3)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert_ne!(a, c, "another seed, another mask");
+        // Rate 0 and no dropout at all are the identity.
+        let same: Vec<f32> = Dropper::none()
+            .apply(&x, 0.5)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        assert!(same.iter().all(|v| *v == 1.0));
+        assert_ne!(Dropout::step_seed(1, 0), Dropout::step_seed(1, 1));
+        assert_ne!(Dropout::step_seed(1, 5), Dropout::step_seed(2, 5));
+    }
+}
