@@ -582,6 +582,26 @@ mod tests {
         assert_eq!(c.train.label_smoothing, 0.1);
     }
 
+    /// The bundled configurations load; the small Tatoeba one is the paper's recipe plus tied output
+    /// embeddings and label smoothing, and nothing else.
+    #[test]
+    fn bundled_configurations_load_and_differ_by_the_recipe_only() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+        for f in ["paper.toml", "tatoeba-small.toml", "tatoeba-small-paper.toml"] {
+            Config::load(Some(&root.join(f)), &[]).unwrap_or_else(|e| panic!("{f}: {e}"));
+        }
+        let improved = Config::load(Some(&root.join("tatoeba-small.toml")), &[]).unwrap();
+        let paper = Config::load(
+            Some(&root.join("tatoeba-small-paper.toml")),
+            &[
+                "model.tied_output_embeddings=true".into(),
+                "train.label_smoothing=0.1".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(improved.to_toml(), paper.to_toml());
+    }
+
     #[test]
     fn each_coverage_model_has_its_own_default_dimension() {
         let c = Config::load(None, &["model.coverage=linguistic".into()]).unwrap();

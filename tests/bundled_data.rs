@@ -43,6 +43,15 @@ fn demo_runs_on_the_bundled_copy_without_a_data_directory() {
         stdout.contains("Tatoeba zh-en test BLEU (mteval-v11b"),
         "{stdout}"
     );
+    assert!(stdout.contains("pairs longer than 6 words"), "{stdout}");
+    // The default recipe is the improved one: tied output embeddings and label smoothing.
+    let cfg = cgnmt::config::Config::load(
+        Some(&work.join("demo/model-improved/last/config.toml")),
+        &[],
+    )
+    .unwrap();
+    assert!(cfg.model.tied_output_embeddings);
+    assert_eq!(cfg.train.label_smoothing, 0.1);
     let hyp = std::fs::read_to_string(work.join("demo/test.hyp.en")).unwrap();
     assert_eq!(
         hyp.lines().count(),

@@ -414,7 +414,7 @@ fn reproduce_refuses_bad_arguments_clearly() {
 /// The recipes plan (`configs/reproduce/recipes.toml`) on its quick budget with two seeds: rows with `from`
 /// train nothing and decode the source row's models otherwise (a length penalty, an average of the last
 /// checkpoints, an ensemble of the seeds, each checked here against `cgnmt average` and `cgnmt translate` run
-/// directly); `seeds = 1` rows train one seed; every run also decodes the extra test set (the longer half of
+/// directly); `seeds = 1` rows train one seed; BPE rows (`prepare`) train on their own prepared data; every run also decodes the extra test set (the longer half of
 /// the test set), whose table is in the report; a second invocation decodes nothing again.
 #[test]
 fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
@@ -445,6 +445,31 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
     );
     let sys = out.join("systems");
     let tls = sys.join("tied-label-smoothing");
+    // BPE rows train on their own prepared data, with BPE models; the others on the plan's.
+    let prepared_of = |row: &str| -> String {
+        let c = std::fs::read_to_string(sys.join(row).join("seed-1/config.toml")).unwrap();
+        let line = c
+            .lines()
+            .find(|l| l.starts_with("prepared = "))
+            .unwrap()
+            .to_string();
+        let dir = line
+            .trim_start_matches("prepared = ")
+            .trim_matches('"')
+            .to_string();
+        Path::new(&dir)
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(prepared_of("paper"), "prepared");
+    let bpe = prepared_of("bpe");
+    assert!(bpe.starts_with("prepared-"), "{bpe}");
+    assert_eq!(prepared_of("tied-label-smoothing-bpe"), bpe);
+    assert!(out.join(&bpe).join("bpe.src.json").is_file());
+    assert!(out.join(&bpe).join("bpe.tgt.json").is_file());
     // Rows with `from` train nothing of their own.
     for r in [
         "paper-length-penalty",

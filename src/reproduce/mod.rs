@@ -380,8 +380,83 @@ fn prepare_data(
         data.file(rel)
             .context("the plan's data paths are relative to the data directory")
     };
-    let s = |p: PathBuf| p.display().to_string();
     let prepared = out.join("prepared");
+    prepare_corpus(plan, args, data, &prepared, &[], quiet)?;
+    // Rows with their own `prepare` arguments (e.g. BPE) read their own prepared directories.
+    let mut done = std::collections::BTreeSet::new();
+    for sys in &plan.systems {
+        if !sys.prepare.is_empty() && done.insert(sys.prepare.clone()) {
+            prepare_corpus(
+                plan,
+                args,
+                data,
+                &out.join(prepared_name(&sys.prepare)),
+                &sys.prepare,
+                quiet,
+            )?;
+        }
+    }
+    // Test files: the raw source, the tokenised source (for word counts) and the references, limited in
+    // quick mode.
+    let limit = if args.quick && plan.quick.test_limit > 0 {
+        plan.quick.test_limit
+    } else {
+        usize::MAX
+    };
+    let tdir = out.join("test");
+    std::fs::create_dir_all(&tdir).with_context(|| format!("{}: cannot create", tdir.display()))?;
+    let copy = |from: &Path, to: PathBuf| -> Result<PathBuf> {
+        let lines = cgnmt_data::corpus::read_lines(from)?;
+        let n = lines.len().min(limit);
+        let mut text = lines[..n].join("\n");
+        text.push('\n');
+        write_atomic(&to, text.as_bytes())?;
+        Ok(to)
+    };
+    let src = copy(&file(&d.test_src)?, tdir.join("src.txt"))?;
+    let src_tok = copy(&prepared.join("test.src"), tdir.join("src.tok"))?;
+    let mut refs = vec![];
+    for (k, r) in d.test_refs.iter().enumerate() {
+        refs.push(copy(&file(r)?, tdir.join(format!("ref{k}.txt")))?);
+    }
+    let n_src = cgnmt_data::corpus::read_lines(&src)?.len();
+    for r in refs.iter().chain([&src_tok]) {
+        let n = cgnmt_data::corpus::read_lines(r)?.len();
+        if n != n_src {
+            bail!(
+                "{}: {n} lines, but the test source has {n_src}",
+                r.display()
+            );
+        }
+    }
+    Ok((src, src_tok, refs))
+}
+
+/// The prepared directory of a row's own `prepare` arguments: `prepared-` and a hash of them.
+fn prepared_name(extra: &[String]) -> String {
+    format!(
+        "prepared-{}",
+        &plan::fingerprint(&extra.join("\u{1f}"))[..8]
+    )
+}
+
+/// `cgnmt prepare` of the plan's corpus into `prepared` with the plan's arguments and `extra`, unless it holds
+/// that preparation already.
+fn prepare_corpus(
+    plan: &Plan,
+    args: &ReproduceArgs,
+    data: &crate::datasets::DataDir,
+    prepared: &Path,
+    extra: &[String],
+    quiet: bool,
+) -> Result<()> {
+    let d = &plan.data;
+    let file = |rel: &str| {
+        data.file(rel)
+            .context("the plan's data paths are relative to the data directory")
+    };
+    let s = |p: PathBuf| p.display().to_string();
+    let prepared = prepared.to_path_buf();
     let mut pargs: Vec<String> = vec![
         "prepare".into(),
         "--src".into(),
@@ -407,6 +482,7 @@ fn prepare_data(
     if args.quick {
         pargs.extend(plan.quick.prepare.iter().cloned());
     }
+    pargs.extend(extra.iter().cloned());
     // The fingerprint leaves out where the data directory is, so a moved checkout keeps its runs.
     let fp = plan::fingerprint(
         &pargs
@@ -444,40 +520,7 @@ fn prepare_data(
         std::fs::write(&fp_file, &fp)
             .with_context(|| format!("{}: cannot write", fp_file.display()))?;
     }
-    // Test files: the raw source, the tokenised source (for word counts) and the references, limited in
-    // quick mode.
-    let limit = if args.quick && plan.quick.test_limit > 0 {
-        plan.quick.test_limit
-    } else {
-        usize::MAX
-    };
-    let tdir = out.join("test");
-    std::fs::create_dir_all(&tdir).with_context(|| format!("{}: cannot create", tdir.display()))?;
-    let copy = |from: &Path, to: PathBuf| -> Result<PathBuf> {
-        let lines = cgnmt_data::corpus::read_lines(from)?;
-        let n = lines.len().min(limit);
-        let mut text = lines[..n].join("\n");
-        text.push('\n');
-        write_atomic(&to, text.as_bytes())?;
-        Ok(to)
-    };
-    let src = copy(&file(&d.test_src)?, tdir.join("src.txt"))?;
-    let src_tok = copy(&prepared.join("test.src"), tdir.join("src.tok"))?;
-    let mut refs = vec![];
-    for (k, r) in d.test_refs.iter().enumerate() {
-        refs.push(copy(&file(r)?, tdir.join(format!("ref{k}.txt")))?);
-    }
-    let n_src = cgnmt_data::corpus::read_lines(&src)?.len();
-    for r in refs.iter().chain([&src_tok]) {
-        let n = cgnmt_data::corpus::read_lines(r)?.len();
-        if n != n_src {
-            bail!(
-                "{}: {n} lines, but the test source has {n_src}",
-                r.display()
-            );
-        }
-    }
-    Ok((src, src_tok, refs))
+    Ok(())
 }
 
 /// The plan's extra test sets under `out/test/`: the pairs kept by each set's length filter (limited in quick
@@ -565,7 +608,6 @@ pub use crate::atomic_file::write_atomic;
 /// The runs in the order they are trained: table by table, seed by seed, row by row (so a table's rows are
 /// complete with every seed before the next table starts).
 fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
-    let prepared = s.out.join("prepared");
     let test_sentences = cgnmt_data::corpus::read_lines(&s.test_src)?.len();
     let seeds_of = |sys: &SystemSpec| -> Vec<u64> {
         let own = sys.seeds.unwrap_or(usize::MAX);
@@ -601,6 +643,16 @@ fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
                 if sys.ensemble && seed != seeds_of(sys)[0] {
                     continue;
                 }
+                let trained = sys
+                    .from
+                    .as_deref()
+                    .and_then(|f| s.plan.system(f))
+                    .unwrap_or(sys);
+                let prepared = if trained.prepare.is_empty() {
+                    s.out.join("prepared")
+                } else {
+                    s.out.join(prepared_name(&trained.prepare))
+                };
                 let mut sets = vec![
                     format!("data.prepared={:?}", prepared.display().to_string()),
                     format!("train.seed={seed}"),
@@ -676,7 +728,8 @@ fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
 fn identity_toml(c: &Config) -> String {
     let mut c = c.clone();
     c.train.threads = 0;
-    c.data.prepared = PathBuf::from("prepared");
+    // Its name only: `prepared`, or a row's own `prepared-HASH` of its `prepare` arguments.
+    c.data.prepared = PathBuf::from(c.data.prepared.file_name().unwrap_or("prepared".as_ref()));
     c.to_toml()
 }
 
@@ -695,6 +748,7 @@ const GITIGNORE: &str = "\
 # write the report again. A run whose checkpoints are gone stays finished; a larger budget means training again.
 .lock
 prepared/
+prepared-*/
 test/
 systems/*/*/run/
 analyses/alignment/*/*.soft.jsonl
@@ -1376,6 +1430,7 @@ mod tests {
                 set: vec![],
                 baseline: None,
                 paper: None,
+                prepare: vec![],
                 seeds: None,
                 from: None,
                 decode: vec![],

@@ -124,6 +124,10 @@ pub struct SystemSpec {
     /// The paper's BLEU for this row (model-spec §9), shown beside ours for reference.
     #[serde(default)]
     pub paper: Option<f64>,
+    /// Extra `cgnmt prepare` arguments for this row's data (e.g. BPE): the row trains on its own prepared
+    /// directory (rows with the same arguments share one).
+    #[serde(default)]
+    pub prepare: Vec<String>,
     /// Train this row with only the first N of the run's seeds (e.g. one seed for an ablation).
     #[serde(default)]
     pub seeds: Option<usize>,
@@ -321,9 +325,9 @@ impl Plan {
                             s.name
                         );
                     }
-                    if !s.set.is_empty() {
+                    if !s.set.is_empty() || !s.prepare.is_empty() {
                         bail!(
-                            "system {:?}: a row with `from` trains nothing: it takes no `set`",
+                            "system {:?}: a row with `from` trains nothing: it takes no `set` or `prepare`",
                             s.name
                         );
                     }
