@@ -1,6 +1,9 @@
-//! Optional BPE subword segmentation, trained and applied with the `tokenizers` crate.
+//! Optional subword segmentation, trained and applied with the `tokenizers` crate: BPE (merges of frequent
+//! pairs) or a SentencePiece-style unigram language model (the segmentation of highest probability under a
+//! unigram model of pieces, whose vocabulary is pruned from a large seed by EM). Both share the marker
+//! convention and the files below; [`BpeModel`] is either.
 //!
-//! BPE is learned over the words produced by our tokenizers (the `tokenizers` pre-tokenizer is
+//! The model is learned over the words produced by our tokenizers (the `tokenizers` pre-tokenizer is
 //! a plain whitespace split), so a subword never crosses one of our tokens.
 //!
 //! **Marker convention** (that of subword-nmt): every subword that is *not* the last piece of
@@ -19,6 +22,7 @@
 use std::path::Path;
 
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::unigram::{Unigram, UnigramTrainerBuilder};
 use tokenizers::pre_tokenizers::whitespace::WhitespaceSplit;
 use tokenizers::{Model, Trainer};
 
@@ -27,7 +31,14 @@ use crate::error::DataError;
 /// Suffix marking a subword that continues into the next one.
 pub const BPE_MARKER: &str = "@@";
 
-/// A trained BPE model.
+/// The subword algorithm of a [`BpeModel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubwordKind {
+    Bpe,
+    Unigram,
+}
+
+/// A trained subword model (BPE or unigram; see the module doc).
 #[derive(Clone)]
 pub struct BpeModel {
     tokenizer: tokenizers::Tokenizer,
@@ -75,6 +86,55 @@ impl BpeModel {
         Ok(BpeModel { tokenizer })
     }
 
+    /// Learns a model of `kind` (see [`BpeModel::train`] and [`BpeModel::train_unigram`]).
+    pub fn train_kind(
+        sentences: &[Vec<String>],
+        vocab_size: usize,
+        kind: SubwordKind,
+    ) -> Result<BpeModel, DataError> {
+        match kind {
+            SubwordKind::Bpe => Self::train(sentences, vocab_size),
+            SubwordKind::Unigram => Self::train_unigram(sentences, vocab_size),
+        }
+    }
+
+    /// Learns a unigram language model of (at most about) `vocab_size` pieces from tokenized sentences
+    /// (SentencePiece's algorithm: a seed of frequent substrings pruned by EM to the size; every character
+    /// seen stays a piece). A word with a character never seen in training is kept whole.
+    pub fn train_unigram(
+        sentences: &[Vec<String>],
+        vocab_size: usize,
+    ) -> Result<BpeModel, DataError> {
+        if vocab_size == 0 {
+            return Err(DataError::Config(
+                "unigram vocabulary size must be positive".into(),
+            ));
+        }
+        let mut trainer = UnigramTrainerBuilder::default()
+            .vocab_size(vocab_size.min(u32::MAX as usize) as u32)
+            .show_progress(false)
+            .unk_token(Some("<unk>".into()))
+            .build()
+            .map_err(|e| bpe_err(None, e))?;
+        let words = sentences.iter().flat_map(|s| s.iter().map(String::as_str));
+        trainer
+            .feed(words, |w| Ok(vec![w.to_owned()]))
+            .map_err(|e| bpe_err(None, e))?;
+        let mut model = Unigram::default();
+        trainer.train(&mut model).map_err(|e| bpe_err(None, e))?;
+        let mut tokenizer = tokenizers::Tokenizer::new(model);
+        tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
+        Ok(BpeModel { tokenizer })
+    }
+
+    /// The model's algorithm.
+    pub fn kind(&self) -> SubwordKind {
+        match self.tokenizer.get_model() {
+            tokenizers::models::ModelWrapper::Unigram(_) => SubwordKind::Unigram,
+            _ => SubwordKind::Bpe,
+        }
+    }
+
     /// Saves the model as a `tokenizer.json`-style JSON file.
     pub fn save(&self, path: &Path) -> Result<(), DataError> {
         self.tokenizer
@@ -92,9 +152,12 @@ impl BpeModel {
             })?;
         if !matches!(
             tokenizer.get_model(),
-            tokenizers::models::ModelWrapper::BPE(_)
+            tokenizers::models::ModelWrapper::BPE(_) | tokenizers::models::ModelWrapper::Unigram(_)
         ) {
-            return Err(bpe_err(Some(path), "the tokenizer's model is not BPE"));
+            return Err(bpe_err(
+                Some(path),
+                "the tokenizer's model is neither BPE nor unigram",
+            ));
         }
         Ok(BpeModel { tokenizer })
     }

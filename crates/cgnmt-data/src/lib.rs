@@ -19,7 +19,7 @@ pub mod preprocess;
 pub mod tokenize;
 pub mod vocab;
 
-pub use bpe::{merge_subwords, word_index_of_subwords, BpeModel, BPE_MARKER};
+pub use bpe::{merge_subwords, word_index_of_subwords, BpeModel, SubwordKind, BPE_MARKER};
 pub use corpus::{read_lines, read_parallel};
 pub use error::DataError;
 pub use prepare::{run_prepare, PrepareArgs};

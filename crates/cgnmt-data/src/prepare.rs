@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::bpe::BpeModel;
+use crate::bpe::{BpeModel, SubwordKind};
 use crate::corpus::read_parallel;
 use crate::preprocess::{Preprocessor, SideConfig};
 use crate::tokenize::{default_for_lang, Tokenizer, TokenizerConfig, TokenizerKind};
@@ -86,6 +86,13 @@ pub struct PrepareArgs {
     /// Learn a target BPE model with this many subword types.
     #[arg(long)]
     pub bpe_tgt: Option<usize>,
+    /// Learn a source unigram subword model (SentencePiece's algorithm) with this many pieces, instead of
+    /// BPE.
+    #[arg(long, conflicts_with = "bpe_src")]
+    pub unigram_src: Option<usize>,
+    /// Learn a target unigram subword model with this many pieces, instead of BPE.
+    #[arg(long, conflicts_with = "bpe_tgt")]
+    pub unigram_tgt: Option<usize>,
     /// Use only the first N training pairs.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -183,6 +190,14 @@ pub fn prepare(args: &PrepareArgs) -> Result<PrepareSummary> {
     }
     if args.bpe_src == Some(0) || args.bpe_tgt == Some(0) {
         bail!("BPE sizes must be at least 1");
+    }
+    if args.unigram_src == Some(0) || args.unigram_tgt == Some(0) {
+        bail!("unigram sizes must be at least 1");
+    }
+    if (args.bpe_src.is_some() && args.unigram_src.is_some())
+        || (args.bpe_tgt.is_some() && args.unigram_tgt.is_some())
+    {
+        bail!("a side takes BPE or unigram subwords, not both");
     }
     if args.dev_src.is_some() != args.dev_tgt.is_some() {
         bail!("--dev-src and --dev-tgt must be given together");
@@ -339,17 +354,18 @@ struct SidePlan {
     lang: String,
     config: TokenizerConfig,
     tokenizer: Tokenizer,
-    bpe_size: Option<usize>,
+    bpe_size: Option<(usize, SubwordKind)>,
     vocab_size: usize,
     suffix: &'static str,
 }
 
 fn side_plan(args: &PrepareArgs, tgt: bool) -> SidePlan {
-    let (lang, tok, bpe, vs, suffix) = if tgt {
+    let (lang, tok, bpe, unigram, vs, suffix) = if tgt {
         (
             &args.tgt_lang,
             args.tgt_tok,
             args.bpe_tgt,
+            args.unigram_tgt,
             args.tgt_vocab_size,
             "tgt",
         )
@@ -358,10 +374,14 @@ fn side_plan(args: &PrepareArgs, tgt: bool) -> SidePlan {
             &args.src_lang,
             args.src_tok,
             args.bpe_src,
+            args.unigram_src,
             args.src_vocab_size,
             "src",
         )
     };
+    let bpe = bpe
+        .map(|n| (n, SubwordKind::Bpe))
+        .or(unigram.map(|n| (n, SubwordKind::Unigram)));
     let config = TokenizerConfig {
         kind: tok.unwrap_or_else(|| default_for_lang(lang)),
         lowercase: args.lowercase,
@@ -397,14 +417,21 @@ fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
     // BPE, learned on the non-empty training pairs.
     let mut bpes: [Option<(String, BpeModel)>; 2] = [None, None];
     for side in 0..2 {
-        if let Some(size) = plans[side].bpe_size {
+        if let Some((size, kind)) = plans[side].bpe_size {
             let sample: Vec<Vec<String>> = (0..n_read)
                 .filter(|&i| !words[0][i].is_empty() && !words[1][i].is_empty())
                 .map(|i| words[side][i].clone())
                 .collect();
-            eprintln!("learning {} BPE ({size} types)", plans[side].suffix);
-            let model = BpeModel::train(&sample, size)?;
-            let file = format!("bpe.{}.json", plans[side].suffix);
+            let name = match kind {
+                SubwordKind::Bpe => "bpe",
+                SubwordKind::Unigram => "unigram",
+            };
+            eprintln!(
+                "learning {} {name} subwords ({size} types)",
+                plans[side].suffix
+            );
+            let model = BpeModel::train_kind(&sample, size, kind)?;
+            let file = format!("{name}.{}.json", plans[side].suffix);
             model.save(&dir.join(&file))?;
             for s in words[side].iter_mut() {
                 *s = model.apply(s);

@@ -85,3 +85,50 @@ fn bpe_load_errors_name_file() {
         .contains("nope.json"));
     assert!(BpeModel::train(&[], 0).is_err());
 }
+
+/// The unigram model (SentencePiece's algorithm): trained, saved and loaded; it splits rare words into
+/// pieces and the round trip is exact, unseen characters included; it segments otherwise than BPE of the
+/// same size; training twice gives the same model; Chinese words too.
+#[test]
+fn unigram_train_save_load_apply_round_trip() {
+    use cgnmt_data::SubwordKind;
+    let en = tokenized("train.en", TokenizerKind::Punct, 3000);
+    let model = BpeModel::train_unigram(&en, 800).unwrap();
+    assert_eq!(model.kind(), SubwordKind::Unigram);
+    assert!(
+        model.vocab_size() <= 810 && model.vocab_size() > 100,
+        "{}",
+        model.vocab_size()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("unigram.tgt.json");
+    model.save(&p).unwrap();
+    let loaded = BpeModel::load(&p).unwrap();
+    assert_eq!(loaded.kind(), SubwordKind::Unigram);
+    let again = BpeModel::train_unigram(&en, 800).unwrap();
+    let bpe = BpeModel::train_kind(&en, 800, SubwordKind::Bpe).unwrap();
+    assert_eq!(bpe.kind(), SubwordKind::Bpe);
+    let test = tokenized("test.en", TokenizerKind::Punct, 2049);
+    let (mut split, mut differs) = (0usize, 0usize);
+    for words in &test {
+        let sub = loaded.apply(words);
+        assert_eq!(sub, model.apply(words));
+        assert_eq!(sub, again.apply(words), "training is deterministic");
+        assert_eq!(&merge_subwords(&sub), words);
+        split += sub.len() - words.len();
+        differs += usize::from(sub != bpe.apply(words));
+    }
+    assert!(
+        split > 0,
+        "an 800-piece unigram model must split some words"
+    );
+    assert!(differs > 0, "unigram and BPE segment alike everywhere");
+    let odd = strs(&["Ωmega", "naïve", "日本"]);
+    assert_eq!(merge_subwords(&model.apply(&odd)), odd);
+    let zh = tokenized("train.zh", TokenizerKind::Jieba, 3000);
+    let model = BpeModel::train_unigram(&zh, 2000).unwrap();
+    for words in tokenized("test.zh", TokenizerKind::Jieba, 300) {
+        assert_eq!(merge_subwords(&model.apply(&words)), words);
+    }
+    assert!(BpeModel::train_unigram(&[], 0).is_err());
+}

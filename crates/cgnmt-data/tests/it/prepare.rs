@@ -248,6 +248,60 @@ fn prepare_with_bpe_and_lowercase() {
     assert!(ok as f64 >= 0.95 * 2049.0, "{ok}");
 }
 
+/// `--unigram-src` / `--unigram-tgt`: unigram subword models on both sides, written, loaded by the
+/// preprocessor, and inverted by its postprocessing; BPE and unigram on one side is refused.
+#[test]
+fn prepare_with_unigram_subwords() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("unigram");
+    let test_zh = tatoeba("test.zh").display().to_string();
+    let test_en = tatoeba("test.en").display().to_string();
+    let a = args(
+        &out,
+        &[
+            "--test-src",
+            &test_zh,
+            "--test-tgt",
+            &test_en,
+            "--unigram-src",
+            "800",
+            "--unigram-tgt",
+            "400",
+        ],
+    );
+    run_prepare(&a).unwrap();
+    assert!(out.join("unigram.src.json").is_file() && out.join("unigram.tgt.json").is_file());
+    assert!(!out.join("bpe.tgt.json").exists());
+    let pre = Preprocessor::load(&out).unwrap();
+    assert_eq!(pre.tgt.bpe.as_deref(), Some(Path::new("unigram.tgt.json")));
+    let test_tgt = read(&out, "test.tgt");
+    let refs = read(&out, "test.ref");
+    assert!(test_tgt.iter().any(|l| l.contains("@@ ")));
+    let ok = test_tgt
+        .iter()
+        .zip(&refs)
+        .filter(|(t, r)| {
+            let toks: Vec<String> = t.split(' ').map(String::from).collect();
+            &pre.postprocess_tgt(&toks) == *r
+        })
+        .count();
+    assert!(ok as f64 >= 0.95 * 2049.0, "{ok}");
+    assert!(Cli::try_parse_from([
+        "prepare",
+        "--src",
+        "a",
+        "--tgt",
+        "b",
+        "--out",
+        "c",
+        "--bpe-src",
+        "5",
+        "--unigram-src",
+        "5"
+    ])
+    .is_err());
+}
+
 #[test]
 fn prepare_errors_leave_nothing_behind() {
     let tmp = tempfile::tempdir().unwrap();
