@@ -587,7 +587,11 @@ mod tests {
     #[test]
     fn bundled_configurations_load_and_differ_by_the_recipe_only() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
-        for f in ["paper.toml", "tatoeba-small.toml", "tatoeba-small-paper.toml"] {
+        for f in [
+            "paper.toml",
+            "tatoeba-small.toml",
+            "tatoeba-small-paper.toml",
+        ] {
             Config::load(Some(&root.join(f)), &[]).unwrap_or_else(|e| panic!("{f}: {e}"));
         }
         let improved = Config::load(Some(&root.join("tatoeba-small.toml")), &[]).unwrap();

@@ -528,7 +528,31 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
     assert!(c.arg("-o").arg(&avg).status().unwrap().success());
     assert_eq!(
         hyp("tied-label-smoothing-length-penalty-averaging"),
-        translate(&[avg], &lp)
+        translate(&[avg.clone()], &lp)
+    );
+    // An ensemble of averages: each seed's average of its last four checkpoints.
+    let mut kept2: Vec<PathBuf> = std::fs::read_dir(tls.join("seed-2/run"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("ckpt-")
+        })
+        .collect();
+    kept2.sort();
+    let avg2 = tmp.path().join("avg2");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
+    c.arg("average");
+    for k in &kept2[kept2.len() - 4..] {
+        c.arg("-m").arg(k);
+    }
+    assert!(c.arg("-o").arg(&avg2).status().unwrap().success());
+    assert_eq!(
+        hyp("tied-label-smoothing-length-penalty-averaging-ensemble-of-the-seeds"),
+        translate(&[avg, avg2], &lp)
     );
     // The extra test set: the quick budget's first 80 pairs with references longer than 6 words.
     let long_refs = std::fs::read_to_string(out.join("test/long.ref0.txt")).unwrap();

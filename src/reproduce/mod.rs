@@ -1287,50 +1287,63 @@ fn run_task(
         }
     };
     let t0 = Instant::now();
-    let best = if t.system.average > 0 {
-        // The average of the last checkpoints the run kept, made once (beside the row's own checkpoints).
-        let averaged = t.dir.join("run").join("averaged");
-        if checkpoint::complete_dir(&averaged).is_none() {
-            let mut kept: Vec<PathBuf> = std::fs::read_dir(&run)
-                .with_context(|| format!("{}: cannot list", run.display()))?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| {
-                    p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("ckpt-"))
-                        && p.is_dir()
-                })
-                .collect();
-            kept.sort();
-            if kept.len() < t.system.average {
-                bail!(
-                    "{}: row {:?} averages the last {} checkpoints, but the run kept {} (set train.keep_checkpoints)",
-                    run.display(),
-                    t.system.name,
-                    t.system.average,
-                    kept.len()
-                );
-            }
-            let mut aargs: Vec<String> = vec!["average".into()];
-            for k in &kept[kept.len() - t.system.average..] {
-                aargs.push("-m".into());
-                aargs.push(k.display().to_string());
-            }
-            aargs.push("-o".into());
-            aargs.push(averaged.display().to_string());
-            run_child(&s.exe, &aargs, &log, s.threads, clock, || {})?;
+    // The average of the last checkpoints a run kept, made once into `out` (beside the row's own
+    // checkpoints).
+    let averaged = |run: &Path, out: PathBuf| -> Result<PathBuf> {
+        if checkpoint::complete_dir(&out).is_some() {
+            return Ok(out);
         }
-        averaged
-    } else {
-        best_of(&run)
+        let mut kept: Vec<PathBuf> = std::fs::read_dir(run)
+            .with_context(|| format!("{}: cannot list", run.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ckpt-"))
+                    && p.is_dir()
+            })
+            .collect();
+        kept.sort();
+        if kept.len() < t.system.average {
+            bail!(
+                "{}: row {:?} averages the last {} checkpoints, but the run kept {} (set train.keep_checkpoints)",
+                run.display(),
+                t.system.name,
+                t.system.average,
+                kept.len()
+            );
+        }
+        let mut aargs: Vec<String> = vec!["average".into()];
+        for k in &kept[kept.len() - t.system.average..] {
+            aargs.push("-m".into());
+            aargs.push(k.display().to_string());
+        }
+        aargs.push("-o".into());
+        aargs.push(out.display().to_string());
+        run_child(&s.exe, &aargs, &log, s.threads, clock, || {})?;
+        Ok(out)
     };
+    // The models that decode: the run's best (or its average), or every ensemble member's.
+    let models: Vec<PathBuf> = if t.members.is_empty() {
+        vec![if t.system.average > 0 {
+            averaged(&run, t.dir.join("run").join("averaged"))?
+        } else {
+            best_of(&run)
+        }]
+    } else {
+        let mut v = vec![];
+        for (i, m) in t.members.iter().enumerate() {
+            v.push(if t.system.average > 0 {
+                averaged(m, t.dir.join("run").join(format!("averaged-{i}")))?
+            } else {
+                best_of(m)
+            });
+        }
+        v
+    };
+    let best = models[0].clone();
     let hyp = t.dir.join("test.hyp");
     let dump = t.dir.join("test.dump.jsonl");
-    let models: Vec<PathBuf> = if t.members.is_empty() {
-        vec![best.clone()]
-    } else {
-        t.members.iter().map(|m| best_of(m)).collect()
-    };
     let translate = |input: &Path, output: &Path, dump: Option<&Path>| -> Result<()> {
         let mut targs: Vec<String> = vec!["translate".into(), "--quiet".into()];
         for m in &models {

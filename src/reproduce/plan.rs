@@ -143,7 +143,7 @@ pub struct SystemSpec {
     #[serde(default)]
     pub average: usize,
     /// With `from`: decode with the ensemble of the source row's models of every seed (one result, named
-    /// by the first seed).
+    /// by the first seed); with `average`, of each seed's average.
     #[serde(default)]
     pub ensemble: bool,
 }
@@ -339,12 +339,6 @@ impl Plan {
                     )
                 }
                 None => {}
-            }
-            if s.ensemble && s.average > 0 {
-                bail!(
-                    "system {:?}: ensemble and average cannot be combined",
-                    s.name
-                );
             }
             for a in &s.decode {
                 if [
