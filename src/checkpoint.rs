@@ -271,8 +271,8 @@ fn write_files(tmp: &Path, req: &SaveRequest) -> Result<()> {
     Ok(())
 }
 
-/// Remove all but the newest `keep` of a run's `ckpt-STEP/` model directories (`train.keep_checkpoints`).
-pub fn prune_kept(run_dir: &Path, keep: usize) -> Result<()> {
+/// A run's kept `ckpt-STEP/` model directories (`train.keep_checkpoints`), oldest first.
+pub fn kept_checkpoints(run_dir: &Path) -> Result<Vec<PathBuf>> {
     let mut kept: Vec<PathBuf> = std::fs::read_dir(run_dir)
         .map_err(|e| NmtError::io(run_dir, e))?
         .flatten()
@@ -284,6 +284,12 @@ pub fn prune_kept(run_dir: &Path, keep: usize) -> Result<()> {
         })
         .collect();
     kept.sort();
+    Ok(kept)
+}
+
+/// Remove all but the newest `keep` of a run's `ckpt-STEP/` model directories (`train.keep_checkpoints`).
+pub fn prune_kept(run_dir: &Path, keep: usize) -> Result<()> {
+    let kept = kept_checkpoints(run_dir)?;
     for old in &kept[..kept.len().saturating_sub(keep)] {
         std::fs::remove_dir_all(old).map_err(|e| NmtError::io(old, e))?;
     }

@@ -506,50 +506,26 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
         translate(&[best(1), best(2)], &lp)
     );
     // The average of the run's last four kept checkpoints.
-    let mut kept: Vec<PathBuf> = std::fs::read_dir(tls.join("seed-1/run"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("ckpt-")
-        })
-        .collect();
-    kept.sort();
-    assert!(kept.len() >= 4, "{kept:?}");
-    let avg = tmp.path().join("avg");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
-    c.arg("average");
-    for k in &kept[kept.len() - 4..] {
-        c.arg("-m").arg(k);
-    }
-    assert!(c.arg("-o").arg(&avg).status().unwrap().success());
+    let average = |seed: u32| -> PathBuf {
+        let kept =
+            cgnmt::checkpoint::kept_checkpoints(&tls.join(format!("seed-{seed}/run"))).unwrap();
+        assert!(kept.len() >= 4, "{kept:?}");
+        let avg = tmp.path().join(format!("avg-{seed}"));
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
+        c.arg("average");
+        for k in &kept[kept.len() - 4..] {
+            c.arg("-m").arg(k);
+        }
+        assert!(c.arg("-o").arg(&avg).status().unwrap().success());
+        avg
+    };
+    let avg = average(1);
     assert_eq!(
         hyp("tied-label-smoothing-length-penalty-averaging"),
         translate(&[avg.clone()], &lp)
     );
     // An ensemble of averages: each seed's average of its last four checkpoints.
-    let mut kept2: Vec<PathBuf> = std::fs::read_dir(tls.join("seed-2/run"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("ckpt-")
-        })
-        .collect();
-    kept2.sort();
-    let avg2 = tmp.path().join("avg2");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));
-    c.arg("average");
-    for k in &kept2[kept2.len() - 4..] {
-        c.arg("-m").arg(k);
-    }
-    assert!(c.arg("-o").arg(&avg2).status().unwrap().success());
+    let avg2 = average(2);
     assert_eq!(
         hyp("tied-label-smoothing-length-penalty-averaging-ensemble-of-the-seeds"),
         translate(&[avg, avg2], &lp)
@@ -572,6 +548,23 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
         report.contains("## Test set \"long\": 80 sentences"),
         "{report}"
     );
+    assert!(report.contains("len ratio (BLEU)"), "{report}");
+    // sacreBLEU's length ratio of a row: the mean over its seeds of its outputs' 13a tokens over the
+    // reference's.
+    let refs: Vec<String> = std::fs::read_to_string(out.join("test/ref0.txt"))
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    let ratio = |seed: u32| {
+        let h = std::fs::read_to_string(sys.join(format!("paper/seed-{seed}/test.hyp"))).unwrap();
+        let hyps: Vec<String> = h.lines().map(String::from).collect();
+        let b = corpus_bleu(&hyps, &[refs.clone()], &BleuOptions::sacrebleu()).unwrap();
+        b.sys_len as f64 / b.ref_len as f64
+    };
+    let want = (ratio(1) + ratio(2)) / 2.0;
+    let got = row("paper")["bleu_length_ratio"].as_f64().unwrap();
+    assert!((got - want).abs() < 1e-9, "{got} against {want}");
     // Nothing is decoded again.
     let marker = sys.join("tied-label-smoothing-length-penalty-averaging/seed-1/COMPLETE");
     let before = mtime(&marker);

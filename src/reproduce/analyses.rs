@@ -119,6 +119,8 @@ pub struct Row {
     pub chrf_mean: Option<f64>,
     /// Output words / reference words, mean over seeds.
     pub length_ratio: Option<f64>,
+    /// sacreBLEU's length ratio (13a tokens of the output / of the reference), mean over seeds.
+    pub bleu_length_ratio: Option<f64>,
     /// Mean BLEU minus the baseline's mean BLEU.
     pub delta: Option<f64>,
     pub tests: Option<Tests>,
@@ -155,6 +157,8 @@ pub struct ExtraRow {
     pub sacrebleu_mean: Option<f64>,
     pub chrf_mean: Option<f64>,
     pub length_ratio: Option<f64>,
+    /// sacreBLEU's length ratio (13a tokens of the output / of the reference), mean over seeds.
+    pub bleu_length_ratio: Option<f64>,
     pub delta: Option<f64>,
     /// Paired bootstrap p against the baseline on the pooled outputs (seed s with seed s).
     pub bootstrap_p: Option<f64>,
@@ -228,6 +232,16 @@ fn extra_tables(s: &Setup, runs: &[RunResult], metric: &Metric) -> Result<Vec<Ex
                     &rs.iter()
                         .map(|r| r.extra[k].hyp_words as f64 / r.extra[k].ref_words.max(1.0))
                         .collect::<Vec<_>>(),
+                ),
+                bleu_length_ratio: mean(
+                    &rs.iter()
+                        .map(|r| {
+                            let hyps = cgnmt_data::corpus::read_lines(
+                                &s.out.join(&r.dir).join(format!("test-{}.hyp", x.name)),
+                            )?;
+                            bleu_ratio(&hyps, &refs)
+                        })
+                        .collect::<Result<Vec<_>>>()?,
                 ),
                 delta: match (m, base_mean) {
                     (Some(a), Some(b)) => Some(a - b),
@@ -422,6 +436,12 @@ pub struct Results {
     pub invocations: Vec<Invocation>,
 }
 
+/// sacreBLEU's length ratio (13a): the output's tokens over the (closest) reference length.
+fn bleu_ratio(hyps: &[String], refs: &[Vec<String>]) -> Result<f64> {
+    let b = corpus_bleu(hyps, refs, &BleuOptions::sacrebleu())?;
+    Ok(b.sys_len as f64 / (b.ref_len as f64).max(1.0))
+}
+
 fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
@@ -541,6 +561,11 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
                 &rs.iter()
                     .map(|r| r.hyp_words as f64 / r.ref_words.max(1.0))
                     .collect::<Vec<_>>(),
+            ),
+            bleu_length_ratio: mean(
+                &rs.iter()
+                    .map(|r| bleu_ratio(&hyps_of(r)?, &refs))
+                    .collect::<Result<Vec<_>>>()?,
             ),
             delta: match (m, base_mean) {
                 (Some(a), Some(b)) => Some(a - b),

@@ -1293,17 +1293,7 @@ fn run_task(
         if checkpoint::complete_dir(&out).is_some() {
             return Ok(out);
         }
-        let mut kept: Vec<PathBuf> = std::fs::read_dir(run)
-            .with_context(|| format!("{}: cannot list", run.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("ckpt-"))
-                    && p.is_dir()
-            })
-            .collect();
-        kept.sort();
+        let kept = checkpoint::kept_checkpoints(run)?;
         if kept.len() < t.system.average {
             bail!(
                 "{}: row {:?} averages the last {} checkpoints, but the run kept {} (set train.keep_checkpoints)",
