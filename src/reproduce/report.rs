@@ -573,10 +573,42 @@ fn blocks(r: &Results) -> Vec<Block> {
         vec!["system".into(), "settings".into()],
         r.systems
             .iter()
-            .map(|x| vec![x.name.clone(), format!("`{}`", x.set.join(" "))])
+            .map(|x| vec![x.name.clone(), system_settings(x)])
             .collect(),
     ));
     b
+}
+
+/// A row's own settings: its `--set`s, its `prepare` arguments, and how it decodes (another row's models,
+/// extra `translate` arguments, an average of checkpoints, an ensemble of the seeds).
+fn system_settings(x: &super::plan::SystemSpec) -> String {
+    let mut parts = vec![];
+    if let Some(f) = &x.from {
+        parts.push(format!("the models of {f:?}"));
+    }
+    if !x.set.is_empty() {
+        parts.push(format!("`{}`", x.set.join(" ")));
+    }
+    if !x.prepare.is_empty() {
+        parts.push(format!("prepare `{}`", x.prepare.join(" ")));
+    }
+    if let Some(n) = x.seeds {
+        parts.push(format!("the first {n} seed(s)"));
+    }
+    if x.average > 0 {
+        parts.push(format!("average of the last {} checkpoints", x.average));
+    }
+    if x.ensemble {
+        parts.push("ensemble of the seeds".into());
+    }
+    if !x.decode.is_empty() {
+        parts.push(format!("translate `{}`", x.decode.join(" ")));
+    }
+    if parts.is_empty() {
+        "–".into()
+    } else {
+        parts.join("; ")
+    }
 }
 
 fn md(blocks: &[Block]) -> String {
