@@ -200,6 +200,8 @@ pub struct TrainConfig {
     pub label_smoothing: f64,
     /// Dropout rate on the source and target word embeddings in `[0, 1)` (0, the paper's recipe: none).
     pub embedding_dropout: f64,
+    /// Dropout rate on the encoder's annotations `h_j` in `[0, 1)` (0: none).
+    pub annotation_dropout: f64,
     /// Dropout rate on the readout's output `t̃_i`, the output layer's input, in `[0, 1)` (0: none).
     pub readout_dropout: f64,
 }
@@ -257,6 +259,7 @@ impl Default for TrainConfig {
             target_padding: TargetPadding::Skipped,
             label_smoothing: 0.0,
             embedding_dropout: 0.0,
+            annotation_dropout: 0.0,
             readout_dropout: 0.0,
         }
     }
@@ -384,6 +387,7 @@ impl Config {
         }
         for (key, p) in [
             ("train.embedding_dropout", t.embedding_dropout),
+            ("train.annotation_dropout", t.annotation_dropout),
             ("train.readout_dropout", t.readout_dropout),
         ] {
             if !(0.0..1.0).contains(&p) {
@@ -556,7 +560,11 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("train.label_smoothing"), "{e}");
-            for key in ["train.embedding_dropout", "train.readout_dropout"] {
+            for key in [
+                "train.embedding_dropout",
+                "train.annotation_dropout",
+                "train.readout_dropout",
+            ] {
                 let e = Config::load(None, &[format!("{key}={bad}")])
                     .unwrap_err()
                     .to_string();

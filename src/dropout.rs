@@ -3,9 +3,11 @@
 //! the finite-difference gradient checks, which evaluate one update's loss many times).
 //!
 //! A kept value is scaled by `1 / (1 − p)`, so decoding (which drops nothing) sees activations of the same
-//! expected size. Where it applies: the source and target word embeddings (`train.embedding_dropout`) and the
-//! readout layer's output `t̃_i`, the input of the output layer (`train.readout_dropout`). The masks are plain
-//! tensors multiplied in the graph; the fused kernels never see them.
+//! expected size. Where it applies: the source and target word embeddings (`train.embedding_dropout`), the
+//! encoder's annotations `h_j` that attention, the initial state and the context read
+//! (`train.annotation_dropout`), and the readout layer's output `t̃_i`, the input of the output layer
+//! (`train.readout_dropout`). The masks are plain tensors multiplied in the graph, except on the annotations
+//! of the fused training path, which are a shared tensor ([`crate::kernels::dropout_shared`]).
 
 use candle_core::{Result, Tensor};
 use rand::rngs::StdRng;
@@ -16,6 +18,8 @@ use rand::{Rng, SeedableRng};
 pub struct Dropout {
     /// Rate on the source and target word embeddings.
     pub embeddings: f64,
+    /// Rate on the encoder's annotations.
+    pub annotations: f64,
     /// Rate on the readout's output (the output layer's input).
     pub readout: f64,
     /// Seed of this pass's masks (training derives one per update from `train.seed`).
@@ -30,11 +34,11 @@ impl Dropout {
     }
 
     pub fn is_active(&self) -> bool {
-        self.embeddings > 0.0 || self.readout > 0.0
+        self.embeddings > 0.0 || self.annotations > 0.0 || self.readout > 0.0
     }
 }
 
-/// Draws the masks of one pass, in a fixed order (source embeddings, target embeddings, readout).
+/// Draws the masks of one pass, in a fixed order (source embeddings, annotations, target embeddings, readout).
 pub struct Dropper {
     rng: Option<StdRng>,
 }
@@ -56,6 +60,15 @@ impl Dropper {
     /// `x` with each value zeroed with probability `p` and the others scaled by `1 / (1 − p)`; `x` itself when
     /// `p` is 0 or nothing drops.
     pub fn apply(&mut self, x: &Tensor, p: f64) -> Result<Tensor> {
+        match self.mask(x, p)? {
+            Some(mask) => x.mul(&mask),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// The mask [`Dropper::apply`] would multiply `x` with (`x`'s shape and dtype), or `None` when nothing
+    /// drops.
+    pub fn mask(&mut self, x: &Tensor, p: f64) -> Result<Option<Tensor>> {
         match &mut self.rng {
             Some(rng) if p > 0.0 => {
                 let n = x.elem_count();
@@ -63,10 +76,11 @@ impl Dropper {
                 let m: Vec<f32> = (0..n)
                     .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
                     .collect();
-                let mask = Tensor::from_vec(m, x.shape(), x.device())?.to_dtype(x.dtype())?;
-                x.mul(&mask)
+                Ok(Some(
+                    Tensor::from_vec(m, x.shape(), x.device())?.to_dtype(x.dtype())?,
+                ))
             }
-            _ => Ok(x.clone()),
+            _ => Ok(None),
         }
     }
 }
@@ -81,6 +95,7 @@ mod tests {
         let x = Tensor::ones((200, 50), candle_core::DType::F32, &Device::Cpu).unwrap();
         let d = Dropout {
             embeddings: 0.3,
+            annotations: 0.0,
             readout: 0.0,
             seed: 11,
         };

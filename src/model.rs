@@ -379,12 +379,24 @@ impl Model {
     ) -> Result<Source> {
         self.begin_decoding_pass(prepared)?;
         let e = self.encoder.embed(self.kernels, src)?;
-        self.encode_embedded(&e, src_mask)
+        self.encode_embedded(&e, src_mask, &mut crate::dropout::Dropper::none(), 0.0)
     }
 
-    /// The source side from its embedded words `e` `[B·S, E]` (after dropout when training).
-    fn encode_embedded(&self, e: &Tensor, src_mask: &Tensor) -> Result<Source> {
-        let enc = self.encoder.forward_embedded(self.kernels, e, src_mask)?;
+    /// The source side from its embedded words `e` `[B·S, E]` (after dropout when training), with dropout at
+    /// rate `p_ann` on the annotations.
+    fn encode_embedded(
+        &self,
+        e: &Tensor,
+        src_mask: &Tensor,
+        drop: &mut crate::dropout::Dropper,
+        p_ann: f64,
+    ) -> Result<Source> {
+        let mut enc = self.encoder.forward_embedded(self.kernels, e, src_mask)?;
+        if let Some(mask) = drop.mask(&enc.annotations, p_ann)? {
+            enc.annotations = enc.annotations.mul(&mask)?;
+            let h = enc.bwd_first.dim(1)?;
+            enc.bwd_first = enc.annotations.i((.., 0))?.narrow(1, h, h)?;
+        }
         let keys = self.attention.keys(&enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;
         let cov_keys = match &self.coverage {
@@ -405,9 +417,18 @@ impl Model {
     /// encoder as a [`crate::kernels::Shared`] handle, and the keys `A h` and the initial state's `←h_1` are
     /// read from it by ops that add their gradients into the handle — the annotations' and the keys'
     /// gradients never enter candle's gradient store (the decoder op takes both handles as they are).
-    fn encode_shared(&self, e: &Tensor, src_mask: &Tensor) -> Result<Source> {
+    fn encode_shared(
+        &self,
+        e: &Tensor,
+        src_mask: &Tensor,
+        drop: &mut crate::dropout::Dropper,
+        p_ann: f64,
+    ) -> Result<Source> {
         use crate::kernels::{product_shared_rows, shared_rows};
-        let ann = self.encoder.forward_shared(self.kernels, e, src_mask)?;
+        let mut ann = self.encoder.forward_shared(self.kernels, e, src_mask)?;
+        if let Some(mask) = drop.mask(&ann.tensor, p_ann)? {
+            ann = crate::kernels::dropout_shared(&ann, &mask)?;
+        }
         let (b, s, a2) = ann.tensor.dims3()?;
         // The keys of the words' positions only (`[Σ len, Ad]`, the decoder op reads no other) when the
         // mask is words then padding; else `[B, S, Ad]`.
@@ -685,19 +706,21 @@ impl Model {
         let (b, t_len) = batch.tgt.dims2()?;
         let path = self.decoder_path();
         let fused = matches!(path, DecoderPath::Fused { .. });
-        // Dropout's masks, drawn in a fixed order: source embeddings, target embeddings, readout.
+        // Dropout's masks, drawn in a fixed order: source embeddings, annotations, target embeddings, readout.
         let mut drop = crate::dropout::Dropper::new(opts.dropout.as_ref());
-        let (p_emb, p_readout) = opts
-            .dropout
-            .map_or((0.0, 0.0), |d| (d.embeddings, d.readout));
+        let (p_emb, p_ann, p_readout) = opts.dropout.map_or((0.0, 0.0, 0.0), |d| {
+            (d.embeddings, d.annotations, d.readout)
+        });
         let mut src = if fused {
             crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
-            self.encode_shared(&drop.apply(&e, p_emb)?, &batch.src_mask)?
+            let e = drop.apply(&e, p_emb)?;
+            self.encode_shared(&e, &batch.src_mask, &mut drop, p_ann)?
         } else {
             self.begin_decoding_pass(None)?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
-            self.encode_embedded(&drop.apply(&e, p_emb)?, &batch.src_mask)?
+            let e = drop.apply(&e, p_emb)?;
+            self.encode_embedded(&e, &batch.src_mask, &mut drop, p_ann)?
         };
         if self.kernels.fused_on(src.keys.ah.device()) && src.keys.shared.is_none() {
             // Every step reads the same keys and annotations: accumulate their gradients in place.
@@ -929,6 +952,7 @@ impl LossOptions {
     pub fn of(t: &crate::config::TrainConfig, step: u64) -> Self {
         let d = crate::dropout::Dropout {
             embeddings: t.embedding_dropout,
+            annotations: t.annotation_dropout,
             readout: t.readout_dropout,
             seed: crate::dropout::Dropout::step_seed(t.seed, step),
         };

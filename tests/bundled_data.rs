@@ -54,7 +54,9 @@ fn demo_runs_on_the_bundled_copy_without_a_data_directory() {
     assert_eq!(cfg.train.label_smoothing, 0.1);
     // It decodes the average of the checkpoints the run kept.
     assert!(err.contains("averaging the last 1 checkpoints"), "{err}");
-    assert!(work.join("demo/model-improved/averaged/model.safetensors").is_file());
+    assert!(work
+        .join("demo/model-improved/averaged/model.safetensors")
+        .is_file());
     let hyp = std::fs::read_to_string(work.join("demo/test.hyp.en")).unwrap();
     assert_eq!(
         hyp.lines().count(),

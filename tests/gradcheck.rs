@@ -41,7 +41,8 @@ fn label_smoothed_gradients_match_finite_differences() {
     }
 }
 
-/// Dropout (`train.embedding_dropout`, `train.readout_dropout`): a pass's masks are fixed by its seed, so the
+/// Dropout (`train.embedding_dropout`, `train.annotation_dropout`, `train.readout_dropout`; on the fused path
+/// the annotations are a shared tensor, `kernels::dropout_shared`): a pass's masks are fixed by its seed, so the
 /// loss is a function of the parameters that finite differences can check; with the target padding skipped
 /// and computed, the fused and composed decoders. Dropping changes the loss, and the same seed repeats it.
 #[test]
@@ -63,6 +64,7 @@ fn dropout_gradients_match_finite_differences() {
         let cfg = tiny_model_config(&sets);
         let d = Dropout {
             embeddings: 0.3,
+            annotations: 0.25,
             readout: 0.4,
             seed: 5,
         };
@@ -96,6 +98,7 @@ fn dropout_gradients_match_finite_differences() {
         let zero = cgnmt::model::LossOptions {
             dropout: Some(Dropout {
                 embeddings: 0.0,
+                annotations: 0.0,
                 readout: 0.0,
                 ..d
             }),
@@ -259,5 +262,56 @@ fn coverage_gradients_match_finite_differences() {
         let mut sets = c.clone();
         sets.extend(["model.decoder=cgru", "model.context_gate=both"]);
         grad_check(&tiny_model_config(&sets), 320 + i as u64, 8);
+    }
+}
+
+/// With the target padding computed, the fused and the composed (reference) kernels draw the same dropout
+/// masks in the same order on tensors of the same layout: the same loss and gradients, so the annotations'
+/// dropout on the fused path's shared tensor (`kernels::dropout_shared`) is the composed product.
+#[test]
+fn dropout_is_the_same_with_fused_and_reference_kernels() {
+    use cgnmt::kernels::Kernels;
+    let cfg = tiny_model_config(&["model.context_gate=both"]);
+    let opts = cgnmt::model::LossOptions {
+        target_padding: cgnmt::config::TargetPadding::Computed,
+        dropout: Some(cgnmt::dropout::Dropout {
+            embeddings: 0.2,
+            annotations: 0.3,
+            readout: 0.25,
+            seed: 9,
+        }),
+        ..Default::default()
+    };
+    let run = |k: Kernels| {
+        let (mut model, varmap) = Model::build(&cfg, 7, 6, 51, DType::F64, &Device::Cpu).unwrap();
+        model.set_kernels(k);
+        randomize(&varmap, 52, 0.5);
+        let batch = tiny_batch(53, 7, 6, DType::F64);
+        let loss = model.loss_with(&batch, &opts).unwrap();
+        let g = model.backward(&loss).unwrap();
+        let grads: Vec<(String, Vec<f64>)> = sorted_vars(&varmap)
+            .into_iter()
+            .map(|(n, v)| {
+                let t = g
+                    .get(v.as_tensor())
+                    .unwrap_or_else(|| panic!("{n}: no gradient"));
+                (n, t.flatten_all().unwrap().to_vec1::<f64>().unwrap())
+            })
+            .collect();
+        (loss.to_scalar::<f64>().unwrap(), grads)
+    };
+    let (lf, gf) = run(Kernels::Fused);
+    let (lr, gr) = run(Kernels::Reference);
+    assert!(
+        (lf - lr).abs() < 1e-9 * lr.abs(),
+        "loss {lf} (fused) vs {lr}"
+    );
+    for ((n, a), (_, b)) in gf.iter().zip(&gr) {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-8 * (1.0 + x.abs().max(y.abs())),
+                "{n}: {x} (fused) vs {y} (reference)"
+            );
+        }
     }
 }
