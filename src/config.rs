@@ -591,7 +591,7 @@ mod tests {
     }
 
     /// The bundled configurations load; the small Tatoeba one is the paper's recipe plus tied output
-    /// embeddings and label smoothing, and nothing else.
+    /// embeddings, label smoothing and kept checkpoints (on BPE-prepared data), and nothing else.
     #[test]
     fn bundled_configurations_load_and_differ_by_the_recipe_only() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
@@ -608,6 +608,8 @@ mod tests {
             &[
                 "model.tied_output_embeddings=true".into(),
                 "train.label_smoothing=0.1".into(),
+                "train.keep_checkpoints=4".into(),
+                "data.prepared=\"runs/tat-bpe\"".into(),
             ],
         )
         .unwrap();

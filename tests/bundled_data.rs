@@ -44,7 +44,8 @@ fn demo_runs_on_the_bundled_copy_without_a_data_directory() {
         "{stdout}"
     );
     assert!(stdout.contains("pairs longer than 6 words"), "{stdout}");
-    // The default recipe is the improved one: tied output embeddings and label smoothing.
+    // The default recipe is the improved one: BPE, tied output embeddings and label smoothing.
+    assert!(work.join("demo/prepared-bpe/bpe.tgt.json").is_file());
     let cfg = cgnmt::config::Config::load(
         Some(&work.join("demo/model-improved/last/config.toml")),
         &[],
@@ -64,7 +65,7 @@ fn demo_runs_on_the_bundled_copy_without_a_data_directory() {
         "one output line per test sentence"
     );
     let prep: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(work.join("demo/prepared/prepare.json")).unwrap(),
+        &std::fs::read_to_string(work.join("demo/prepared-bpe/prepare.json")).unwrap(),
     )
     .unwrap();
     assert!(
