@@ -237,7 +237,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let hyps: Vec<String> = out.iter().map(|t| t.text.clone()).collect();
-    let hyp_path = a.out.join("test.hyp.en");
+    let hyp_path = run.join("test.hyp.en");
     crate::atomic_file::write_atomic(&hyp_path, (hyps.join("\n") + "\n").as_bytes())?;
     let v11b = cgnmt_eval::bleu::corpus_bleu(
         &hyps,

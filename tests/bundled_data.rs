@@ -58,7 +58,7 @@ fn demo_runs_on_the_bundled_copy_without_a_data_directory() {
     assert!(work
         .join("demo/model-improved/averaged/model.safetensors")
         .is_file());
-    let hyp = std::fs::read_to_string(work.join("demo/test.hyp.en")).unwrap();
+    let hyp = std::fs::read_to_string(work.join("demo/model-improved/test.hyp.en")).unwrap();
     assert_eq!(
         hyp.lines().count(),
         2049,

@@ -584,10 +584,12 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
     let extra_tests = extra_tables(s, &runs, &metric)?;
     let mut stability = vec![];
     for table in plan.table_ids() {
+        // Rows that decode another row's models share its training, hence its dev BLEU: only the rows that
+        // train are ordered.
         let names: Vec<&str> = plan
             .systems
             .iter()
-            .filter(|x| x.table == table)
+            .filter(|x| x.table == table && x.from.is_none())
             .map(|x| x.name.as_str())
             .collect();
         if let Some(st) = stability_of(&names, &of) {

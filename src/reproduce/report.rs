@@ -268,7 +268,7 @@ fn blocks(r: &Results) -> Vec<Block> {
         b.push(Table(head.clone(), rows));
         if let Some((_, st)) = r.stability.iter().find(|(t, _)| t == id) {
             b.push(P(format!(
-                "Stability: the rows' order by dev BLEU (best of the evaluations so far, mean over seeds) at update {} against update {} (20% more training): Kendall's τ = {}; {}.",
+                "Stability: the order of the rows that train by dev BLEU (best of the evaluations so far, mean over seeds) at update {} against update {} (20% more training): Kendall's τ = {}; {}.",
                 st.at_step,
                 st.final_step,
                 st.kendall_tau.map_or("–".into(), |t| format!("{t:.2}")),
