@@ -398,11 +398,7 @@ fn prepare_data(
     }
     // Test files: the raw source, the tokenised source (for word counts) and the references, limited in
     // quick mode.
-    let limit = if args.quick && plan.quick.test_limit > 0 {
-        plan.quick.test_limit
-    } else {
-        usize::MAX
-    };
+    let limit = test_limit(plan, args);
     let tdir = out.join("test");
     std::fs::create_dir_all(&tdir).with_context(|| format!("{}: cannot create", tdir.display()))?;
     let copy = |from: &Path, to: PathBuf| -> Result<PathBuf> {
@@ -430,6 +426,15 @@ fn prepare_data(
         }
     }
     Ok((src, src_tok, refs))
+}
+
+/// The test sentences a run decodes at most: the quick budget's limit, else all.
+fn test_limit(plan: &Plan, args: &ReproduceArgs) -> usize {
+    if args.quick && plan.quick.test_limit > 0 {
+        plan.quick.test_limit
+    } else {
+        usize::MAX
+    }
 }
 
 /// The prepared directory of a row's own `prepare` arguments: `prepared-` and a hash of them.
@@ -531,11 +536,7 @@ fn prepare_extra_tests(
     data: &crate::datasets::DataDir,
     out: &Path,
 ) -> Result<Vec<ExtraTestFiles>> {
-    let limit = if args.quick && plan.quick.test_limit > 0 {
-        plan.quick.test_limit
-    } else {
-        usize::MAX
-    };
+    let limit = test_limit(plan, args);
     let tdir = out.join("test");
     let mut sets = vec![];
     for x in &plan.data.extra_tests {
