@@ -99,43 +99,32 @@ mod tests {
             readout: 0.0,
             seed: 11,
         };
-        let a: Vec<f32> = Dropper::new(Some(&d))
-            .apply(&x, 0.3)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
+        let dropped = |d: Option<&Dropout>| -> Vec<f32> {
+            let mut drop = match d {
+                Some(d) => Dropper::new(Some(d)),
+                None => Dropper::none(),
+            };
+            drop.apply(&x, 0.3)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let a = dropped(Some(&d));
         let zeros = a.iter().filter(|v| **v == 0.0).count() as f64 / a.len() as f64;
         assert!((zeros - 0.3).abs() < 0.02, "dropped {zeros}");
         let mean = a.iter().sum::<f32>() / a.len() as f32;
         assert!((mean - 1.0).abs() < 0.03, "mean {mean}");
         assert!(a.iter().all(|v| *v == 0.0 || (*v - 1.0 / 0.7).abs() < 1e-6));
-        let b: Vec<f32> = Dropper::new(Some(&d))
-            .apply(&x, 0.3)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert_eq!(a, b, "same seed, same mask");
-        let c: Vec<f32> = Dropper::new(Some(&Dropout { seed: 12, ..d }))
-            .apply(&x, 0.3)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert_ne!(a, c, "another seed, another mask");
-        // Rate 0 and no dropout at all are the identity.
-        let same: Vec<f32> = Dropper::none()
-            .apply(&x, 0.5)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        assert!(same.iter().all(|v| *v == 1.0));
+        assert_eq!(a, dropped(Some(&d)), "same seed, same mask");
+        assert_ne!(
+            a,
+            dropped(Some(&Dropout { seed: 12, ..d })),
+            "another seed, another mask"
+        );
+        // No dropout at all is the identity.
+        assert!(dropped(None).iter().all(|v| *v == 1.0));
         assert_ne!(Dropout::step_seed(1, 0), Dropout::step_seed(1, 1));
         assert_ne!(Dropout::step_seed(1, 5), Dropout::step_seed(2, 5));
     }

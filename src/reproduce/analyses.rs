@@ -196,10 +196,7 @@ fn extra_tables(s: &Setup, runs: &[RunResult], metric: &Metric) -> Result<Vec<Ex
             let base = sys.baseline.as_deref().map(of).unwrap_or_default();
             let base_mean = mean(&base.iter().map(|r| r.extra[k].bleu).collect::<Vec<_>>());
             let mut bootstrap_p = None;
-            let paired: Vec<(&RunResult, &RunResult)> = rs
-                .iter()
-                .filter_map(|r| base.iter().find(|b| b.seed == r.seed).map(|b| (*r, *b)))
-                .collect();
+            let paired = paired_by_seed(&rs, &base);
             if !paired.is_empty() {
                 let (mut sys_stats, mut base_stats) = (vec![], vec![]);
                 for (r, b) in &paired {
@@ -436,6 +433,16 @@ pub struct Results {
     pub invocations: Vec<Invocation>,
 }
 
+/// A row's runs paired with its baseline's of the same seed (seeds both have).
+fn paired_by_seed<'a>(
+    rs: &[&'a RunResult],
+    base: &[&'a RunResult],
+) -> Vec<(&'a RunResult, &'a RunResult)> {
+    rs.iter()
+        .filter_map(|r| base.iter().find(|b| b.seed == r.seed).map(|b| (*r, *b)))
+        .collect()
+}
+
 /// sacreBLEU's length ratio (13a): the output's tokens over the (closest) reference length.
 fn bleu_ratio(hyps: &[String], refs: &[Vec<String>]) -> Result<f64> {
     let b = corpus_bleu(hyps, refs, &BleuOptions::sacrebleu())?;
@@ -495,15 +502,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
         let base_mean = mean(&base_rows.iter().map(|r| r.bleu).collect::<Vec<_>>());
         let tests = match &sys.baseline {
             Some(_) => {
-                let paired: Vec<(&RunResult, &RunResult)> = rs
-                    .iter()
-                    .filter_map(|r| {
-                        base_rows
-                            .iter()
-                            .find(|b| b.seed == r.seed)
-                            .map(|b| (*r, *b))
-                    })
-                    .collect();
+                let paired = paired_by_seed(&rs, &base_rows);
                 if paired.is_empty() {
                     None
                 } else {
