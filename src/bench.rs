@@ -444,14 +444,15 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
         src_len,
         v
     );
-    // Seconds in forward, backward and optimiser update.
+    // Seconds in forward, backward and optimiser update (with the configuration's label smoothing and
+    // dropout, whose masks are drawn as update 0's at every step).
     let step = |b: &Batch, opt: &mut Optimizer, padding: TargetPadding| -> Result<[f64; 3]> {
         let s = Instant::now();
         let loss = model.loss_with(
             b,
             &crate::model::LossOptions {
                 target_padding: padding,
-                ..Default::default()
+                ..crate::model::LossOptions::of(&cfg.train, 0)
             },
         )?;
         let f = s.elapsed().as_secs_f64();
@@ -665,6 +666,7 @@ pub fn run(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json:
                    "vocab": v, "batch": bsz, "tgt_len": tlen,
                    "lengths": if opts.reference_lengths { "reference" } else { "fixed" }, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
                    "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
+                   "label_smoothing": cfg.train.label_smoothing, "recurrent_dropout": cfg.train.recurrent_dropout,
                    "simd": crate::kernels::simd_level()},
         "params": crate::init::count(&varmap),
         "train_step_s_median": step_s,

@@ -204,6 +204,11 @@ pub struct TrainConfig {
     pub annotation_dropout: f64,
     /// Dropout rate on the readout's output `t̃_i`, the output layer's input, in `[0, 1)` (0: none).
     pub readout_dropout: f64,
+    /// Variational dropout rate on the recurrent connections in `[0, 1)` (0: none): the previous state where
+    /// the encoder's GRUs and the decoder's transition multiply it by `U_ru` and `U`, one mask per sentence
+    /// and unit for all its steps. The decoder's part covers the reference gate form's GRU and vanilla units
+    /// (not `model.gate_form = "paper"` nor the cGRU).
+    pub recurrent_dropout: f64,
 }
 
 /// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
@@ -261,6 +266,7 @@ impl Default for TrainConfig {
             embedding_dropout: 0.0,
             annotation_dropout: 0.0,
             readout_dropout: 0.0,
+            recurrent_dropout: 0.0,
         }
     }
 }
@@ -389,10 +395,19 @@ impl Config {
             ("train.embedding_dropout", t.embedding_dropout),
             ("train.annotation_dropout", t.annotation_dropout),
             ("train.readout_dropout", t.readout_dropout),
+            ("train.recurrent_dropout", t.recurrent_dropout),
         ] {
             if !(0.0..1.0).contains(&p) {
                 return bad(key, "must be in [0, 1) (0: none)");
             }
+        }
+        if t.recurrent_dropout > 0.0
+            && (self.model.gate_form == GateForm::Paper || self.model.decoder == DecoderKind::Cgru)
+        {
+            return bad(
+                "train.recurrent_dropout",
+                "covers the reference gate form's GRU and vanilla decoders only (not model.gate_form = \"paper\" nor model.decoder = \"cgru\")",
+            );
         }
         if !(t.learning_rate > 0.0) {
             return bad("train.learning_rate", "must be positive");
@@ -564,6 +579,7 @@ mod tests {
                 "train.embedding_dropout",
                 "train.annotation_dropout",
                 "train.readout_dropout",
+                "train.recurrent_dropout",
             ] {
                 let e = Config::load(None, &[format!("{key}={bad}")])
                     .unwrap_err()
@@ -571,6 +587,20 @@ mod tests {
                 assert!(e.contains(key), "{e}");
             }
         }
+        for sets in [
+            ["train.recurrent_dropout=0.2", "model.gate_form=\"paper\""],
+            ["train.recurrent_dropout=0.2", "model.decoder=\"cgru\""],
+        ] {
+            let e = Config::load(None, &sets.map(String::from))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("train.recurrent_dropout") && e.contains("reference"),
+                "{e}"
+            );
+        }
+        let c = Config::load(None, &["train.recurrent_dropout=0.2".into()]).unwrap();
+        assert_eq!(c.train.recurrent_dropout, 0.2);
         let e = Config::load(None, &["train.select_by=\"ter\"".into()])
             .unwrap_err()
             .to_string();

@@ -221,7 +221,35 @@ impl DecoderCell {
         ctx: &Context,
         sc: &Scales,
     ) -> Result<Tensor> {
+        self.step_dropped(k, t_prev, wp, ctx, sc, None)
+    }
+
+    /// [`DecoderCell::step`] under recurrent dropout (training): the recurrent products read the scaled
+    /// state through the masks `drop` `[B, H]`, `d∘(T∘t)`, and the GRU interpolates with `T∘t` itself (see
+    /// [`crate::gru::Gru::step_dropped`]). The reference form's GRU and vanilla units only (the paper form and
+    /// the cGRU are refused by the configuration's check).
+    pub fn step_dropped(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        wp: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+        drop: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let h = self.hidden;
+        if drop.is_some() && (self.cgru.is_some() || self.form == GateForm::Paper) {
+            candle_core::bail!(
+                "recurrent dropout covers the reference form's GRU and vanilla transitions only"
+            );
+        }
+        // The operand of the recurrent products: T∘t, through the masks.
+        let dropped = |ts: &Tensor| -> Result<Tensor> {
+            match drop {
+                Some(d) => ts * d,
+                None => Ok(ts.clone()),
+            }
+        };
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: no context and no gate here.
             return word.step(k, wp, t_prev);
@@ -231,23 +259,24 @@ impl DecoderCell {
             if self.form == GateForm::Reference && k.fused_on(wp.device()) {
                 // Fused: the gate's scales applied to the word and context terms of all blocks at once.
                 let ts = sc.tgt.apply(t_prev, 1)?;
+                let tm = dropped(&ts)?;
                 let pre = mix_fused(wp, &cp, m)?;
                 if self.kind == DecoderKind::Vanilla {
-                    return (pre + Self::mm(k, &ts, &self.u)?)?.tanh();
+                    return (pre + Self::mm(k, &tm, &self.u)?)?.tanh();
                 }
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
                 let ru = crate::kernels::sigmoid(
                     k,
-                    &(pre.narrow(1, 0, 2 * h)? + Self::mm(k, &ts, u_ru)?)?,
+                    &(pre.narrow(1, 0, 2 * h)? + Self::mm(k, &tm, u_ru)?)?,
                 )?;
                 let r = ru.narrow(1, 0, h)?;
-                let cand = (pre.narrow(1, 2 * h, h)? + Self::mm(k, &(r * &ts)?, &self.u)?)?;
+                let cand = (pre.narrow(1, 2 * h, h)? + Self::mm(k, &(r * &tm)?, &self.u)?)?;
                 return gru_update(k, &ru, &cand, &ts, None);
             }
         }
         match (self.kind, self.form) {
             (DecoderKind::Vanilla, GateForm::Reference) => {
-                let ts = sc.tgt.apply(t_prev, 1)?;
+                let ts = dropped(&sc.tgt.apply(t_prev, 1)?)?;
                 (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + Self::mm(k, &ts, &self.u)?)?.tanh()
             }
             (DecoderKind::Vanilla, GateForm::Paper) => {
@@ -262,16 +291,17 @@ impl DecoderCell {
                 let (c_ru, c_c) = (cp.narrow(1, 0, 2 * h)?, cp.narrow(1, 2 * h, h)?);
                 let (ru, base, cand_pre) = if form == GateForm::Reference {
                     let ts = sc.tgt.apply(t_prev, 1)?;
+                    let tm = dropped(&ts)?;
                     let ru = crate::kernels::sigmoid(
                         k,
                         &(sc.tgt.apply(&w_ru, 2)?
                             + sc.src.apply(&c_ru, 2)?
-                            + Self::mm(k, &ts, u_ru)?)?,
+                            + Self::mm(k, &tm, u_ru)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
                     let cand = (sc.tgt.apply(&w_c, 1)?
                         + sc.src.apply(&c_c, 1)?
-                        + Self::mm(k, &(r * &ts)?, &self.u)?)?;
+                        + Self::mm(k, &(r * &tm)?, &self.u)?)?;
                     (ru, ts, cand)
                 } else {
                     let ru = crate::kernels::sigmoid(

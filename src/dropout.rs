@@ -5,9 +5,14 @@
 //! A kept value is scaled by `1 / (1 − p)`, so decoding (which drops nothing) sees activations of the same
 //! expected size. Where it applies: the source and target word embeddings (`train.embedding_dropout`), the
 //! encoder's annotations `h_j` that attention, the initial state and the context read
-//! (`train.annotation_dropout`), and the readout layer's output `t̃_i`, the input of the output layer
-//! (`train.readout_dropout`). The masks are plain tensors multiplied in the graph, except on the annotations
-//! of the fused training path, which are a shared tensor ([`crate::kernels::dropout_shared`]).
+//! (`train.annotation_dropout`), the readout layer's output `t̃_i`, the input of the output layer
+//! (`train.readout_dropout`), and the recurrent connections (`train.recurrent_dropout`): variational dropout
+//! on the previous state where the GRU's recurrent products `U_ru`, `U` read it, in both encoder directions
+//! and in the decoder's transition, one mask per sentence and unit that every step of the sentence shares
+//! (the interpolation `h = h_prev + u∘(h~ − h_prev)` keeps the state itself; see
+//! [`crate::gru::Gru::step_dropped`]). The masks are plain tensors multiplied in the graph, except on the
+//! annotations of the fused training path, which are a shared tensor ([`crate::kernels::dropout_shared`]),
+//! and inside the fused recurrences, which read the recurrent masks as values.
 
 use candle_core::{Result, Tensor};
 use rand::rngs::StdRng;
@@ -22,6 +27,8 @@ pub struct Dropout {
     pub annotations: f64,
     /// Rate on the readout's output (the output layer's input).
     pub readout: f64,
+    /// Rate on the recurrent connections (the state the encoder's and decoder's recurrent products read).
+    pub recurrent: f64,
     /// Seed of this pass's masks (training derives one per update from `train.seed`).
     pub seed: u64,
 }
@@ -34,11 +41,15 @@ impl Dropout {
     }
 
     pub fn is_active(&self) -> bool {
-        self.embeddings > 0.0 || self.annotations > 0.0 || self.readout > 0.0
+        self.embeddings > 0.0
+            || self.annotations > 0.0
+            || self.readout > 0.0
+            || self.recurrent > 0.0
     }
 }
 
-/// Draws the masks of one pass, in a fixed order (source embeddings, annotations, target embeddings, readout).
+/// Draws the masks of one pass, in a fixed order (source embeddings, the encoder's recurrent masks forward then
+/// backward, annotations, target embeddings, the decoder's recurrent mask, readout).
 pub struct Dropper {
     rng: Option<StdRng>,
 }
@@ -69,15 +80,25 @@ impl Dropper {
     /// The mask [`Dropper::apply`] would multiply `x` with (`x`'s shape and dtype), or `None` when nothing
     /// drops.
     pub fn mask(&mut self, x: &Tensor, p: f64) -> Result<Option<Tensor>> {
+        self.mask_shaped(x.shape().clone(), x, p)
+    }
+
+    /// A mask of `shape` in `like`'s dtype and device (see [`Dropper::mask`]).
+    pub fn mask_shaped(
+        &mut self,
+        shape: impl Into<candle_core::Shape>,
+        like: &Tensor,
+        p: f64,
+    ) -> Result<Option<Tensor>> {
         match &mut self.rng {
             Some(rng) if p > 0.0 => {
-                let n = x.elem_count();
+                let shape = shape.into();
                 let keep = (1.0 / (1.0 - p)) as f32;
-                let m: Vec<f32> = (0..n)
+                let m: Vec<f32> = (0..shape.elem_count())
                     .map(|_| if rng.random::<f64>() < p { 0.0 } else { keep })
                     .collect();
                 Ok(Some(
-                    Tensor::from_vec(m, x.shape(), x.device())?.to_dtype(x.dtype())?,
+                    Tensor::from_vec(m, shape, like.device())?.to_dtype(like.dtype())?,
                 ))
             }
             _ => Ok(None),
@@ -97,6 +118,7 @@ mod tests {
             embeddings: 0.3,
             annotations: 0.0,
             readout: 0.0,
+            recurrent: 0.0,
             seed: 11,
         };
         let dropped = |d: Option<&Dropout>| -> Vec<f32> {

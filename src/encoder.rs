@@ -27,7 +27,13 @@ pub struct Encoded {
 impl Encoder {
     /// Both directions' input projections as one product, both recurrences as one fused op (see
     /// [`bigru_fused`]), for the embedded words `e` `[B·S, E]` (rows `(b, t)`).
-    fn bigru_op(&self, e: &Tensor, b: usize, mask: &Tensor) -> Result<BiGru> {
+    fn bigru_op(
+        &self,
+        e: &Tensor,
+        b: usize,
+        mask: &Tensor,
+        drop: Option<&[Tensor; 2]>,
+    ) -> Result<BiGru> {
         let h = self.hidden;
         let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
         let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
@@ -46,6 +52,7 @@ impl Encoder {
             rows,
             (&self.fwd.u_ru, &self.fwd.u),
             (&self.bwd.u_ru, &self.bwd.u),
+            drop_values(drop)?,
         )
     }
 
@@ -53,13 +60,20 @@ impl Encoder {
     /// encoder, formed outside the graph, whose consumers (the decoder's attention, the keys `A h`, the initial
     /// state) add their gradients into the handle; the encoder's backward pass reads the sum from there, so
     /// the annotations' gradient never enters candle's gradient store.
-    /// `e`: the embedded words `[B·S, E]` ([`Encoder::embed`], after dropout).
-    pub fn forward_shared(&self, k: Kernels, e: &Tensor, mask: &Tensor) -> Result<Shared> {
+    /// `e`: the embedded words `[B·S, E]` ([`Encoder::embed`], after dropout); `drop`: recurrent dropout's
+    /// masks `[B, H]` of the forward and the backward direction (see [`crate::gru::Gru::step_dropped`]).
+    pub fn forward_shared(
+        &self,
+        k: Kernels,
+        e: &Tensor,
+        mask: &Tensor,
+        drop: Option<&[Tensor; 2]>,
+    ) -> Result<Shared> {
         let (b, _) = mask.dims2()?;
         if !k.fused_on(e.device()) {
             candle_core::bail!("shared annotations need the fused kernels on the CPU");
         }
-        self.bigru_op(&e, b, mask)?.apply_shared()
+        self.bigru_op(e, b, mask, drop)?.apply_shared()
     }
 
     pub fn new(vb: VarBuilder, vocab: usize, emb_dim: usize, hidden: usize) -> Result<Self> {
@@ -74,7 +88,7 @@ impl Encoder {
 
     /// `src`: `[B, S]` u32 ids, `mask`: `[B, S]` (1 = word, 0 = padding), in the model dtype.
     pub fn forward(&self, k: Kernels, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
-        self.forward_embedded(k, &self.embed(k, src)?, mask)
+        self.forward_embedded(k, &self.embed(k, src)?, mask, None)
     }
 
     /// The source words' embeddings `E[x] + b_e`, `[B·S, E]` (rows `(b, t)`) of `src` `[B, S]`.
@@ -82,11 +96,18 @@ impl Encoder {
         crate::kernels::embedding(k, &self.emb, &src.flatten_all()?)?.broadcast_add(&self.emb_b)
     }
 
-    /// [`Encoder::forward`] from the embedded words `e` `[B·S, E]` ([`Encoder::embed`], after dropout).
-    pub fn forward_embedded(&self, k: Kernels, e: &Tensor, mask: &Tensor) -> Result<Encoded> {
+    /// [`Encoder::forward`] from the embedded words `e` `[B·S, E]` ([`Encoder::embed`], after dropout), with
+    /// recurrent dropout's masks `drop` (see [`Encoder::forward_shared`]).
+    pub fn forward_embedded(
+        &self,
+        k: Kernels,
+        e: &Tensor,
+        mask: &Tensor,
+        drop: Option<&[Tensor; 2]>,
+    ) -> Result<Encoded> {
         let (b, s) = mask.dims2()?;
         if k.fused_on(e.device()) {
-            let annotations = self.bigru_op(e, b, mask)?.apply()?;
+            let annotations = self.bigru_op(e, b, mask, drop)?.apply()?;
             let bwd_first = annotations
                 .i((.., 0))?
                 .narrow(1, self.hidden, self.hidden)?;
@@ -111,13 +132,17 @@ impl Encoder {
         let mut fwd = Vec::with_capacity(s);
         let mut h = h0.clone();
         for t in 0..s {
-            h = self.fwd.step_masked(k, &xf[t], &h, Some(&m.i(t)?))?;
+            h = self
+                .fwd
+                .step_dropped(k, &xf[t], &h, Some(&m.i(t)?), drop.map(|d| &d[0]))?;
             fwd.push(h.clone());
         }
         let mut bwd = vec![h0.clone(); s];
         let mut h = h0;
         for t in (0..s).rev() {
-            h = self.bwd.step_masked(k, &xb[t], &h, Some(&m.i(t)?))?;
+            h = self
+                .bwd
+                .step_dropped(k, &xb[t], &h, Some(&m.i(t)?), drop.map(|d| &d[1]))?;
             bwd[t] = h.clone();
         }
         let annotations = Tensor::cat(&[Tensor::stack(&fwd, 1)?, Tensor::stack(&bwd, 1)?], 2)?;
@@ -136,16 +161,27 @@ impl Encoder {
 /// into preallocated buffers over the rows with a word at that step (see [`RowOrder`]), the two directions
 /// concurrently (one core each), and the backward pass runs
 /// back-propagation through time inside the op, forming `∂U_ru`, `∂U` as one GEMM each over all steps. Equal
-/// to [`Gru::step_masked`] step by step (tested against it). Inputs and gradients travel through [`Shared`]
-/// handles (see `decoder_sequence`).
+/// to [`Gru::step_dropped`] step by step (tested against it). Inputs and gradients travel through [`Shared`]
+/// handles (see `decoder_sequence`). `drop`: recurrent dropout's masks `[B, H]` (row-major, batch order) of
+/// each direction.
 pub fn bigru_fused<'a>(
     x: impl Into<crate::kernels::Input<'a>>,
     batch: usize,
     mask: Vec<f64>,
     fwd: (&Tensor, &Tensor),
     bwd: (&Tensor, &Tensor),
+    drop: Option<[Vec<f64>; 2]>,
 ) -> Result<Tensor> {
-    BiGru::new(x, batch, mask, fwd, bwd)?.apply()
+    BiGru::new(x, batch, mask, fwd, bwd, drop)?.apply()
+}
+
+/// Recurrent dropout's masks as values (batch order).
+fn drop_values(drop: Option<&[Tensor; 2]>) -> Result<Option<[Vec<f64>; 2]>> {
+    let Some([f, b]) = drop else {
+        return Ok(None);
+    };
+    let v = |x: &Tensor| crate::kernels::to_vec::<f64>(&x.to_dtype(DType::F64)?);
+    Ok(Some([v(f)?, v(b)?]))
 }
 
 struct BiGru {
@@ -161,6 +197,8 @@ struct BiGru {
     u: [Shared; 2],
     /// The order the recurrences run the sentences in (see [`RowOrder`]).
     order: RowOrder,
+    /// Recurrent dropout's masks `[B, H]` of each direction, batch order.
+    drop: Option<[Vec<f64>; 2]>,
     /// Whether a backward pass can follow (any input tracks gradients): keep the activations.
     save: bool,
     saved: crate::kernels::SavedSlot,
@@ -173,6 +211,7 @@ impl BiGru {
         mask: Vec<f64>,
         fwd: (&Tensor, &Tensor),
         bwd: (&Tensor, &Tensor),
+        drop: Option<[Vec<f64>; 2]>,
     ) -> Result<BiGru> {
         let x: crate::kernels::Input = x.into();
         let rows = x.tensor().dim(0)?;
@@ -182,7 +221,7 @@ impl BiGru {
             candle_core::bail!("fused bidirectional GRU: shape mismatch");
         }
         let order = RowOrder::new(&mask, s, b);
-        BiGru::build(x, (b, s), order, None, fwd, bwd)
+        BiGru::build(x, (b, s), order, None, fwd, bwd, drop)
     }
 
     /// The op over inputs `x` of every row `(b, t)`, or of `word_rows` only (the words' rows of a
@@ -194,6 +233,7 @@ impl BiGru {
         word_rows: Option<crate::kernels::Rows>,
         fwd: (&Tensor, &Tensor),
         bwd: (&Tensor, &Tensor),
+        drop: Option<[Vec<f64>; 2]>,
     ) -> Result<BiGru> {
         let (rows, h6) = x.tensor().dims2()?;
         let h = h6 / 6;
@@ -213,7 +253,10 @@ impl BiGru {
                 .all(|w| w.dims2().ok() == Some((h, 2 * h)))
             && [fwd.1, bwd.1]
                 .iter()
-                .all(|w| w.dims2().ok() == Some((h, h)));
+                .all(|w| w.dims2().ok() == Some((h, h)))
+            && drop
+                .as_ref()
+                .is_none_or(|d| d.iter().all(|d| d.len() == b * h));
         if !ok {
             candle_core::bail!("fused bidirectional GRU: shape mismatch");
         }
@@ -227,6 +270,7 @@ impl BiGru {
             u_ru: [sh(fwd.0)?, sh(bwd.0)?],
             u: [sh(fwd.1)?, sh(bwd.1)?],
             order,
+            drop,
             save: false,
             saved: Default::default(),
         };
@@ -258,6 +302,18 @@ impl BiGru {
         Ok((self.s, self.b, self.x.tensor.dim(1)? / 6))
     }
 
+    /// Direction `d`'s recurrent dropout masks in the order the recurrences run the rows (`[B, H]`).
+    fn drop_rows<T: Real>(&self, d: usize, h: usize) -> Option<Vec<T>> {
+        let m = &self.drop.as_ref()?[d];
+        Some(
+            self.order
+                .perm
+                .iter()
+                .flat_map(|&i| m[i * h..(i + 1) * h].iter().map(|&x| T::from_f64c(x)))
+                .collect(),
+        )
+    }
+
     /// The row of `x` that holds sentence `i`'s position `t` (`None`: padding, not formed).
     fn x_row(&self, i: usize, t: usize) -> Option<usize> {
         if self.word_rows.is_none() {
@@ -285,8 +341,18 @@ impl BiGru {
             }
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
+            let dm = self.drop_rows::<T>(d, h);
             Ok(crate::kernels::serial(|| {
-                gru_dir_forward(&x, &u_ru, &u, &self.order, (s, b, h), d == 1, save)
+                gru_dir_forward(
+                    &x,
+                    &u_ru,
+                    &u,
+                    &self.order,
+                    (s, b, h),
+                    d == 1,
+                    save,
+                    dm.as_deref(),
+                )
             }))
         };
         let (f, r) = crate::profile::timed("  encoder fwd: both directions", || {
@@ -329,8 +395,18 @@ impl BiGru {
             let gd = split(d);
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
+            let dm = self.drop_rows::<T>(d, h);
             let (dx, dur, du) = crate::kernels::serial(|| {
-                gru_dir_backward(saved, &gd, &u_ru, &u, &self.order, (s, b, h), d == 1)
+                gru_dir_backward(
+                    saved,
+                    &gd,
+                    &u_ru,
+                    &u,
+                    &self.order,
+                    (s, b, h),
+                    d == 1,
+                    dm.as_deref(),
+                )
             });
             self.u_ru[d].add_grad(dur);
             self.u[d].add_grad(du);
@@ -475,7 +551,7 @@ struct GruSaved<T> {
 }
 
 /// One direction's forward pass over `xp` `[S, B, 3H]`: the states `[S, B, H]` and, when `save`, the
-/// activations the backward pass needs.
+/// activations the backward pass needs; `drop`: recurrent dropout's masks `[B, H]` (rows in run order).
 #[allow(clippy::too_many_arguments)]
 fn gru_dir_forward<T: Real>(
     xp: &[T],
@@ -485,6 +561,7 @@ fn gru_dir_forward<T: Real>(
     (s, b, h): (usize, usize, usize),
     reverse: bool,
     save: bool,
+    drop: Option<&[T]>,
 ) -> (Vec<T>, Option<GruSaved<T>>) {
     let h3 = 3 * h;
     let u_ru = crate::kernels::Oriented::new(u_ru, h, 2 * h);
@@ -525,6 +602,7 @@ fn gru_dir_forward<T: Real>(
                 &xpt[..m * h3],
                 &mut state[..m * h],
                 mask,
+                drop.map(|d| &d[..m * h]),
                 acts,
                 scratch,
                 &u_ru,
@@ -537,6 +615,7 @@ fn gru_dir_forward<T: Real>(
 }
 
 /// One direction's backward pass from `g` = `∂states` `[S, B, H]`: `(∂xp, ∂U_ru, ∂U)`.
+#[allow(clippy::too_many_arguments)]
 fn gru_dir_backward<T: Real>(
     saved: GruSaved<T>,
     g: &[T],
@@ -545,6 +624,7 @@ fn gru_dir_backward<T: Real>(
     order: &RowOrder,
     (s, b, h): (usize, usize, usize),
     reverse: bool,
+    drop: Option<&[T]>,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let h3 = 3 * h;
     let GruSaved { ru, rh, ht, hp } = saved;
@@ -575,6 +655,7 @@ fn gru_dir_backward<T: Real>(
             ht: &ht_t[..m * h],
             hp: &hp_t[..m * h],
             mask,
+            drop: drop.map(|d| &d[..m * h]),
         };
         if m == 0 {
             continue;
@@ -588,8 +669,19 @@ fn gru_dir_backward<T: Real>(
             &u_ru_o,
         );
     }
-    // ∂U_ru = Σ_t h_prevᵀ ∂[r|u]_pre, ∂U = Σ_t (r∘h_prev)ᵀ ∂c_pre: one GEMM each over all steps.
+    // ∂U_ru = Σ_t h_prevᵀ ∂[r|u]_pre, ∂U = Σ_t (r∘h_prev)ᵀ ∂c_pre: one GEMM each over all steps. (Under
+    // recurrent dropout the products read d∘h_prev; `rh` holds r∘d∘h_prev already.)
     let sb = s * b;
+    let hp = match drop {
+        Some(d) => {
+            let mut hm = crate::kernels::zeroed(sb * h);
+            for (o, x) in hm.chunks_mut(b * h).zip(hp.chunks(b * h)) {
+                crate::gru::dropped_state(x, d, o);
+            }
+            hm
+        }
+        None => hp,
+    };
     let mut du_ru = vec![T::zero(); h * 2 * h];
     gemm_into(
         h,

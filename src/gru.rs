@@ -54,13 +54,30 @@ impl Gru {
         h: &Tensor,
         mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        self.step_dropped(k, xp, h, mask, None)
+    }
+
+    /// [`Gru::step_masked`] under recurrent dropout: the recurrent products read `d∘h` (`drop`: the masks
+    /// `[B, H]`), the interpolation `h` itself (see [`gru_step_forward`]).
+    pub fn step_dropped(
+        &self,
+        k: Kernels,
+        xp: &Tensor,
+        h: &Tensor,
+        mask: Option<&Tensor>,
+        drop: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let hd = self.hidden;
+        let hm = match drop {
+            Some(d) => (h * d)?,
+            None => h.clone(),
+        };
         let ru = crate::kernels::sigmoid(
             k,
-            &(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, h, &self.u_ru)?)?,
+            &(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, &hm, &self.u_ru)?)?,
         )?;
         let r = ru.narrow(1, 0, hd)?;
-        let pre_c = (xp.narrow(1, 2 * hd, hd)? + rec_matmul(k, &(r * h)?, &self.u)?)?;
+        let pre_c = (xp.narrow(1, 2 * hd, hd)? + rec_matmul(k, &(r * &hm)?, &self.u)?)?;
         // u∘h~ + (1−u)∘h
         gru_update(k, &ru, &pre_c, h, mask)
     }
@@ -344,6 +361,20 @@ fn seq_update_row<T: Real>(xp: &[T], rc: &[T], ru: &[T], m: T, ht: &mut [T], hs:
 }
 simd_dispatch!(seq_update_row_d, seq_update_row_avx, seq_update_row, (xp: &[T], rc: &[T], ru: &[T], m: T, ht: &mut [T], hs: &mut [T]));
 
+/// [`seq_gates_row`] under recurrent dropout: `rh` holds the dropped state `d∘h_prev` on entry (the products'
+/// operand) and `r∘(d∘h_prev)` on exit.
+#[inline(always)]
+fn seq_gates_row_dropped<T: Real>(xp: &[T], hu: &[T], ru: &mut [T], rh: &mut [T]) {
+    let h = rh.len();
+    for k in 0..2 * h {
+        ru[k] = (xp[k] + hu[k]).sigmoid_v();
+    }
+    for k in 0..h {
+        rh[k] = ru[k] * rh[k];
+    }
+}
+simd_dispatch!(seq_gates_row_dropped_d, seq_gates_row_dropped_avx, seq_gates_row_dropped, (xp: &[T], hu: &[T], ru: &mut [T], rh: &mut [T]));
+
 /// Backward through the update: `dh` holds the carried gradient on entry and `∂h_prev` (through the
 /// interpolation) on exit; writes `∂` of the update gate's and the candidate's pre-activations into `dxp`.
 #[inline(always)]
@@ -379,6 +410,35 @@ fn seq_bwd_reset_row<T: Real>(drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: 
 }
 simd_dispatch!(seq_bwd_reset_row_d, seq_bwd_reset_row_avx, seq_bwd_reset_row, (drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: &mut [T]));
 
+/// Backward through `r∘(d∘h_prev)` under recurrent dropout: `drh` holds `∂(r∘(d∘h_prev))` on entry and the
+/// dropped state's gradient through it, `∂(d∘h_prev)` = `drh∘r`, on exit; writes the reset gate's `∂`.
+#[inline(always)]
+fn seq_bwd_reset_row_dropped<T: Real>(drh: &mut [T], ru: &[T], hp: &[T], d: &[T], dxp: &mut [T]) {
+    for k in 0..drh.len() {
+        let (g, r) = (drh[k], ru[k]);
+        dxp[k] = g * hp[k] * d[k] * r * (T::one() - r);
+        drh[k] = g * r;
+    }
+}
+simd_dispatch!(seq_bwd_reset_row_dropped_d, seq_bwd_reset_row_dropped_avx, seq_bwd_reset_row_dropped, (drh: &mut [T], ru: &[T], hp: &[T], d: &[T], dxp: &mut [T]));
+
+/// `dh += dm∘d`: the dropped state's gradient `dm` = `∂(d∘h_prev)` carried back to `h_prev`.
+#[inline(always)]
+fn add_dropped_row<T: Real>(dm: &[T], d: &[T], dh: &mut [T]) {
+    for k in 0..dh.len() {
+        dh[k] = dh[k] + dm[k] * d[k];
+    }
+}
+simd_dispatch!(add_dropped_row_d, add_dropped_row_avx, add_dropped_row, (dm: &[T], d: &[T], dh: &mut [T]));
+
+/// `out = x∘d` row by row: the state the recurrent products read under recurrent dropout, from the states
+/// `x` `[B, H]` and the masks `d` `[B, H]`.
+pub(crate) fn dropped_state<T: Real>(x: &[T], d: &[T], out: &mut [T]) {
+    for ((o, &a), &m) in out.iter_mut().zip(x).zip(d) {
+        *o = a * m;
+    }
+}
+
 /// Where one GRU step's forward pass leaves its activations (`[B, 2H]`, `[B, H]`, `[B, H]`).
 pub(crate) struct GruActs<'a, T> {
     pub ru: &'a mut [T],
@@ -388,13 +448,17 @@ pub(crate) struct GruActs<'a, T> {
 
 /// One GRU step over `B` rows: `xp` `[B, 3H]` the input terms of `[r | u | h~]`, `state` `h_prev` on entry and
 /// `h` on exit (kept where `mask` is 0); `scratch` is `([B, 2H], [B, H])`. Two GEMMs (`h_prev U_ru`,
-/// `(r∘h_prev) U`) and two row loops.
+/// `(r∘h_prev) U`) and two row loops. With recurrent dropout's masks `drop` `[B, H]` (values 0 or
+/// `1/(1−p)`, the same at every step of a sentence: variational dropout), the products read the dropped
+/// state `d∘h_prev` and the interpolation the state itself: `[r | u] = σ(xp + (d∘h_prev) U_ru)`,
+/// `h~ = tanh(xp_c + (r∘d∘h_prev) U)`, `h = h_prev + m∘u∘(h~ − h_prev)`; `rh` then holds `r∘d∘h_prev`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gru_step_forward<T: Real>(
     h: usize,
     xp: &[T],
     state: &mut [T],
     mask: Option<&[f64]>,
+    drop: Option<&[T]>,
     acts: GruActs<T>,
     scratch: (&mut [T], &mut [T]),
     u_ru: &crate::kernels::Oriented<T>,
@@ -404,8 +468,22 @@ pub(crate) fn gru_step_forward<T: Real>(
     let b = state.len() / h.max(1);
     let (hu, rc) = scratch;
     let GruActs { ru, rh, ht } = acts;
-    u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(state, h));
-    {
+    if let Some(d) = drop {
+        // `rh` holds d∘h_prev for the first product, then r∘(d∘h_prev).
+        dropped_state(state, &d[..b * h], rh);
+        u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(rh, h));
+        let (ru_w, rh_w) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h));
+        let hu = &*hu;
+        rows_par(b, b * h, |i| unsafe {
+            seq_gates_row_dropped_d(
+                &xp[i * h3..(i + 1) * h3],
+                &hu[i * 2 * h..(i + 1) * 2 * h],
+                ru_w.row(i),
+                rh_w.row(i),
+            )
+        });
+    } else {
+        u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(state, h));
         let (ru_w, rh_w) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h));
         let (hu, state) = (&*hu, &*state);
         rows_par(b, b * h, |i| unsafe {
@@ -433,14 +511,15 @@ pub(crate) fn gru_step_forward<T: Real>(
     });
 }
 
-/// One GRU step's saved activations over its `B` rows of width `h`: `[r | u]`, `h~`, `h_prev` and the
-/// padding mask.
+/// One GRU step's saved activations over its `B` rows of width `h`: `[r | u]`, `h~`, `h_prev` (not dropped),
+/// the padding mask and recurrent dropout's masks (see [`gru_step_forward`]).
 pub(crate) struct GruStep<'a, T> {
     pub h: usize,
     pub ru: &'a [T],
     pub ht: &'a [T],
     pub hp: &'a [T],
     pub mask: Option<&'a [f64]>,
+    pub drop: Option<&'a [T]>,
 }
 
 impl<T: Real> GruStep<'_, T> {
@@ -478,6 +557,37 @@ impl<T: Real> GruStep<'_, T> {
             cs: 1,
         };
         u.mul_t_into(b, drh, h, false, dc);
+        if let Some(d) = self.drop {
+            // The products read d∘h_prev: its gradient gathers in `drh` (through r∘(d∘h_prev), then
+            // through the gates' product) and reaches h_prev through the mask.
+            {
+                let (dm_w, dx_w) = (RowsMut::new(drh, h), RowsMut::new(dxp, h3));
+                rows_par(b, b * h, |i| unsafe {
+                    seq_bwd_reset_row_dropped_d(
+                        dm_w.row(i),
+                        &self.ru[i * 2 * h..(i + 1) * 2 * h],
+                        &self.hp[i * h..(i + 1) * h],
+                        &d[i * h..(i + 1) * h],
+                        dx_w.row(i),
+                    )
+                });
+            }
+            let dru = Mat {
+                data: &*dxp,
+                rs: h3,
+                cs: 1,
+            };
+            u_ru.mul_t_into(b, drh, h, true, dru);
+            let (dh_w, drh) = (RowsMut::new(dh, h), &*drh);
+            rows_par(b, b * h, |i| unsafe {
+                add_dropped_row_d(
+                    &drh[i * h..(i + 1) * h],
+                    &d[i * h..(i + 1) * h],
+                    dh_w.row(i),
+                )
+            });
+            return;
+        }
         {
             let (dh_w, dx_w) = (RowsMut::new(dh, h), RowsMut::new(dxp, h3));
             let drh = &*drh;

@@ -379,19 +379,27 @@ impl Model {
     ) -> Result<Source> {
         self.begin_decoding_pass(prepared)?;
         let e = self.encoder.embed(self.kernels, src)?;
-        self.encode_embedded(&e, src_mask, &mut crate::dropout::Dropper::none(), 0.0)
+        self.encode_embedded(
+            &e,
+            src_mask,
+            &mut crate::dropout::Dropper::none(),
+            (0.0, 0.0),
+        )
     }
 
     /// The source side from its embedded words `e` `[B·S, E]` (after dropout when training), with dropout at
-    /// rate `p_ann` on the annotations.
+    /// rates `(p_rec, p_ann)` on the encoder's recurrent connections and on the annotations.
     fn encode_embedded(
         &self,
         e: &Tensor,
         src_mask: &Tensor,
         drop: &mut crate::dropout::Dropper,
-        p_ann: f64,
+        (p_rec, p_ann): (f64, f64),
     ) -> Result<Source> {
-        let mut enc = self.encoder.forward_embedded(self.kernels, e, src_mask)?;
+        let rec = self.encoder_dropout(drop, src_mask, p_rec)?;
+        let mut enc = self
+            .encoder
+            .forward_embedded(self.kernels, e, src_mask, rec.as_ref())?;
         if let Some(mask) = drop.mask(&enc.annotations, p_ann)? {
             enc.annotations = enc.annotations.mul(&mask)?;
             let h = enc.bwd_first.dim(1)?;
@@ -404,6 +412,22 @@ impl Model {
             None => None,
         };
         Ok(Source { keys, cov_keys, t0 })
+    }
+
+    /// Recurrent dropout's masks `[B, H]` of the encoder's forward and backward directions (`None` when
+    /// nothing drops).
+    fn encoder_dropout(
+        &self,
+        drop: &mut crate::dropout::Dropper,
+        src_mask: &Tensor,
+        p: f64,
+    ) -> Result<Option<[Tensor; 2]>> {
+        let shape = (src_mask.dim(0)?, self.encoder.hidden);
+        let Some(f) = drop.mask_shaped(shape, src_mask, p)? else {
+            return Ok(None);
+        };
+        let b = drop.mask_shaped(shape, src_mask, p)?;
+        Ok(b.map(|b| [f, b]))
     }
 
     /// The decoder's initial state `tanh(W_init ←h_1 + b_init)` from the backward state at the first word.
@@ -422,10 +446,13 @@ impl Model {
         e: &Tensor,
         src_mask: &Tensor,
         drop: &mut crate::dropout::Dropper,
-        p_ann: f64,
+        (p_rec, p_ann): (f64, f64),
     ) -> Result<Source> {
         use crate::kernels::{product_shared_rows, shared_rows};
-        let mut ann = self.encoder.forward_shared(self.kernels, e, src_mask)?;
+        let rec = self.encoder_dropout(drop, src_mask, p_rec)?;
+        let mut ann = self
+            .encoder
+            .forward_shared(self.kernels, e, src_mask, rec.as_ref())?;
         if let Some(mask) = drop.mask(&ann.tensor, p_ann)? {
             ann = crate::kernels::dropout_shared(&ann, &mask)?;
         }
@@ -670,17 +697,33 @@ impl Model {
         ctx: &Context,
         context_scale: (f64, f64),
     ) -> Result<(Tensor, Scales)> {
+        self.transition_dropped(t_prev, wp, wz, ctx, context_scale, None)
+    }
+
+    /// [`Model::transition_projected`] under recurrent dropout's masks `drop` `[B, H]` (training; see
+    /// [`DecoderCell::step_dropped`]).
+    fn transition_dropped(
+        &self,
+        t_prev: &Tensor,
+        wp: &Tensor,
+        wz: Option<&Tensor>,
+        ctx: &Context,
+        context_scale: (f64, f64),
+        drop: Option<&Tensor>,
+    ) -> Result<(Tensor, Scales)> {
         if self.is_conditional() {
             return Ok((
                 self.cell
-                    .step(self.kernels, t_prev, wp, ctx, &Scales::none())?,
+                    .step_dropped(self.kernels, t_prev, wp, ctx, &Scales::none(), drop)?,
                 Scales::none(),
             ));
         }
         let sc = self
             .gate
             .scales(self.kernels, wz, t_prev, ctx, context_scale)?;
-        let t = self.cell.step(self.kernels, t_prev, wp, ctx, &sc)?;
+        let t = self
+            .cell
+            .step_dropped(self.kernels, t_prev, wp, ctx, &sc, drop)?;
         Ok((t, sc))
     }
 
@@ -706,21 +749,22 @@ impl Model {
         let (b, t_len) = batch.tgt.dims2()?;
         let path = self.decoder_path();
         let fused = matches!(path, DecoderPath::Fused { .. });
-        // Dropout's masks, drawn in a fixed order: source embeddings, annotations, target embeddings, readout.
+        // Dropout's masks, drawn in a fixed order: source embeddings, the encoder's recurrent connections,
+        // annotations, target embeddings, the decoder's recurrent connections, readout.
         let mut drop = crate::dropout::Dropper::new(opts.dropout.as_ref());
-        let (p_emb, p_ann, p_readout) = opts.dropout.map_or((0.0, 0.0, 0.0), |d| {
-            (d.embeddings, d.annotations, d.readout)
+        let (p_emb, p_ann, p_readout, p_rec) = opts.dropout.map_or((0.0, 0.0, 0.0, 0.0), |d| {
+            (d.embeddings, d.annotations, d.readout, d.recurrent)
         });
         let mut src = if fused {
             crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
             let e = drop.apply(&e, p_emb)?;
-            self.encode_shared(&e, &batch.src_mask, &mut drop, p_ann)?
+            self.encode_shared(&e, &batch.src_mask, &mut drop, (p_rec, p_ann))?
         } else {
             self.begin_decoding_pass(None)?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
             let e = drop.apply(&e, p_emb)?;
-            self.encode_embedded(&e, &batch.src_mask, &mut drop, p_ann)?
+            self.encode_embedded(&e, &batch.src_mask, &mut drop, (p_rec, p_ann))?
         };
         if self.kernels.fused_on(src.keys.ah.device()) && src.keys.shared.is_none() {
             // Every step reads the same keys and annotations: accumulate their gradients in place.
@@ -733,8 +777,9 @@ impl Model {
             &crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?,
             p_emb,
         )?; // [B*T, E]
-            // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
-            // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
+        let dec_drop = drop.mask_shaped((b, self.cell.hidden), &e_all, p_rec)?;
+        // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
+        // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
         let e_prev = if !fused || self.is_conditional() {
             Some(previous_words(&e_all, b, t_len)?)
         } else {
@@ -749,8 +794,14 @@ impl Model {
         };
         let hid = match path {
             DecoderPath::Fused { gate } => {
-                let rows =
-                    self.decoder_sequence(&src, &e_all, e_prev.as_ref(), lengths.as_deref(), gate)?;
+                let rows = self.decoder_sequence(
+                    &src,
+                    &e_all,
+                    e_prev.as_ref(),
+                    lengths.as_deref(),
+                    gate,
+                    dec_drop.as_ref(),
+                )?;
                 crate::readout::hidden_rows_fused(
                     &self.readout,
                     rows,
@@ -760,7 +811,7 @@ impl Model {
                 )?
             }
             DecoderPath::Composed => {
-                let (states, ctxs) = self.decoder_steps(&src, &e_all, b)?;
+                let (states, ctxs) = self.decoder_steps(&src, &e_all, b, dec_drop.as_ref())?;
                 let e_prev = e_prev.as_ref().expect("formed for the step-by-step path");
                 self.readout
                     .hidden(self.kernels, &(&ctxs).into(), &states, e_prev)?
@@ -771,7 +822,8 @@ impl Model {
     }
 
     /// The whole decoder recurrence as one fused op (see `decoder_sequence`) over the target words'
-    /// embeddings `e_all` `[B·T, E]`: its rows `[t_{i−1} | s_i]` for the readout.
+    /// embeddings `e_all` `[B·T, E]`: its rows `[t_{i−1} | s_i]` for the readout; `drop`: recurrent dropout's
+    /// masks `[B, H]` on the transition's recurrent products.
     fn decoder_sequence(
         &self,
         src: &Source,
@@ -779,6 +831,7 @@ impl Model {
         e_prev: Option<&Tensor>,
         lengths: Option<&[usize]>,
         gate: Option<GateKinds>,
+        drop: Option<&Tensor>,
     ) -> Result<crate::kernels::Shared> {
         let (ah, ann) = src
             .keys
@@ -822,12 +875,20 @@ impl Model {
             &w,
             gate,
             cov,
+            drop,
         )
     }
 
     /// The decoder's recurrence step by step (composed ops; the reference of the fused op, and its form on
-    /// other devices): the states `t_{i−1}` and contexts `s_i` of every position, batch-major `[B·T, ·]`.
-    fn decoder_steps(&self, src: &Source, e_all: &Tensor, b: usize) -> Result<(Tensor, Tensor)> {
+    /// other devices): the states `t_{i−1}` and contexts `s_i` of every position, batch-major `[B·T, ·]`;
+    /// `drop`: recurrent dropout's masks `[B, H]` on the transition's recurrent products.
+    fn decoder_steps(
+        &self,
+        src: &Source,
+        e_all: &Tensor,
+        b: usize,
+        drop: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let t_len = e_all.dim(0)? / b;
         let e_dim = e_all.dim(1)?;
         // Batch-major rows `(b, i)`; the steps take time-major copies.
@@ -882,7 +943,14 @@ impl Model {
             if i + 1 < t_len {
                 let wz_i = wz_steps.as_ref().map(|w| &w[i]);
                 t = self
-                    .transition_projected(&t, &wp_steps[i], wz_i, &(&out.ctx).into(), (1.0, 1.0))?
+                    .transition_dropped(
+                        &t,
+                        &wp_steps[i],
+                        wz_i,
+                        &(&out.ctx).into(),
+                        (1.0, 1.0),
+                        drop,
+                    )?
                     .0;
             }
         }
@@ -954,6 +1022,7 @@ impl LossOptions {
             embeddings: t.embedding_dropout,
             annotations: t.annotation_dropout,
             readout: t.readout_dropout,
+            recurrent: t.recurrent_dropout,
             seed: crate::dropout::Dropout::step_seed(t.seed, step),
         };
         LossOptions {

@@ -42,9 +42,11 @@ fn label_smoothed_gradients_match_finite_differences() {
 }
 
 /// Dropout (`train.embedding_dropout`, `train.annotation_dropout`, `train.readout_dropout`; on the fused path
-/// the annotations are a shared tensor, `kernels::dropout_shared`): a pass's masks are fixed by its seed, so the
-/// loss is a function of the parameters that finite differences can check; with the target padding skipped
-/// and computed, the fused and composed decoders. Dropping changes the loss, and the same seed repeats it.
+/// the annotations are a shared tensor, `kernels::dropout_shared`; `train.recurrent_dropout` inside the fused
+/// encoder and decoder recurrences, with their hand-written backward passes): a pass's masks are fixed by its
+/// seed, so the loss is a function of the parameters that finite differences can check; with the target
+/// padding skipped and computed, the GRU and the vanilla decoder. Dropping changes the loss (the recurrent
+/// masks alone too), and the same seed repeats it.
 #[test]
 fn dropout_gradients_match_finite_differences() {
     use cgnmt::dropout::Dropout;
@@ -60,12 +62,17 @@ fn dropout_gradients_match_finite_differences() {
             ],
             cgnmt::config::TargetPadding::Computed,
         ),
+        (
+            vec!["model.decoder=vanilla", "model.context_gate=target"],
+            cgnmt::config::TargetPadding::Skipped,
+        ),
     ] {
         let cfg = tiny_model_config(&sets);
         let d = Dropout {
             embeddings: 0.3,
             annotations: 0.25,
             readout: 0.4,
+            recurrent: 0.35,
             seed: 5,
         };
         let opts = cgnmt::model::LossOptions {
@@ -100,6 +107,16 @@ fn dropout_gradients_match_finite_differences() {
                 embeddings: 0.0,
                 annotations: 0.0,
                 readout: 0.0,
+                recurrent: 0.0,
+                ..d
+            }),
+            ..opts
+        };
+        let recurrent_only = cgnmt::model::LossOptions {
+            dropout: Some(Dropout {
+                embeddings: 0.0,
+                annotations: 0.0,
+                readout: 0.0,
                 ..d
             }),
             ..opts
@@ -108,6 +125,13 @@ fn dropout_gradients_match_finite_differences() {
         assert_ne!(loss(&opts), loss(&plain), "dropout changes the loss");
         assert_ne!(loss(&opts), loss(&other), "another seed, other masks");
         assert_eq!(loss(&zero), loss(&plain), "rates of 0 drop nothing");
+        assert_ne!(
+            loss(&recurrent_only),
+            loss(&plain),
+            "recurrent dropout changes the loss"
+        );
+        let worst = grad_check_with(&cfg, 44, 40, &recurrent_only);
+        assert!(worst < 1e-5, "recurrent dropout alone: {worst:e}");
     }
 }
 
@@ -270,14 +294,24 @@ fn coverage_gradients_match_finite_differences() {
 /// dropout on the fused path's shared tensor (`kernels::dropout_shared`) is the composed product.
 #[test]
 fn dropout_is_the_same_with_fused_and_reference_kernels() {
+    for sets in [
+        &["model.context_gate=both"][..],
+        &["model.decoder=vanilla", "model.context_gate=source"][..],
+    ] {
+        dropout_fused_and_reference_agree(&tiny_model_config(sets));
+    }
+}
+
+fn dropout_fused_and_reference_agree(cfg: &cgnmt::config::ModelConfig) {
     use cgnmt::kernels::Kernels;
-    let cfg = tiny_model_config(&["model.context_gate=both"]);
+    let cfg = cfg.clone();
     let opts = cgnmt::model::LossOptions {
         target_padding: cgnmt::config::TargetPadding::Computed,
         dropout: Some(cgnmt::dropout::Dropout {
             embeddings: 0.2,
             annotations: 0.3,
             readout: 0.25,
+            recurrent: 0.3,
             seed: 9,
         }),
         ..Default::default()

@@ -1292,12 +1292,17 @@ fn fused_bidirectional_gru_matches_step_by_step() {
     use cgnmt::encoder::bigru_fused;
     use cgnmt::gru::Gru;
     // Sentence lengths 6, 4, 1, 6, 2 (the fused op runs the rows longest first, each step over the rows with a
-    // word), and a mask with a gap in one row (not a run of words then padding: all rows under the mask).
-    for (gap, (dtype, ft, gt)) in [false, true].into_iter().flat_map(|g| {
-        [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)]
+    // word), and a mask with a gap in one row (not a run of words then padding: all rows under the mask);
+    // with and without recurrent dropout's masks (each direction its own, every step the same).
+    for ((gap, dropped), (dtype, ft, gt)) in
+        [(false, false), (true, false), (false, true), (true, true)]
             .into_iter()
-            .map(move |x| (g, x))
-    }) {
+            .flat_map(|g| {
+                [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)]
+                    .into_iter()
+                    .map(move |x| (g, x))
+            })
+    {
         let mut rng = StdRng::seed_from_u64(5);
         // Sizes that leave remainders after the 8-lane loops.
         let (s, b, h) = (6, 5, 11);
@@ -1321,6 +1326,33 @@ fn fused_bidirectional_gru_matches_step_by_step() {
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
+        // Recurrent dropout at rate 0.4: values 0 or 1/0.6, [B, H] per direction.
+        let drop: Option<[Vec<f64>; 2]> = dropped.then(|| {
+            [0, 1].map(|_| {
+                (0..b * h)
+                    .map(|_| {
+                        if rng.random::<f64>() < 0.4 {
+                            0.0
+                        } else {
+                            1.0 / 0.6
+                        }
+                    })
+                    .collect()
+            })
+        });
+        assert!(drop
+            .as_ref()
+            .is_none_or(|d| d[0] != d[1] && d[0].contains(&0.0)));
+        let drop_t: Option<Vec<Tensor>> = drop.as_ref().map(|d| {
+            d.iter()
+                .map(|v| {
+                    Tensor::from_vec(v.clone(), (b, h), &Device::Cpu)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                })
+                .collect()
+        });
         let gru = |u_ru: &Tensor, u: &Tensor| Gru {
             w: u.clone(),
             b: u.i(0).unwrap(),
@@ -1333,7 +1365,15 @@ fn fused_bidirectional_gru_matches_step_by_step() {
             &vars,
             &|x| {
                 let rows = x[0].reshape((b * s, 6 * h)).unwrap();
-                vec![bigru_fused(&rows, b, mask.clone(), (&x[1], &x[2]), (&x[3], &x[4])).unwrap()]
+                vec![bigru_fused(
+                    &rows,
+                    b,
+                    mask.clone(),
+                    (&x[1], &x[2]),
+                    (&x[3], &x[4]),
+                    drop.clone(),
+                )
+                .unwrap()]
             },
             &|x| {
                 let (gf, gb) = (gru(&x[1], &x[2]), gru(&x[3], &x[4]));
@@ -1348,7 +1388,13 @@ fn fused_bidirectional_gru_matches_step_by_step() {
                 let mut st = h0.clone();
                 for t in 0..s {
                     st = gf
-                        .step_masked(Kernels::Reference, &xt(t, 0), &st, Some(&m.i(t).unwrap()))
+                        .step_dropped(
+                            Kernels::Reference,
+                            &xt(t, 0),
+                            &st,
+                            Some(&m.i(t).unwrap()),
+                            drop_t.as_ref().map(|d| &d[0]),
+                        )
                         .unwrap();
                     fwd.push(st.clone());
                 }
@@ -1356,7 +1402,13 @@ fn fused_bidirectional_gru_matches_step_by_step() {
                 let mut st = h0;
                 for t in (0..s).rev() {
                     st = gb
-                        .step_masked(Kernels::Reference, &xt(t, 1), &st, Some(&m.i(t).unwrap()))
+                        .step_dropped(
+                            Kernels::Reference,
+                            &xt(t, 1),
+                            &st,
+                            Some(&m.i(t).unwrap()),
+                            drop_t.as_ref().map(|d| &d[1]),
+                        )
                         .unwrap();
                     bwd[t] = st.clone();
                 }

@@ -33,6 +33,8 @@ struct Backward<'a, T: Real> {
     cr: Option<CovRows<'a, T>>,
     /// The mix's state and word rows.
     mix: MixRows<'a, T>,
+    /// Recurrent dropout's masks `[B, H]`.
+    drop: Option<Vec<T>>,
 }
 
 /// What the backward pass writes.
@@ -200,6 +202,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 cgru.is_none().then_some((wp, &op.toff[..])),
             ),
             cgru,
+            drop: op.drop_data::<T>()?,
         })
     }
 
@@ -291,6 +294,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 ht: &sv.wht[o * h..o * h + m1h],
                 hp: &sv.sall[o * h..o * h + m1h],
                 mask: None,
+                drop: None,
             };
             crate::profile::timed("  decoder bwd: word GRU step", || {
                 step.backward(
@@ -378,6 +382,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 ht: &cc_i[..mth],
                 hp: &ts_i[..mth],
                 mask: None,
+                drop: self.drop.as_ref().map(|d| &d[..mth]),
             };
             crate::profile::timed("  decoder bwd: GRU step", || {
                 step.backward(
@@ -404,6 +409,12 @@ impl<'a, T: Real> Backward<'a, T> {
                     });
                 }
                 u.mul_t_into(mt, dts, h, false, Mat::rows(dpre_i, h));
+                if let Some(dm) = &self.drop {
+                    // U read d∘(T∘t): ∂(T∘t) through the mask.
+                    for (a, &m) in dts[..mth].iter_mut().zip(&dm[..mth]) {
+                        *a = *a * m;
+                    }
+                }
             });
         }
     }
@@ -875,22 +886,41 @@ impl<'a, T: Real> Backward<'a, T> {
             ));
             return;
         }
+        // The products' operand T∘t, or d∘(T∘t) under recurrent dropout (step i's rows at `off[i]`, row r
+        // under mask row r).
+        let tsd;
+        let ts = match &self.drop {
+            Some(dm) => {
+                let mut x = crate::kernels::zeroed(nb * h);
+                for i in 0..self.dims.nt {
+                    let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
+                    crate::gru::dropped_state(
+                        &sv.ts[o * h..o1 * h],
+                        &dm[..(o1 - o) * h],
+                        &mut x[o * h..o1 * h],
+                    );
+                }
+                tsd = x;
+                &tsd
+            }
+            None => &sv.ts,
+        };
         if let Some(u_ru) = &self.op.u_ru {
             u_ru.add_grad(weight_grad(
                 h,
                 2 * h,
                 nb,
-                Mat::t(&sv.ts, h),
+                Mat::t(ts, h),
                 Mat::rows(&d.dpre, kh),
             ));
         }
-        // U multiplies r∘(T∘t) (GRU) or T∘t (vanilla). (Empty when the sentences are one step long: no
-        // transition.)
+        // U multiplies r∘(T∘t) (GRU; `rts` holds r∘d∘(T∘t) under dropout) or T∘t (vanilla). (Empty when the
+        // sentences are one step long: no transition.)
         self.op.u.add_grad(weight_grad(
             h,
             h,
             nb,
-            Mat::t(if gru { &sv.rts } else { &sv.ts }, h),
+            Mat::t(if gru { &sv.rts } else { ts }, h),
             block(&d.dpre, kh, if gru { 2 * h } else { 0 }),
         ));
     }

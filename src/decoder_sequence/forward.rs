@@ -36,6 +36,8 @@ struct Forward<'a, T: Real> {
     cgru: Option<CgruView<'a, T>>,
     /// The mix's state and word rows.
     mix: MixRows<'a, T>,
+    /// Recurrent dropout's masks `[B, H]`.
+    drop: Option<Vec<T>>,
 }
 
 /// What the forward pass writes: the activations it saves for the backward pass (`s`; its stacked weights
@@ -169,6 +171,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 cgru.is_none().then_some((wp, &op.toff[..])),
             ),
             cgru,
+            drop: op.drop_data::<T>()?,
         })
     }
 
@@ -250,6 +253,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 h,
                 &a.pre_w[..m * kh],
                 state,
+                None,
                 None,
                 acts,
                 (&mut a.hu[..2 * mh], &mut a.rc[..mh]),
@@ -491,9 +495,16 @@ impl<'a, T: Real> Forward<'a, T> {
             return;
         }
         if !self.dims.gru {
-            // The vanilla unit: t_i = tanh(pre + U (T∘t)).
+            // The vanilla unit: t_i = tanh(pre + U (T∘t)) (recurrent dropout: U (d∘T∘t), formed in `rc`).
             crate::profile::timed("  decoder fwd: GRU step", || {
-                u.mul_into(mt, t_next, h, false, Mat::rows(ts_i, h));
+                let operand = match &self.drop {
+                    Some(d) => {
+                        crate::gru::dropped_state(&ts_i[..mth], &d[..mth], &mut rc[..mth]);
+                        &rc[..mth]
+                    }
+                    None => &ts_i[..mth],
+                };
+                u.mul_into(mt, t_next, h, false, Mat::rows(operand, h));
                 let pre = &*pre;
                 let tw = RowsMut::new(t_next, h);
                 rows_par(mt, mth, |r| unsafe {
@@ -516,6 +527,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 &pre[..mt * kh],
                 t_next,
                 None,
+                self.drop.as_ref().map(|d| &d[..mth]),
                 acts,
                 (&mut hu[..2 * mth], &mut rc[..mth]),
                 u_ru,

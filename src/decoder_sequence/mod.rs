@@ -125,7 +125,9 @@ pub struct Targets<'a> {
 /// attention at step `i` reads `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a
 /// [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is `[t_{i−1} | s_i]`, what the
 /// fused readout reads in place, adding its gradient into the handle, so that the rows' gradient never
-/// enters candle's gradient store.
+/// enters candle's gradient store. `drop`: recurrent dropout's masks `[B, H]` (training): the transition's
+/// recurrent products read `d∘(T∘t_{i−1})`, the GRU interpolates with `T∘t_{i−1}` (see
+/// [`crate::gru::Gru::step_dropped`]); the reference form's GRU and vanilla units only.
 #[allow(clippy::too_many_arguments)]
 pub fn decoder_sequence_fused<'a>(
     wp: impl Into<Input<'a>>,
@@ -138,6 +140,7 @@ pub fn decoder_sequence_fused<'a>(
     w: &DecoderWeights,
     gate: Option<GateKinds>,
     coverage: Option<CoverageInputs>,
+    drop: Option<&Tensor>,
 ) -> Result<Shared> {
     let DecoderWeights {
         attention: AttentionWeights { b: b_att, v },
@@ -190,8 +193,13 @@ pub fn decoder_sequence_fused<'a>(
                     && g.u.dims2()? == (h, h)
             }
         };
-    if !ok {
+    if !ok || drop.is_some_and(|d| d.dims() != [b, h]) {
         candle_core::bail!("fused decoder sequence: shape mismatch");
+    }
+    if drop.is_some() && (*paper_form || cgru.is_some()) {
+        candle_core::bail!(
+            "fused decoder sequence: recurrent dropout covers the reference form's GRU and vanilla transitions only"
+        );
     }
     let sh = |x: &Tensor| Shared::new(x);
     let cov = match coverage {
@@ -283,6 +291,7 @@ pub fn decoder_sequence_fused<'a>(
                 u: sh(g.u)?,
             }),
         },
+        drop: drop.map(|d| d.contiguous()).transpose()?,
         saved: Default::default(),
     };
     let mut tokens = vec![
@@ -366,6 +375,8 @@ struct DecoderSequence {
     gate: Option<GateKinds>,
     cov: Option<CovOp>,
     cgru: Option<CgruOp>,
+    /// Recurrent dropout's masks `[B, H]` (see [`decoder_sequence_fused`]).
+    drop: Option<Tensor>,
     saved: crate::kernels::SavedSlot,
 }
 
@@ -715,6 +726,14 @@ impl DecoderSequence {
             u: vec_of(&c.u)?,
             u_ru: vec_of(&c.u_ru)?,
         }))
+    }
+
+    /// Recurrent dropout's masks as values (`[B, H]`, batch order: step `i`'s rows are the first ones).
+    fn drop_data<T: Real>(&self) -> Result<Option<Vec<T>>> {
+        self.drop
+            .as_ref()
+            .map(|d| crate::kernels::to_vec::<T>(d))
+            .transpose()
     }
 
     /// cGRU: the context GRU's bias and the word GRU's `U_ru`, `U` as values.
