@@ -206,8 +206,7 @@ pub struct TrainConfig {
     pub readout_dropout: f64,
     /// Variational dropout rate on the recurrent connections in `[0, 1)` (0: none): the previous state where
     /// the encoder's GRUs and the decoder's transition multiply it by `U_ru` and `U`, one mask per sentence
-    /// and unit for all its steps. The decoder's part covers the reference gate form's GRU and vanilla units
-    /// (not `model.gate_form = "paper"` nor the cGRU).
+    /// and unit for all its steps (every decoder: GRU, vanilla, cGRU, either gate form).
     pub recurrent_dropout: f64,
 }
 
@@ -401,14 +400,7 @@ impl Config {
                 return bad(key, "must be in [0, 1) (0: none)");
             }
         }
-        if t.recurrent_dropout > 0.0
-            && (self.model.gate_form == GateForm::Paper || self.model.decoder == DecoderKind::Cgru)
-        {
-            return bad(
-                "train.recurrent_dropout",
-                "covers the reference gate form's GRU and vanilla decoders only (not model.gate_form = \"paper\" nor model.decoder = \"cgru\")",
-            );
-        }
+
         if !(t.learning_rate > 0.0) {
             return bad("train.learning_rate", "must be positive");
         }
@@ -586,18 +578,6 @@ mod tests {
                     .to_string();
                 assert!(e.contains(key), "{e}");
             }
-        }
-        for sets in [
-            ["train.recurrent_dropout=0.2", "model.gate_form=\"paper\""],
-            ["train.recurrent_dropout=0.2", "model.decoder=\"cgru\""],
-        ] {
-            let e = Config::load(None, &sets.map(String::from))
-                .unwrap_err()
-                .to_string();
-            assert!(
-                e.contains("train.recurrent_dropout") && e.contains("reference"),
-                "{e}"
-            );
         }
         let c = Config::load(None, &["train.recurrent_dropout=0.2".into()]).unwrap();
         assert_eq!(c.train.recurrent_dropout, 0.2);

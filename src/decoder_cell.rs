@@ -144,6 +144,19 @@ impl DecoderCell {
         ctx: &Context,
         sc: &Scales,
     ) -> Result<Tensor> {
+        self.context_step_dropped(k, t_prev, ctx, sc, None)
+    }
+
+    /// [`DecoderCell::context_step`] under recurrent dropout's masks `drop` `[B, H]` (see
+    /// [`DecoderCell::step_dropped`]).
+    pub fn context_step_dropped(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+        drop: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
         let h = self.hidden;
         let cp = ctx.product(k, &g.c)?;
@@ -153,21 +166,23 @@ impl DecoderCell {
         );
         let (ru, base, cand_pre) = if self.form == GateForm::Reference {
             let ts = sc.tgt.apply(t_prev, 1)?;
+            let tm = dropped(&ts, drop)?;
             let ru = crate::kernels::sigmoid(
                 k,
-                &(sc.src.apply(&c_ru, 2)? + Self::mm(k, &ts, &g.u_ru)?)?,
+                &(sc.src.apply(&c_ru, 2)? + Self::mm(k, &tm, &g.u_ru)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
-            let cand = (sc.src.apply(&c_c, 1)? + Self::mm(k, &(r * &ts)?, &g.u)?)?;
+            let cand = (sc.src.apply(&c_c, 1)? + Self::mm(k, &(r * &tm)?, &g.u)?)?;
             (ru, ts, cand)
         } else {
+            let tm = dropped(t_prev, drop)?;
             let ru = crate::kernels::sigmoid(
                 k,
-                &(sc.tgt.apply(&Self::mm(k, t_prev, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+                &(sc.tgt.apply(&Self::mm(k, &tm, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
             let cand =
-                (sc.tgt.apply(&Self::mm(k, &(r * t_prev)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
+                (sc.tgt.apply(&Self::mm(k, &(r * &tm)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
             (ru, t_prev.clone(), cand)
         };
         gru_update(k, &ru, &cand_pre, &base, None)
@@ -224,10 +239,10 @@ impl DecoderCell {
         self.step_dropped(k, t_prev, wp, ctx, sc, None)
     }
 
-    /// [`DecoderCell::step`] under recurrent dropout (training): the recurrent products read the scaled
-    /// state through the masks `drop` `[B, H]`, `d∘(T∘t)`, and the GRU interpolates with `T∘t` itself (see
-    /// [`crate::gru::Gru::step_dropped`]). The reference form's GRU and vanilla units only (the paper form and
-    /// the cGRU are refused by the configuration's check).
+    /// [`DecoderCell::step`] under recurrent dropout (training): the recurrent products read their operand
+    /// through the masks `drop` `[B, H]` — `d∘(T∘t)` in the reference form, `d∘t` in the paper form — and the
+    /// GRU interpolates with the state itself (see [`crate::gru::Gru::step_dropped`]); the cGRU's word GRU
+    /// likewise.
     pub fn step_dropped(
         &self,
         k: Kernels,
@@ -238,21 +253,11 @@ impl DecoderCell {
         drop: Option<&Tensor>,
     ) -> Result<Tensor> {
         let h = self.hidden;
-        if drop.is_some() && (self.cgru.is_some() || self.form == GateForm::Paper) {
-            candle_core::bail!(
-                "recurrent dropout covers the reference form's GRU and vanilla transitions only"
-            );
-        }
-        // The operand of the recurrent products: T∘t, through the masks.
-        let dropped = |ts: &Tensor| -> Result<Tensor> {
-            match drop {
-                Some(d) => ts * d,
-                None => Ok(ts.clone()),
-            }
-        };
+        // The operand of the recurrent products, through the masks.
+        let dropped = |x: &Tensor| dropped(x, drop);
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: no context and no gate here.
-            return word.step(k, wp, t_prev);
+            return word.step_dropped(k, wp, t_prev, None, drop);
         }
         let cp = ctx.product(k, &self.c)?;
         if let Some(m) = sc.mix.as_ref() {
@@ -279,11 +284,11 @@ impl DecoderCell {
                 let ts = dropped(&sc.tgt.apply(t_prev, 1)?)?;
                 (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + Self::mm(k, &ts, &self.u)?)?.tanh()
             }
-            (DecoderKind::Vanilla, GateForm::Paper) => {
-                (sc.tgt.apply(&(wp + Self::mm(k, t_prev, &self.u)?)?, 1)?
-                    + sc.src.apply(&cp, 1)?)?
-                .tanh()
-            }
+            (DecoderKind::Vanilla, GateForm::Paper) => (sc
+                .tgt
+                .apply(&(wp + Self::mm(k, &dropped(t_prev)?, &self.u)?)?, 1)?
+                + sc.src.apply(&cp, 1)?)?
+            .tanh(),
             (DecoderKind::Cgru, _) => unreachable!("handled above"),
             (DecoderKind::Gru, form) => {
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
@@ -304,20 +309,29 @@ impl DecoderCell {
                         + Self::mm(k, &(r * &tm)?, &self.u)?)?;
                     (ru, ts, cand)
                 } else {
+                    let tm = dropped(t_prev)?;
                     let ru = crate::kernels::sigmoid(
                         k,
-                        &(sc.tgt.apply(&(w_ru + Self::mm(k, t_prev, u_ru)?)?, 2)?
+                        &(sc.tgt.apply(&(w_ru + Self::mm(k, &tm, u_ru)?)?, 2)?
                             + sc.src.apply(&c_ru, 2)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
                     let cand = (sc
                         .tgt
-                        .apply(&(w_c + Self::mm(k, &(r * t_prev)?, &self.u)?)?, 1)?
+                        .apply(&(w_c + Self::mm(k, &(r * &tm)?, &self.u)?)?, 1)?
                         + sc.src.apply(&c_c, 1)?)?;
                     (ru, t_prev.clone(), cand)
                 };
                 gru_update(k, &ru, &cand_pre, &base, None)
             }
         }
+    }
+}
+
+/// `x` through recurrent dropout's masks `drop` (`x` itself without).
+fn dropped(x: &Tensor, drop: Option<&Tensor>) -> Result<Tensor> {
+    match drop {
+        Some(d) => x * d,
+        None => Ok(x.clone()),
     }
 }

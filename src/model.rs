@@ -934,9 +934,14 @@ impl Model {
                 } else {
                     e_steps[i - 1].clone()
                 };
+                let ctx = (&out.ctx).into();
+                let wz = self.gate.word_term(self.kernels, &e_prev)?;
+                let sc = self
+                    .gate
+                    .scales(self.kernels, wz.as_ref(), &t, &ctx, (1.0, 1.0))?;
                 t = self
-                    .condition(&t, &(&out.ctx).into(), &e_prev, (1.0, 1.0))?
-                    .0;
+                    .cell
+                    .context_step_dropped(self.kernels, &t, &ctx, &sc, drop)?;
             }
             states.push(t.clone());
             ctxs.push(out.ctx.clone());

@@ -45,8 +45,8 @@ fn label_smoothed_gradients_match_finite_differences() {
 /// the annotations are a shared tensor, `kernels::dropout_shared`; `train.recurrent_dropout` inside the fused
 /// encoder and decoder recurrences, with their hand-written backward passes): a pass's masks are fixed by its
 /// seed, so the loss is a function of the parameters that finite differences can check; with the target
-/// padding skipped and computed, the GRU and the vanilla decoder. Dropping changes the loss (the recurrent
-/// masks alone too), and the same seed repeats it.
+/// padding skipped and computed, the GRU, vanilla and cGRU decoders in both gate forms. Dropping changes the
+/// loss (the recurrent masks alone too), and the same seed repeats it.
 #[test]
 fn dropout_gradients_match_finite_differences() {
     use cgnmt::dropout::Dropout;
@@ -64,6 +64,30 @@ fn dropout_gradients_match_finite_differences() {
         ),
         (
             vec!["model.decoder=vanilla", "model.context_gate=target"],
+            cgnmt::config::TargetPadding::Skipped,
+        ),
+        (
+            vec!["model.gate_form=paper", "model.context_gate=both"],
+            cgnmt::config::TargetPadding::Skipped,
+        ),
+        (
+            vec![
+                "model.gate_form=paper",
+                "model.decoder=vanilla",
+                "model.context_gate=source",
+            ],
+            cgnmt::config::TargetPadding::Computed,
+        ),
+        (
+            vec!["model.decoder=cgru", "model.context_gate=both"],
+            cgnmt::config::TargetPadding::Skipped,
+        ),
+        (
+            vec![
+                "model.decoder=cgru",
+                "model.gate_form=paper",
+                "model.context_gate=target",
+            ],
             cgnmt::config::TargetPadding::Skipped,
         ),
     ] {
@@ -297,6 +321,18 @@ fn dropout_is_the_same_with_fused_and_reference_kernels() {
     for sets in [
         &["model.context_gate=both"][..],
         &["model.decoder=vanilla", "model.context_gate=source"][..],
+        &["model.gate_form=paper", "model.context_gate=target"][..],
+        &[
+            "model.gate_form=paper",
+            "model.decoder=vanilla",
+            "model.context_gate=both",
+        ][..],
+        &["model.decoder=cgru", "model.context_gate=both"][..],
+        &[
+            "model.decoder=cgru",
+            "model.gate_form=paper",
+            "model.context_gate=source",
+        ][..],
     ] {
         dropout_fused_and_reference_agree(&tiny_model_config(sets));
     }

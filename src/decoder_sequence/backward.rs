@@ -53,6 +53,9 @@ struct Grads<T> {
     dpw_all: Vec<T>,
     dh_w: Vec<T>,
     dwp_scratch: Vec<T>,
+    /// Paper form under recurrent dropout: the products' operand `d∘t` and its gradient, per step.
+    tm: Vec<T>,
+    dm: Vec<T>,
     /// The word projections' and the gate's word term's gradients (rows as `wp`).
     dwp: Vec<T>,
     dzp: Vec<T>,
@@ -241,6 +244,8 @@ impl<'a, T: Real> Backward<'a, T> {
             dpw_all: zeroed(off[cn] * kh),
             dh_w: vec![T::zero(); if cg { bh } else { 0 }],
             dwp_scratch: vec![T::zero(); if cg { b * kh } else { 0 }],
+            tm: vec![T::zero(); if paper && self.drop.is_some() { bh } else { 0 }],
+            dm: vec![T::zero(); if paper && self.drop.is_some() { bh } else { 0 }],
             dwp: zeroed(wp_rows * kh),
             dzp: zeroed(if self.dims.gated { wp_rows * h } else { 0 }),
             dcp: zeroed(off[nt] * self.sv.wc),
@@ -294,7 +299,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 ht: &sv.wht[o * h..o * h + m1h],
                 hp: &sv.sall[o * h..o * h + m1h],
                 mask: None,
-                drop: None,
+                drop: self.drop.as_ref().map(|d| &d[..m1h]),
             };
             crate::profile::timed("  decoder bwd: word GRU step", || {
                 step.backward(
@@ -336,11 +341,18 @@ impl<'a, T: Real> Backward<'a, T> {
             dpre,
             dhus,
             drcs,
+            tm,
+            dm,
             ..
         } = d;
         let dpre_i = &mut dpre[o * kh..o1 * kh];
         if self.dims.paper {
-            // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition.
+            // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition. (Recurrent dropout: the
+            // products read d∘t_i, formed again here.)
+            let drop = self.drop.as_ref().map(|dmask| {
+                crate::gru::dropped_state(&t_i[..mth], &dmask[..mth], &mut tm[..mth]);
+                (&tm[..mth], &dmask[..mth], &mut dm[..mth])
+            });
             let gru_acts = self.dims.gru.then(|| {
                 (
                     &sv.ru[o * 2 * h..o1 * 2 * h],
@@ -366,6 +378,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     gru_acts,
                     (dpre_i, &mut drcs[o * h..o1 * h]),
                     (dts, dtp, drts),
+                    drop,
                 )
             });
         } else if self.dims.gru {
@@ -826,6 +839,25 @@ impl<'a, T: Real> Backward<'a, T> {
 
     /// The transition's weights, one GEMM each over all steps: `C` from the context, `U_ru` and `U` from the
     /// (scaled) state; the cGRU's context GRU's bias and its word GRU's `U_ru`, `U`.
+    /// A time-major buffer of states (step `i`'s rows at `off[i]`) as the recurrent products read it in
+    /// its first `steps` steps: itself, or, under recurrent dropout, each step's row `r` times mask row `r`.
+    fn dropped<'b>(&self, x: &'b [T], steps: usize) -> std::borrow::Cow<'b, [T]> {
+        let Some(dm) = &self.drop else {
+            return std::borrow::Cow::Borrowed(x);
+        };
+        let (h, off) = (self.dims.h, &self.op.off);
+        let mut out = crate::kernels::zeroed(off[steps] * h);
+        for i in 0..steps {
+            let (o, o1) = (off[i], off[i + 1]);
+            crate::gru::dropped_state(
+                &x[o * h..o1 * h],
+                &dm[..(o1 - o) * h],
+                &mut out[o * h..o1 * h],
+            );
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
     fn transition_weights(&self, d: &Grads<T>) {
         let h = self.dims.h;
         let Dims { kh, gru, .. } = self.dims;
@@ -855,7 +887,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 h,
                 2 * h,
                 nw,
-                Mat::t(&sv.sall, h),
+                Mat::t(&self.dropped(&sv.sall, self.dims.n), h),
                 block(&d.dpw_all, kh, 0),
             ));
             gs.u.add_grad(weight_grad(
@@ -867,13 +899,15 @@ impl<'a, T: Real> Backward<'a, T> {
             ));
         }
         if self.dims.paper {
-            // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla).
+            // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla) (under recurrent
+            // dropout d∘t, and `rts` holds r∘d∘t).
+            let tm = self.dropped(&sv.tall, self.dims.nt);
             if let Some(u_ru) = &self.op.u_ru {
                 u_ru.add_grad(weight_grad(
                     h,
                     2 * h,
                     nb,
-                    Mat::t(&sv.tall, h),
+                    Mat::t(&tm, h),
                     Mat::rows(&d.dhus, 2 * h),
                 ));
             }
@@ -881,30 +915,14 @@ impl<'a, T: Real> Backward<'a, T> {
                 h,
                 h,
                 nb,
-                Mat::t(if gru { &sv.rts } else { &sv.tall }, h),
+                Mat::t(if gru { &sv.rts } else { &tm }, h),
                 Mat::rows(&d.drcs, h),
             ));
             return;
         }
-        // The products' operand T∘t, or d∘(T∘t) under recurrent dropout (step i's rows at `off[i]`, row r
-        // under mask row r).
-        let tsd;
-        let ts = match &self.drop {
-            Some(dm) => {
-                let mut x = crate::kernels::zeroed(nb * h);
-                for i in 0..self.dims.nt {
-                    let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
-                    crate::gru::dropped_state(
-                        &sv.ts[o * h..o1 * h],
-                        &dm[..(o1 - o) * h],
-                        &mut x[o * h..o1 * h],
-                    );
-                }
-                tsd = x;
-                &tsd
-            }
-            None => &sv.ts,
-        };
+        // The products' operand T∘t, or d∘(T∘t) under recurrent dropout.
+        let ts = self.dropped(&sv.ts, self.dims.nt);
+        let ts = &ts[..];
         if let Some(u_ru) = &self.op.u_ru {
             u_ru.add_grad(weight_grad(
                 h,

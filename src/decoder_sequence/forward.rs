@@ -49,6 +49,8 @@ struct Acts<T> {
     pre: Vec<T>,
     hu: Vec<T>,
     rc: Vec<T>,
+    /// Paper form under recurrent dropout: the products' operand `d∘t`.
+    tm: Vec<T>,
 }
 
 impl DecoderSequence {
@@ -227,6 +229,14 @@ impl<'a, T: Real> Forward<'a, T> {
             pre: vec![T::zero(); b * kh],
             hu: vec![T::zero(); b * 2 * h],
             rc: vec![T::zero(); b * h],
+            tm: vec![
+                T::zero();
+                if paper && self.drop.is_some() {
+                    b * h
+                } else {
+                    0
+                }
+            ],
         }
     }
 
@@ -254,7 +264,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 &a.pre_w[..m * kh],
                 state,
                 None,
-                None,
+                self.drop.as_ref().map(|d| &d[..mh]),
                 acts,
                 (&mut a.hu[..2 * mh], &mut a.rc[..mh]),
                 &g.u_ru,
@@ -463,7 +473,7 @@ impl<'a, T: Real> Forward<'a, T> {
             sall,
             ..
         } = &mut a.s;
-        let (pre, hu, rc) = (&mut a.pre, &mut a.hu, &mut a.rc);
+        let (pre, hu, rc, tm) = (&mut a.pre, &mut a.hu, &mut a.rc, &mut a.tm);
         let (t_done, t_rest) = tall.split_at_mut(o1 * h);
         let ts_i = &ts[o * h..o1 * h];
         let t_next = if self.cgru.is_some() {
@@ -482,10 +492,19 @@ impl<'a, T: Real> Forward<'a, T> {
                     &mut cc[o * h..o1 * h],
                 )
             });
+            let t_i = &t_done[o * h..];
+            // The recurrent products' operand: t, or d∘t under recurrent dropout.
+            let tm = match &self.drop {
+                Some(d) => {
+                    crate::gru::dropped_state(&t_i[..mth], &d[..mth], &mut tm[..mth]);
+                    &tm[..mth]
+                }
+                None => t_i,
+            };
             crate::profile::timed("  decoder fwd: GRU step", || {
                 paper_transition(
                     (mt, h),
-                    (&pre[..], &t_done[o * h..], ts_i),
+                    (&pre[..], t_i, tm, ts_i),
                     (u, u_ru),
                     gru_acts,
                     &mut rcs[o * h..o1 * h],

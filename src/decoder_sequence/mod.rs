@@ -126,8 +126,9 @@ pub struct Targets<'a> {
 /// [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is `[t_{i−1} | s_i]`, what the
 /// fused readout reads in place, adding its gradient into the handle, so that the rows' gradient never
 /// enters candle's gradient store. `drop`: recurrent dropout's masks `[B, H]` (training): the transition's
-/// recurrent products read `d∘(T∘t_{i−1})`, the GRU interpolates with `T∘t_{i−1}` (see
-/// [`crate::gru::Gru::step_dropped`]); the reference form's GRU and vanilla units only.
+/// recurrent products read their operand through the masks — `d∘(T∘t_{i−1})` in the reference form,
+/// `d∘t_{i−1}` in the paper form — and the GRU interpolates with the state itself (see
+/// [`crate::gru::Gru::step_dropped`]); the cGRU's two GRUs share the masks.
 #[allow(clippy::too_many_arguments)]
 pub fn decoder_sequence_fused<'a>(
     wp: impl Into<Input<'a>>,
@@ -195,11 +196,6 @@ pub fn decoder_sequence_fused<'a>(
         };
     if !ok || drop.is_some_and(|d| d.dims() != [b, h]) {
         candle_core::bail!("fused decoder sequence: shape mismatch");
-    }
-    if drop.is_some() && (*paper_form || cgru.is_some()) {
-        candle_core::bail!(
-            "fused decoder sequence: recurrent dropout covers the reference form's GRU and vanilla transitions only"
-        );
     }
     let sh = |x: &Tensor| Shared::new(x);
     let cov = match coverage {

@@ -164,11 +164,12 @@ simd_dispatch!(paper_gates_grad_row_d, paper_gates_grad_row_avx, paper_gates_gra
 /// The paper form's transition for one step over `B` rows of width `h`: from `pre` (the mix of the word and
 /// context terms), the unscaled state `t` and the target scale `sc` = `T`, the next state into `t_next`;
 /// `rc` receives `U(r∘t)` (GRU) or `U t` (vanilla) before its scale; `gru` is `Some(([U_ru t], [r | u],
-/// r∘t, t~))` for the GRU's saved activations, `None` for the vanilla unit.
+/// r∘t, t~))` for the GRU's saved activations, `None` for the vanilla unit. `tm` is the recurrent products'
+/// operand: `t` itself, or `d∘t` under recurrent dropout (the GRU interpolates with `t`).
 #[allow(clippy::type_complexity)]
 pub(super) fn paper_transition<T: Real>(
     (b, h): (usize, usize),
-    (pre, t, sc): (&[T], &[T], &[T]),
+    (pre, t, tm, sc): (&[T], &[T], &[T], &[T]),
     (u, u_ru): (&Oriented<T>, &Oriented<T>),
     gru: Option<(&mut [T], &mut [T], &mut [T], &mut [T])>,
     rc: &mut [T],
@@ -176,7 +177,7 @@ pub(super) fn paper_transition<T: Real>(
 ) {
     let bh = b * h;
     let Some((hu, ru, rh, cand)) = gru else {
-        u.mul_into(b, rc, h, false, Mat::rows(t, h));
+        u.mul_into(b, rc, h, false, Mat::rows(tm, h));
         let (tw, rc) = (RowsMut::new(t_next, h), &*rc);
         rows_par(b, bh, |r| unsafe {
             let rr = r * h..(r + 1) * h;
@@ -185,7 +186,7 @@ pub(super) fn paper_transition<T: Real>(
         return;
     };
     let kh = 3 * h;
-    u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(t, h));
+    u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(tm, h));
     {
         let (rw, rhw, hu) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h), &*hu);
         rows_par(b, bh, |r| unsafe {
@@ -193,7 +194,7 @@ pub(super) fn paper_transition<T: Real>(
                 &pre[r * kh..r * kh + 2 * h],
                 &hu[r * 2 * h..(r + 1) * 2 * h],
                 &sc[r * h..(r + 1) * h],
-                &t[r * h..(r + 1) * h],
+                &tm[r * h..(r + 1) * h],
                 rw.row(r),
                 rhw.row(r),
             )
@@ -218,7 +219,8 @@ pub(super) fn paper_transition<T: Real>(
 /// Backward through [`paper_transition`] from `dt` = `∂t_next`: the pre-activations' gradient into `dpre`,
 /// the products' own gradients into `drc` (and, GRU, the last slot of `gru`: `∂(U_ru t)`), `∂T` into `dsc`,
 /// `∂t` through the transition into `dtp`; `drh` is scratch `[B, H]`. `gru` holds the forward pass's
-/// `[r | u]`, `t~` and `U_ru t`.
+/// `[r | u]`, `t~` and `U_ru t`. Under recurrent dropout `drop` holds the products' operand `d∘t`, the masks
+/// `d` and a scratch `[B, H]` for the operand's gradient.
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(super) fn paper_transition_backward<T: Real>(
     (b, h): (usize, usize),
@@ -229,6 +231,7 @@ pub(super) fn paper_transition_backward<T: Real>(
     gru: Option<(&[T], &[T], &[T], &mut [T])>,
     (dpre, drc): (&mut [T], &mut [T]),
     (dsc, dtp, drh): (&mut [T], &mut [T], &mut [T]),
+    drop: Option<(&[T], &[T], &mut [T])>,
 ) {
     let bh = b * h;
     let Some((ru, cand, hu, dhu)) = gru else {
@@ -252,6 +255,12 @@ pub(super) fn paper_transition_backward<T: Real>(
             });
         }
         u.mul_t_into(b, dtp, h, false, Mat::rows(drc, h));
+        if let Some((_, d, _)) = drop {
+            // U read d∘t: ∂t through the mask.
+            for (a, &m) in dtp[..bh].iter_mut().zip(&d[..bh]) {
+                *a = *a * m;
+            }
+        }
         return;
     };
     let kh = 3 * h;
@@ -279,28 +288,43 @@ pub(super) fn paper_transition_backward<T: Real>(
         });
     }
     u.mul_t_into(b, drh, h, false, Mat::rows(drc, h));
-    {
-        let (pw, hw, sw, tw, drh) = (
-            RowsMut::new(dpre, kh),
-            RowsMut::new(dhu, 2 * h),
-            RowsMut::new(dsc, h),
-            RowsMut::new(dtp, h),
-            &*drh,
-        );
-        rows_par(b, bh, |r| unsafe {
-            let rr = r * h..(r + 1) * h;
-            paper_gates_grad_row_d(
-                &drh[rr.clone()],
-                &ru[r * 2 * h..(r + 1) * 2 * h],
-                &t[rr.clone()],
-                &hu[r * 2 * h..(r + 1) * 2 * h],
-                &sc[rr],
-                pw.row(r),
-                hw.row(r),
-                sw.row(r),
-                tw.row(r),
-            )
-        });
+    // The products' operand and where its gradient gathers: `t` and `dtp`, or, under recurrent dropout,
+    // `d∘t` and the scratch, carried to `dtp` through the mask at the end.
+    let mut gates = |tm: &[T], acc: &mut [T]| {
+        {
+            let (pw, hw, sw, tw, drh) = (
+                RowsMut::new(&mut *dpre, kh),
+                RowsMut::new(&mut *dhu, 2 * h),
+                RowsMut::new(&mut *dsc, h),
+                RowsMut::new(&mut *acc, h),
+                &*drh,
+            );
+            rows_par(b, bh, |r| unsafe {
+                let rr = r * h..(r + 1) * h;
+                paper_gates_grad_row_d(
+                    &drh[rr.clone()],
+                    &ru[r * 2 * h..(r + 1) * 2 * h],
+                    &tm[rr.clone()],
+                    &hu[r * 2 * h..(r + 1) * 2 * h],
+                    &sc[rr],
+                    pw.row(r),
+                    hw.row(r),
+                    sw.row(r),
+                    tw.row(r),
+                )
+            });
+        }
+        u_ru.mul_t_into(b, acc, h, true, Mat::rows(dhu, 2 * h));
+    };
+    match drop {
+        Some((tm, d, dm)) => {
+            let dm = &mut dm[..bh];
+            dm.fill(T::zero());
+            gates(tm, dm);
+            for ((a, &g), &m) in dtp[..bh].iter_mut().zip(&*dm).zip(&d[..bh]) {
+                *a = *a + g * m;
+            }
+        }
+        None => gates(t, dtp),
     }
-    u_ru.mul_t_into(b, dtp, h, true, Mat::rows(dhu, 2 * h));
 }
