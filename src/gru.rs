@@ -422,9 +422,10 @@ fn seq_bwd_reset_row_dropped<T: Real>(drh: &mut [T], ru: &[T], hp: &[T], d: &[T]
 }
 simd_dispatch!(seq_bwd_reset_row_dropped_d, seq_bwd_reset_row_dropped_avx, seq_bwd_reset_row_dropped, (drh: &mut [T], ru: &[T], hp: &[T], d: &[T], dxp: &mut [T]));
 
-/// `dh += dm∘d`: the dropped state's gradient `dm` = `∂(d∘h_prev)` carried back to `h_prev`.
+/// `dh += dm∘d`: the dropped state's gradient `dm` = `∂(d∘h_prev)` carried back to `h_prev` (rows of any
+/// count).
 #[inline(always)]
-fn add_dropped_row<T: Real>(dm: &[T], d: &[T], dh: &mut [T]) {
+pub(crate) fn add_dropped_row<T: Real>(dm: &[T], d: &[T], dh: &mut [T]) {
     for k in 0..dh.len() {
         dh[k] = dh[k] + dm[k] * d[k];
     }
@@ -436,6 +437,13 @@ simd_dispatch!(add_dropped_row_d, add_dropped_row_avx, add_dropped_row, (dm: &[T
 pub(crate) fn dropped_state<T: Real>(x: &[T], d: &[T], out: &mut [T]) {
     for ((o, &a), &m) in out.iter_mut().zip(x).zip(d) {
         *o = a * m;
+    }
+}
+
+/// `g ∘= d`: a gradient with respect to the dropped state `d∘x` carried to `x`.
+pub(crate) fn undrop_grad<T: Real>(g: &mut [T], d: &[T]) {
+    for (a, &m) in g.iter_mut().zip(d) {
+        *a = *a * m;
     }
 }
 

@@ -424,9 +424,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 u.mul_t_into(mt, dts, h, false, Mat::rows(dpre_i, h));
                 if let Some(dm) = &self.drop {
                     // U read d∘(T∘t): ∂(T∘t) through the mask.
-                    for (a, &m) in dts[..mth].iter_mut().zip(&dm[..mth]) {
-                        *a = *a * m;
-                    }
+                    crate::gru::undrop_grad(&mut dts[..mth], &dm[..mth]);
                 }
             });
         }

@@ -257,9 +257,7 @@ pub(super) fn paper_transition_backward<T: Real>(
         u.mul_t_into(b, dtp, h, false, Mat::rows(drc, h));
         if let Some((_, d, _)) = drop {
             // U read d∘t: ∂t through the mask.
-            for (a, &m) in dtp[..bh].iter_mut().zip(&d[..bh]) {
-                *a = *a * m;
-            }
+            crate::gru::undrop_grad(&mut dtp[..bh], &d[..bh]);
         }
         return;
     };
@@ -321,9 +319,7 @@ pub(super) fn paper_transition_backward<T: Real>(
             let dm = &mut dm[..bh];
             dm.fill(T::zero());
             gates(tm, dm);
-            for ((a, &g), &m) in dtp[..bh].iter_mut().zip(&*dm).zip(&d[..bh]) {
-                *a = *a + g * m;
-            }
+            crate::gru::add_dropped_row(dm, &d[..bh], &mut dtp[..bh]);
         }
         None => gates(t, dtp),
     }
