@@ -601,7 +601,8 @@ mod tests {
     }
 
     /// The bundled configurations load; the small Tatoeba one is the paper's recipe plus tied output
-    /// embeddings, label smoothing and kept checkpoints (on BPE-prepared data), and nothing else.
+    /// embeddings, label smoothing, recurrent dropout and kept checkpoints (on BPE-prepared data), and nothing
+    /// else.
     #[test]
     fn bundled_configurations_load_and_differ_by_the_recipe_only() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
@@ -618,6 +619,7 @@ mod tests {
             &[
                 "model.tied_output_embeddings=true".into(),
                 "train.label_smoothing=0.1".into(),
+                "train.recurrent_dropout=0.2".into(),
                 "train.keep_checkpoints=4".into(),
                 "data.prepared=\"runs/tat-bpe\"".into(),
             ],
