@@ -55,6 +55,63 @@ pub struct DecodeOptions {
 /// small model's, 8000 words × 2560 columns, takes 78 MiB; the paper-size model's, 30000 × 5000, 572 MiB).
 pub const WORD_TABLE_MAX_BYTES: usize = 512 << 20;
 
+/// The largest context scale accepted: the paper's Figure 2 scales each context within [0, 2]; four times the
+/// trained input is far outside anything the model saw.
+pub const MAX_CONTEXT_SCALE: f64 = 4.0;
+
+impl DecodeOptions {
+    /// Check the options a user chose (the command line and the server share these checks): the beam
+    /// between 1 and `max_beam` (and the target vocabulary's size), `nbest` between 1 and the beam, the
+    /// penalties finite and ≥ 0, each context scale in `[0, MAX_CONTEXT_SCALE]`. The message names the
+    /// option as `name` spells it (`--beam` or `beam`, say).
+    pub fn validate(
+        &self,
+        vocab: usize,
+        max_beam: usize,
+        name: impl Fn(&str) -> String,
+    ) -> std::result::Result<(), String> {
+        let limit = max_beam.min(vocab);
+        if self.beam == 0 || self.beam > limit {
+            return Err(format!(
+                "{} {}: it must be between 1 and {limit} ({})",
+                name("beam"),
+                self.beam,
+                if vocab <= max_beam {
+                    format!("the model's target vocabulary has {vocab} words")
+                } else {
+                    "the largest beam allowed".to_string()
+                }
+            ));
+        }
+        if self.nbest == 0 || self.nbest > self.beam {
+            return Err(format!(
+                "{} {}: it must be between 1 and the beam ({})",
+                name("nbest"),
+                self.nbest,
+                self.beam
+            ));
+        }
+        for (key, v) in [
+            ("length_penalty", self.length_penalty),
+            ("coverage_penalty", self.coverage_penalty),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{} {v}: it must be a number ≥ 0", name(key)));
+            }
+        }
+        let (a, b) = self.context_scale;
+        for v in [a, b] {
+            if !(v.is_finite() && (0.0..=MAX_CONTEXT_SCALE).contains(&v)) {
+                return Err(format!(
+                    "{} {a:?},{b:?}: each scale must be a number in [0, {MAX_CONTEXT_SCALE}] (1 is the trained model)",
+                    name("context_scale")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for DecodeOptions {
     fn default() -> Self {
         Self {

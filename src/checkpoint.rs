@@ -332,6 +332,12 @@ fn save_optimizer(opt: &Optimizer, path: &Path) -> Result<()> {
             Tensor::from_slice(&slot.b, slot.b.len(), &Device::Cpu)?,
         );
     }
+    for (name, avg) in &opt.smoothed {
+        tensors.insert(
+            format!("ema/{name}"),
+            Tensor::from_slice(avg, avg.len(), &Device::Cpu)?,
+        );
+    }
     tensors.insert(
         "step".into(),
         Tensor::from_slice(&[opt.step as i64], 1, &Device::Cpu)?,
@@ -345,7 +351,11 @@ pub fn load_optimizer(opt: &mut Optimizer, path: &Path) -> Result<()> {
     let t = candle_core::safetensors::load(path, &Device::Cpu)
         .map_err(|e| NmtError::model_dir(dir, format!("cannot read {}: {e}", OPTIM_FILE)))?;
     opt.state.clear();
+    opt.smoothed.clear();
     for (k, v) in &t {
+        if let Some(name) = k.strip_prefix("ema/") {
+            opt.smoothed.insert(name.to_string(), v.to_vec1()?);
+        }
         if let Some(name) = k.strip_prefix("a/") {
             let b = t.get(&format!("b/{name}")).ok_or_else(|| {
                 NmtError::model_dir(dir, format!("{OPTIM_FILE}: missing b/{name}"))

@@ -208,6 +208,12 @@ pub struct TrainConfig {
     /// the encoder's GRUs and the decoder's transition multiply it by `U_ru` and `U`, one mask per sentence
     /// and unit for all its steps (every decoder: GRU, vanilla, cGRU, either gate form).
     pub recurrent_dropout: f64,
+    /// Exponential smoothing of the parameters (an exponential moving average of the weights, kept beside
+    /// them; Marian's `--exponential-smoothing`): after update `t`, `θ̄ ← θ̄ + α_t (θ − θ̄)` with
+    /// `α_t = max(rate, 9 / (10 + t))`, so that early on it averages about the last ninth of training and
+    /// later the last `1/rate` updates. 0 (the paper's recipe): off. The smoothed weights are saved as
+    /// `RUN/smoothed/` when training ends, a candidate for the model selection on dev.
+    pub exponential_smoothing: f64,
 }
 
 /// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
@@ -266,6 +272,7 @@ impl Default for TrainConfig {
             annotation_dropout: 0.0,
             readout_dropout: 0.0,
             recurrent_dropout: 0.0,
+            exponential_smoothing: 0.0,
         }
     }
 }
@@ -401,6 +408,12 @@ impl Config {
             }
         }
 
+        if !(0.0..1.0).contains(&t.exponential_smoothing) {
+            return bad(
+                "train.exponential_smoothing",
+                "must be in [0, 1) (the moving average's rate per update; 0: off)",
+            );
+        }
         if !(t.learning_rate > 0.0) {
             return bad("train.learning_rate", "must be positive");
         }
@@ -621,6 +634,7 @@ mod tests {
                 "train.label_smoothing=0.1".into(),
                 "train.recurrent_dropout=0.2".into(),
                 "train.keep_checkpoints=4".into(),
+                "train.exponential_smoothing=0.001".into(),
                 "data.prepared=\"runs/tat-bpe\"".into(),
             ],
         )

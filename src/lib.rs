@@ -32,6 +32,7 @@ pub mod profile;
 pub mod readout;
 pub mod reproduce;
 pub mod rescore;
+pub mod selection;
 pub mod serve;
 pub mod shortlist;
 pub mod subjective;

@@ -52,6 +52,9 @@ enum Cmd {
     Reproduce(cgnmt::reproduce::ReproduceArgs),
     /// Average the parameters of several checkpoints of one model into a new model directory.
     Average(cgnmt::averaging::AverageArgs),
+    /// Choose a finished run's model on dev (best/, the average of its converged tail, the moving average)
+    /// and, with --tune, its length and coverage penalties; writes RUN/selection.json.
+    Select(cgnmt::selection::SelectArgs),
     /// Pick each sentence's best hypothesis of an n-best list (translate --nbest N) by weighted features:
     /// the model's log-probability, the output's length, and features that other tools add.
     Rescore(cgnmt::rescore::RescoreArgs),
@@ -325,6 +328,7 @@ fn main() {
         Cmd::EvalPairs(a) => cgnmt::subjective::cmd_eval_pairs(&a),
         Cmd::EvalReport(a) => cgnmt::subjective::cmd_eval_report(&a),
         Cmd::Average(a) => cgnmt::averaging::run(a),
+        Cmd::Select(a) => cgnmt::selection::run(a),
         Cmd::Rescore(a) => cgnmt::rescore::run(a),
         Cmd::Align(a) => cmd_align(a),
         Cmd::Shortlist(a) => cmd_shortlist(a),
@@ -389,15 +393,9 @@ fn cmd_train(a: TrainArgs) -> Result<()> {
         print!("{}", cfg.to_toml());
         return Ok(());
     }
-    set_threads(cfg.train.threads);
+    cgnmt::kernels::set_threads(cfg.train.threads);
     cgnmt::train::train(cfg, &run_dir, resume, a.quiet)?;
     Ok(())
-}
-
-fn set_threads(n: usize) {
-    if n > 0 {
-        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    }
 }
 
 fn cmd_info(a: InfoArgs) -> Result<()> {
@@ -467,24 +465,6 @@ fn read_input(path: Option<&Path>) -> Result<Vec<String>> {
 }
 
 fn cmd_translate(a: TranslateArgs) -> Result<()> {
-    if !(a.length_penalty.is_finite() && a.length_penalty >= 0.0) {
-        bail!(
-            "--length-penalty {}: it must be a number ≥ 0",
-            a.length_penalty
-        );
-    }
-    if !(a.coverage_penalty.is_finite() && a.coverage_penalty >= 0.0) {
-        bail!(
-            "--coverage-penalty {}: it must be a number ≥ 0",
-            a.coverage_penalty
-        );
-    }
-    if a.beam == 0 {
-        bail!("--beam must be at least 1");
-    }
-    if a.nbest == 0 || a.nbest > a.beam {
-        bail!("--nbest must be between 1 and --beam");
-    }
     let dir = resolve_model_dir(&a.model[0]);
     let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
     let mut members = Vec::new();
@@ -492,14 +472,6 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         let other = checkpoint::load(&resolve_model_dir(m), DType::F32, &Device::Cpu)?;
         lm.check_ensemble(&other)?;
         members.push(other);
-    }
-    if a.beam > lm.tgt_vocab.len() {
-        bail!(
-            "--beam {} is larger than the model's target vocabulary ({} words): use at most {}",
-            a.beam,
-            lm.tgt_vocab.len(),
-            lm.tgt_vocab.len()
-        );
     }
     let lines = read_input(a.input.as_deref())?;
     let mut opts = DecodeOptions {
@@ -515,6 +487,10 @@ fn cmd_translate(a: TranslateArgs) -> Result<()> {
         shortlist: None,
         int8: a.int8,
     };
+    opts.validate(lm.tgt_vocab.len(), usize::MAX, |k| {
+        format!("--{}", k.replace('_', "-"))
+    })
+    .map_err(anyhow::Error::msg)?;
     if a.int8 && !cgnmt::kernels::quantized_gemm::available() && !a.quiet {
         eprintln!("warning: --int8 needs a CPU with AVX2; decoding in f32");
     }
@@ -789,7 +765,7 @@ fn cmd_bench(a: BenchArgs) -> Result<()> {
     ];
     sets.extend(a.sets.iter().cloned());
     let cfg = Config::load(None, &sets)?;
-    set_threads(cfg.train.threads);
+    cgnmt::kernels::set_threads(cfg.train.threads);
     let opts = cgnmt::bench::BenchOptions {
         size: a.size.clone(),
         steps: a.steps,

@@ -34,6 +34,40 @@ pub struct Optimizer {
     /// Updates done so far (Adam's bias correction).
     pub step: u64,
     pub state: HashMap<String, SlotState>,
+    /// The rate of the parameters' exponential moving average (`train.exponential_smoothing`; 0: none).
+    pub smoothing: f64,
+    /// The moving average of each parameter, updated after every step (empty when `smoothing` is 0).
+    pub smoothed: HashMap<String, Vec<f32>>,
+}
+
+/// The moving average's rate after update `t`: `max(rate, 9 / (10 + t))`, so that the average forgets the
+/// early weights while training is still short (about the last ninth of the updates so far).
+pub fn smoothing_rate(rate: f64, t: u64) -> f64 {
+    rate.max(9.0 / (10.0 + t as f64))
+}
+
+/// `θ̄ ← θ̄ + α (θ − θ̄)`, reading the parameter in place on the CPU.
+fn smooth_into(avg: &mut [f32], var: &Var, alpha: f32) -> Result<()> {
+    let t = var.as_tensor();
+    if t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous() {
+        let (st, l) = t.storage_and_layout();
+        if let Storage::Cpu(CpuStorage::F32(v)) = &*st {
+            let (a, b) = l.contiguous_offsets().expect("contiguous");
+            avg.par_chunks_mut(CHUNK)
+                .zip(v[a..b].par_chunks(CHUNK))
+                .for_each(|(e, p)| {
+                    for (e, &p) in e.iter_mut().zip(p) {
+                        *e += alpha * (p - *e);
+                    }
+                });
+            return Ok(());
+        }
+    }
+    let p: Vec<f32> = t.flatten_all()?.to_dtype(DType::F32)?.to_vec1()?;
+    for (e, p) in avg.iter_mut().zip(p) {
+        *e += alpha * (p - *e);
+    }
+    Ok(())
 }
 
 const CHUNK: usize = 1 << 14;
@@ -171,6 +205,8 @@ impl Optimizer {
             clip_norm: cfg.clip_norm,
             step: 0,
             state: HashMap::new(),
+            smoothing: cfg.exponential_smoothing,
+            smoothed: HashMap::new(),
         }
     }
 
@@ -247,6 +283,22 @@ impl Optimizer {
                 var.as_tensor().inplace_op2(&g, &op)?;
             } else {
                 self.composed_update(var, g, scale, bc1, bc2, name)?;
+            }
+        }
+        if self.smoothing > 0.0 {
+            let alpha = smoothing_rate(self.smoothing, self.step) as f32;
+            for (name, var) in vars {
+                match self.smoothed.get_mut(name) {
+                    Some(avg) => smooth_into(avg, var, alpha)?,
+                    None => {
+                        let w = var
+                            .as_tensor()
+                            .flatten_all()?
+                            .to_dtype(DType::F32)?
+                            .to_vec1()?;
+                        self.smoothed.insert(name.clone(), w);
+                    }
+                }
             }
         }
         Ok(norm)
@@ -348,6 +400,80 @@ mod tests {
         vars.iter()
             .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
             .collect()
+    }
+
+    #[test]
+    fn the_moving_average_follows_its_recursion() {
+        for fused in [true, false] {
+            let (vars, _) = setup();
+            let cfg = TrainConfig {
+                optimizer: OptimizerKind::Adam,
+                learning_rate: 0.05,
+                exponential_smoothing: 0.2,
+                ..Default::default()
+            };
+            let mut opt = Optimizer::new(&cfg);
+            // The recursion by hand in f64, from the parameters after each update.
+            let mut expect: Vec<Vec<f64>> = vec![];
+            for t in 1..=40u64 {
+                let loss = (vars[0].1.as_tensor().sqr().unwrap().sum_all().unwrap()
+                    + (vars[1].1.as_tensor().sqr().unwrap() * 3.0)
+                        .unwrap()
+                        .sum_all()
+                        .unwrap())
+                .unwrap();
+                let grads = loss.backward().unwrap();
+                if fused {
+                    opt.step(&vars, &grads).unwrap();
+                } else {
+                    opt.step_composed(&vars, &grads).unwrap();
+                }
+                let now: Vec<Vec<f64>> = vars
+                    .iter()
+                    .map(|(_, v)| {
+                        let w: Vec<f32> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+                        w.into_iter().map(f64::from).collect()
+                    })
+                    .collect();
+                let a = smoothing_rate(0.2, t);
+                assert_eq!(a, if t < 36 { 9.0 / (10.0 + t as f64) } else { 0.2 });
+                if expect.is_empty() {
+                    expect = now;
+                } else {
+                    for (e, n) in expect.iter_mut().zip(&now) {
+                        for (e, n) in e.iter_mut().zip(n) {
+                            *e += a * (n - *e);
+                        }
+                    }
+                }
+            }
+            for (name, e) in ["p", "q"].iter().zip(&expect) {
+                let got = &opt.smoothed[*name];
+                let now: Vec<f32> = vars
+                    .iter()
+                    .find(|v| v.0 == *name)
+                    .unwrap()
+                    .1
+                    .as_tensor()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                for (g, e) in got.iter().zip(e) {
+                    assert!((*g as f64 - e).abs() < 1e-5, "{name}: {g} against {e}");
+                }
+                // Not the parameters themselves: the average lags behind those that move.
+                assert!(
+                    got.iter().zip(&now).any(|(g, n)| (g - n).abs() > 1e-3),
+                    "{name}: the average {got:?} is the parameters {now:?}"
+                );
+            }
+        }
+        // Off by default: nothing is kept.
+        let (vars, loss) = setup();
+        let mut opt = Optimizer::new(&TrainConfig::default());
+        opt.step(&vars, &loss.backward().unwrap()).unwrap();
+        assert!(opt.smoothed.is_empty());
     }
 
     #[test]

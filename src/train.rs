@@ -22,6 +22,9 @@ use crate::model::{Batch, Model};
 use crate::optim::Optimizer;
 use crate::translate::Translator;
 
+/// The run's subdirectory with the parameters' moving average (`train.exponential_smoothing`).
+pub const SMOOTHED_DIR: &str = "smoothed";
+
 /// Rollbacks after divergence before training gives up (the learning rate is then 1/256 of the configured).
 pub const MAX_ROLLBACKS: u64 = 8;
 
@@ -560,6 +563,15 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             if at_limit {
                 stop_reason = if tc.max_steps > 0 && state.step >= tc.max_steps as u64 {
                     format!("reached train.max_steps = {}", tc.max_steps)
+                } else if tc.max_steps > 0 {
+                    format!(
+                        "reached train.max_seconds = {} at update {} of train.max_steps = {} ({:.0}%): the \
+                         model is less trained than planned; `--resume` with a larger cap finishes it",
+                        tc.max_seconds,
+                        state.step,
+                        tc.max_steps,
+                        100.0 * state.step as f64 / tc.max_steps as f64
+                    )
                 } else {
                     format!("reached train.max_seconds = {}", tc.max_seconds)
                 };
@@ -591,6 +603,32 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     save(&state, &opt, &last_dir, true)?;
     if !best_dir.exists() {
         save(&state, &opt, &best_dir, false)?;
+    }
+    if !opt.smoothed.is_empty() {
+        // The parameters' moving average as a model of its own, a candidate for selection on dev.
+        let smoothed = candle_nn::VarMap::new();
+        {
+            let mut d = smoothed.data().lock().expect("varmap");
+            for (name, var) in &vars {
+                let avg = opt.smoothed.get(name).ok_or_else(|| {
+                    NmtError::Data(format!("the moving average lacks parameter {name}"))
+                })?;
+                let t = candle_core::Tensor::from_slice(avg, var.shape(), &dev)?.to_dtype(dtype)?;
+                d.insert(name.clone(), Var::from_tensor(&t)?);
+            }
+        }
+        checkpoint::save(
+            &run_dir.join(SMOOTHED_DIR),
+            &SaveRequest {
+                config: &cfg,
+                varmap: &smoothed,
+                src_vocab: &data.src_vocab,
+                tgt_vocab: &data.tgt_vocab,
+                preprocess_dir: &cfg.data.prepared,
+                optimizer: None,
+                state: None,
+            },
+        )?;
     }
     if !quiet {
         eprintln!(

@@ -269,6 +269,40 @@ fn translate_rejects_bad_model_dirs_and_input() {
         ),
         &["A,B"],
     );
+    // The range checks the server shares (DecodeOptions::validate).
+    for (flag, value, says) in [
+        (
+            "--context-scale",
+            "1e308,-5",
+            "--context-scale 1e308,-5.0: each scale",
+        ),
+        ("--length-penalty=-1", "", "--length-penalty -1"),
+        (
+            "--nbest",
+            "20",
+            "--nbest 20: it must be between 1 and the beam (10)",
+        ),
+        (
+            "--beam",
+            "100000",
+            "--beam 100000: it must be between 1 and",
+        ),
+    ] {
+        fails_with(
+            &cgnmt_stdin(
+                &[
+                    &["translate", "-m", best.to_str().unwrap(), flag][..],
+                    &[value][..],
+                ]
+                .concat()
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect::<Vec<_>>(),
+                b"x\n",
+            ),
+            &[says],
+        );
+    }
     // A shortlist lexicon learnt from the prepared corpus decodes; a broken one is named with its line, and
     // a misaligned corpus is refused by `shortlist`.
     let lex = t.path().join("lex.tsv");

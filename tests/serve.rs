@@ -207,6 +207,11 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
             400,
             "length_penalty -1".to_string(),
         ),
+        (
+            "{\"sentences\": [\"你好\"], \"context_scale\": [1e308, -5]}",
+            400,
+            "context_scale 1e308,-5.0: each scale must be a number in [0, 4]".to_string(),
+        ),
     ] {
         let (got, v) = post(&s.base, body);
         assert_eq!(got, code, "{body:.60}: {v}");

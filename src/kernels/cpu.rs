@@ -472,3 +472,11 @@ mod tests {
         assert!((1.0f32.sigmoid_v() - 0.731_058_6).abs() < 1e-6);
     }
 }
+
+/// Size the process's thread pool for `train.threads` (0: keep the default, the physical cores). It takes
+/// effect only before the first parallel work of the process, so commands call it first.
+pub fn set_threads(n: usize) {
+    if n > 0 {
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}

@@ -672,6 +672,9 @@ fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
                 if sys.ensemble {
                     decode_key += &format!("ensemble={:?};", seeds_of(sys));
                 }
+                if sys.choose {
+                    decode_key += "choose;";
+                }
                 if !extra_key.is_empty() {
                     decode_key += &format!("extra={extra_key};");
                 }
@@ -1332,6 +1335,72 @@ fn run_task(
         }
         v
     };
+    // A row that asks for it: the model and its penalties chosen on dev.
+    let mut decode_args = t.system.decode.clone();
+    let models = if t.system.choose {
+        if !t.members.is_empty() {
+            bail!(
+                "row {:?}: choose = true does not go with ensemble = true",
+                t.system.name
+            );
+        }
+        let mut pick = |flag: &str| -> Result<Option<String>> {
+            match decode_args.iter().position(|a| a == flag) {
+                None => Ok(None),
+                Some(i) if i + 1 < decode_args.len() => {
+                    let v = decode_args[i + 1].clone();
+                    decode_args.drain(i..i + 2);
+                    Ok(Some(v))
+                }
+                Some(_) => bail!("row {:?}: {flag} without a value", t.system.name),
+            }
+        };
+        let alpha = pick("--length-penalty")?;
+        let beta = pick("--coverage-penalty")?;
+        let sel_file = t.dir.join(crate::selection::SELECTION_FILE);
+        let mut sargs: Vec<String> = vec![
+            "select".into(),
+            "--run".into(),
+            run.display().to_string(),
+            "--last".into(),
+            t.system.average.to_string(),
+            "--beam".into(),
+            s.plan.decode.beam.to_string(),
+            "--tune".into(),
+            "--out".into(),
+            sel_file.display().to_string(),
+        ];
+        if let Some(a) = alpha {
+            sargs.extend(["--length-penalty".into(), a]);
+        }
+        if let Some(b) = beta {
+            sargs.extend(["--coverage-penalty".into(), b]);
+        }
+        run_child(&s.exe, &sargs, &log, s.threads, clock, || {})?;
+        let sel: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(&sel_file)
+                .with_context(|| format!("{}: cannot read", sel_file.display()))?,
+        )
+        .with_context(|| format!("{}: not a selection record", sel_file.display()))?;
+        let num = |k: &str| {
+            sel[k]
+                .as_f64()
+                .with_context(|| format!("{}: no {k}", sel_file.display()))
+        };
+        decode_args.extend([
+            "--length-penalty".into(),
+            num("length_penalty")?.to_string(),
+            "--coverage-penalty".into(),
+            num("coverage_penalty")?.to_string(),
+        ]);
+        let k = sel["chosen"].as_u64().unwrap_or(0) as usize;
+        let dir = sel["candidates"][k]["dir"]
+            .as_str()
+            .with_context(|| format!("{}: no chosen model", sel_file.display()))?;
+        vec![PathBuf::from(dir)]
+    } else {
+        models
+    };
     let best = models[0].clone();
     let hyp = t.dir.join("test.hyp");
     let dump = t.dir.join("test.dump.jsonl");
@@ -1353,7 +1422,7 @@ fn run_task(
             targs.push("--dump".into());
             targs.push(d.display().to_string());
         }
-        targs.extend(t.system.decode.iter().cloned());
+        targs.extend(decode_args.iter().cloned());
         run_child(&s.exe, &targs, &log, s.threads, clock, || {})
     };
     translate(&s.test_src, &hyp, Some(&dump))?;
@@ -1440,6 +1509,7 @@ mod tests {
                 decode: vec![],
                 average: 0,
                 ensemble: false,
+                choose: false,
             },
             seed: 1,
             dir: dir.to_path_buf(),

@@ -146,6 +146,13 @@ pub struct SystemSpec {
     /// by the first seed); with `average`, of each seed's average.
     #[serde(default)]
     pub ensemble: bool,
+    /// Choose the decoded model and its penalties on dev (`cgnmt select --tune`): `best/`, the average of the
+    /// converged tail of the last `average` kept checkpoints (all kept when `average` is 0) and the moving
+    /// average (`smoothed/`) are scored on dev, then the chosen one's length and coverage penalties (starting
+    /// from those in `decode`); what was chosen and why is in the run's `output.log` and `selection.json`.
+    /// Not with `ensemble`.
+    #[serde(default)]
+    pub choose: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -595,7 +595,17 @@ fn system_settings(x: &super::plan::SystemSpec) -> String {
     if let Some(n) = x.seeds {
         parts.push(format!("the first {n} seed(s)"));
     }
-    if x.average > 0 {
+    if x.choose {
+        parts.push(format!(
+            "model (best, the average of the converged tail of the last {} kept checkpoints, or the moving \
+             average) and length/coverage penalties chosen on dev",
+            if x.average > 0 {
+                x.average.to_string()
+            } else {
+                "all".into()
+            }
+        ));
+    } else if x.average > 0 {
         parts.push(format!("average of the last {} checkpoints", x.average));
     }
     if x.ensemble {

@@ -380,34 +380,18 @@ async fn translate_admitted(
     let beam = req.beam.unwrap_or(10);
     let nbest = req.nbest.unwrap_or(1);
     let vocab = st.models[k].lm.tgt_vocab.len();
-    if beam == 0 || beam > a.max_beam.min(vocab) {
-        return Err(bad(format!(
-            "beam {beam}: it must be between 1 and {} (--max-beam, and the target vocabulary)",
-            a.max_beam.min(vocab)
-        )));
-    }
-    if nbest == 0 || nbest > beam {
-        return Err(bad(format!(
-            "nbest {nbest}: it must be between 1 and the beam ({beam})"
-        )));
-    }
     let length_penalty = req.length_penalty.unwrap_or(0.0);
-    if !(length_penalty.is_finite() && length_penalty >= 0.0) {
-        return Err(bad(format!(
-            "length_penalty {length_penalty}: it must be a number ≥ 0"
-        )));
-    }
     let coverage_penalty = req.coverage_penalty.unwrap_or(0.0);
-    if !(coverage_penalty.is_finite() && coverage_penalty >= 0.0) {
-        return Err(bad(format!(
-            "coverage_penalty {coverage_penalty}: it must be a number ≥ 0"
-        )));
+    DecodeOptions {
+        beam,
+        nbest,
+        length_penalty,
+        coverage_penalty,
+        context_scale: req.context_scale.unwrap_or((1.0, 1.0)),
+        ..Default::default()
     }
-    if let Some((x, y)) = req.context_scale {
-        if !(x.is_finite() && y.is_finite()) {
-            return Err(bad("context_scale must be two finite numbers"));
-        }
-    }
+    .validate(vocab, a.max_beam, |k| k.to_string())
+    .map_err(bad)?;
     {
         let m = &st.models[k];
         let tr = Translator::of(&m.model, &m.lm);
@@ -656,7 +640,7 @@ fn openapi() -> serde_json::Value {
                 "length_norm": {"type": "boolean", "default": false},
                 "length_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's length penalty α"},
                 "coverage_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's coverage penalty β"},
-                "context_scale": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2},
+                "context_scale": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 4}, "minItems": 2, "maxItems": 2},
                 "return_attention": {"type": "boolean", "default": false}
             }},
             "TranslateResponse": {"type": "object", "properties": {
