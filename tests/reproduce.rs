@@ -574,3 +574,62 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
     assert!(!err.contains("started"), "{err}");
     assert_eq!(mtime(&marker), before);
 }
+
+/// A plan row with `choose = true` decodes the model and the penalties chosen on dev (`cgnmt select --tune`),
+/// and keeps the record of the choice beside its result.
+#[test]
+fn a_row_that_chooses_on_dev_decodes_the_chosen_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let recipes = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/reproduce/recipes.toml"),
+    )
+    .unwrap();
+    let head = &recipes[..recipes.find("[tables]").unwrap()];
+    let plan = tmp.path().join("choose.toml");
+    std::fs::write(
+        &plan,
+        format!(
+            "{head}[tables]\n\"R\" = \"choice\"\n\n[[system]]\nname = \"base\"\ntable = \"R\"\nset = \
+             [\"train.exponential_smoothing=0.01\"]\n\n[[system]]\nname = \"chosen\"\ntable = \"R\"\nfrom = \
+             \"base\"\nchoose = true\naverage = 3\ndecode = [\"--length-penalty\", \"1.5\"]\nbaseline = \"base\"\n"
+        ),
+    )
+    .unwrap();
+    let out = tmp.path().join("out");
+    ok(&reproduce_with(&plan, &out, &[]).output().unwrap());
+    let row = out.join("systems/chosen/seed-1");
+    let sel = json(&row.join("selection.json"));
+    let names: Vec<&str> = sel["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names[0], "best");
+    assert!(names.contains(&"moving average"), "{names:?}");
+    assert_eq!(sel["compared_with"][0].as_f64(), Some(1.5));
+    assert_eq!(sel["grid"].as_array().unwrap().len(), 10);
+    // The chosen model is never below best/ on dev, and the row decoded with it and its penalties.
+    let k = sel["chosen"].as_u64().unwrap() as usize;
+    assert!(
+        sel["candidates"][k]["dev_bleu"].as_f64().unwrap()
+            >= sel["candidates"][0]["dev_bleu"].as_f64().unwrap()
+    );
+    let log = std::fs::read_to_string(row.join("output.log")).unwrap();
+    assert!(log.contains("chosen:"), "{log}");
+    let (alpha, beta) = (
+        sel["length_penalty"].as_f64().unwrap().to_string(),
+        sel["coverage_penalty"].as_f64().unwrap().to_string(),
+    );
+    let chosen = sel["candidates"][k]["dir"].as_str().unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("translate")
+            && l.contains(chosen)
+            && l.contains(&format!(
+                "--length-penalty {alpha} --coverage-penalty {beta}"
+            ))),
+        "{log}"
+    );
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("chosen on dev"), "{report}");
+}

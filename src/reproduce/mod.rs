@@ -1085,6 +1085,9 @@ fn child(exe: &Path, args: &[String], log: &Path, threads: usize) -> Result<Comm
         .append(true)
         .open(log)
         .with_context(|| format!("{}: cannot open", log.display()))?;
+    // Each child's command line heads its output, so the log says what ran (which model, which settings).
+    writeln!(&f, "$ cgnmt {}", args.join(" "))
+        .with_context(|| format!("{}: cannot write", log.display()))?;
     let mut c = Command::new(exe);
     c.args(args)
         .env("RAYON_NUM_THREADS", threads.to_string())
