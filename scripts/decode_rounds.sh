@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Alternated rounds of beam-10 decoding of a prepared test set, one line per round with sentences/s per mode
-# (what docs/RESULTS.md's decoding tables report). The machine's speed drifts within minutes, so the modes run
+# (what docs/design-notes.md's decoding tables report). The machine's speed drifts within minutes, so the modes run
 # one after another in every round and ratios are taken per round.
 # Usage: scripts/decode_rounds.sh MODEL PREPARED_DIR [ROUNDS]
 #   MODES   modes to run, in order (default "exact int8 shortlist int8+shortlist"); "onmt" adds OpenNMT-py

@@ -358,7 +358,7 @@ fn set_thread_defaults() {
 
 /// Keep freed tensor buffers in the process instead of returning them to the kernel after every op: the
 /// recurrent steps allocate and free the same sizes thousands of times per batch, and fresh pages cost a
-/// page fault each (measured in docs/RESULTS.md, "Measurements behind code choices").
+/// page fault each (measured in docs/design-notes.md, "Measurements behind code choices").
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any other thread exists.

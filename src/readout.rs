@@ -439,7 +439,7 @@ struct OutputNll {
 
 /// The last output layer's `[N, V]` buffer, kept for the next one. At paper size it holds 200 MB; a fresh
 /// buffer of that size costs a page fault for each 4 KiB page whenever the allocator maps new memory for
-/// it (measured in docs/RESULTS.md, "Measurements behind code choices").
+/// it (measured in docs/design-notes.md, "Measurements behind code choices").
 static SPARE_LOGITS: std::sync::Mutex<crate::kernels::AccBuf> =
     std::sync::Mutex::new(crate::kernels::AccBuf::Empty);
 

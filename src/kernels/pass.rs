@@ -192,7 +192,7 @@ impl RecWeight {
 /// Whether candle's GEMM `[m, k] × [k, n]` is faster with a column-major right operand than with a
 /// row-major one, on this CPU (it depends on `m` and `n` only). A fixed rule from measurements, so that
 /// results never depend on timing: column-major with AVX2+FMA micro-kernels; with AVX-512 ones row-major,
-/// except for wide products at batch-size rows (the rates per shape are in docs/RESULTS.md, "Measurements
+/// except for wide products at batch-size rows (the rates per shape are in docs/design-notes.md, "Measurements
 /// behind code choices"). `cgnmt bench` prints both rates at the model's step shapes.
 pub fn right_col_major(m: usize, n: usize) -> bool {
     if !gemm_has_avx512() {
