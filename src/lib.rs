@@ -1,43 +1,21 @@
 //! cgnmt: context-gated neural machine translation (Tu et al., TACL 2017) on candle.
 //!
-//! One module per concept of the paper: [`encoder`], [`attention`], [`gate`], [`coverage`], [`decoder_cell`],
-//! [`readout`], [`model`], [`beam_search`]; training in [`optim`], [`batcher`], [`train`], [`checkpoint`];
-//! configuration in [`config`]. Data preparation lives in the `cgnmt-data` crate and the evaluation metrics
-//! (BLEU, chrF, significance tests, AER) in `cgnmt-eval`.
+//! Folders by role: [`model`] (one module per concept of the paper: encoder, attention, gate, coverage, GRU,
+//! decoder cell, readout, the fused decoder sequence), [`kernels`] (row maths and custom ops), [`decode`]
+//! (beam search, translation, shortlists, rescoring, alignment), [`train`] (the training loop, optimiser,
+//! batches, checkpoints, averaging, model selection) and [`cmd`] (the applications behind the subcommands:
+//! demo, reproduce, serve, bench, data, subjective evaluation); configuration in [`config`]. Data preparation
+//! lives in the `cgnmt-data` crate and the evaluation metrics (BLEU, chrF, significance tests, AER) in
+//! `cgnmt-eval`. What each part computes: `docs/model-spec.md`.
 
-pub mod alignment;
 pub mod atomic_file;
-pub mod attention;
-pub mod averaging;
-pub mod batcher;
-pub mod beam_search;
-pub mod bench;
-pub mod checkpoint;
+pub mod cmd;
 pub mod config;
-pub mod coverage;
-pub mod datasets;
-pub mod decoder_cell;
-pub mod decoder_sequence;
-pub mod demo;
-pub mod dropout;
-pub mod encoder;
+pub mod decode;
 pub mod error;
-pub mod gate;
-pub mod gru;
-pub mod init;
 pub mod kernels;
 pub mod model;
-pub mod optim;
-pub mod profile;
-pub mod readout;
-pub mod reproduce;
-pub mod rescore;
-pub mod selection;
-pub mod serve;
-pub mod shortlist;
-pub mod subjective;
 pub mod train;
-pub mod translate;
 
 pub use cgnmt_data;
 pub use cgnmt_eval;

@@ -102,7 +102,7 @@ fn bench_trains_on_the_reference_lengths() {
     }
     let r = bench("fused", &["--lengths", "reference"]);
     assert_eq!(r["config"]["lengths"], "reference");
-    let want: usize = cgnmt::bench::reference_lengths(16, 10)
+    let want: usize = cgnmt::cmd::bench::reference_lengths(16, 10)
         .iter()
         .map(|x| x.1)
         .sum();

@@ -16,7 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
-use cgnmt::checkpoint;
+use cgnmt::train::checkpoint;
 use rand::{Rng, SeedableRng};
 
 fn bin() -> &'static str {

@@ -16,8 +16,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
-use cgnmt::checkpoint;
 use cgnmt::config::Config;
+use cgnmt::train::checkpoint;
 use cgnmt_data::preprocess::Preprocessor;
 use cgnmt_data::vocab::Vocab;
 use proptest::prelude::*;

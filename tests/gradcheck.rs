@@ -6,7 +6,7 @@ mod common;
 use candle_core::{DType, Device};
 use cgnmt::config::{Config, TrainConfig};
 use cgnmt::model::Model;
-use cgnmt::optim::Optimizer;
+use cgnmt::train::optim::Optimizer;
 use common::*;
 
 #[test]
@@ -49,7 +49,7 @@ fn label_smoothed_gradients_match_finite_differences() {
 /// loss (the recurrent masks alone too), and the same seed repeats it.
 #[test]
 fn dropout_gradients_match_finite_differences() {
-    use cgnmt::dropout::Dropout;
+    use cgnmt::model::dropout::Dropout;
     for (sets, padding) in [
         (
             vec!["model.context_gate=both"],
@@ -343,7 +343,7 @@ fn dropout_fused_and_reference_agree(cfg: &cgnmt::config::ModelConfig) {
     let cfg = cfg.clone();
     let opts = cgnmt::model::LossOptions {
         target_padding: cgnmt::config::TargetPadding::Computed,
-        dropout: Some(cgnmt::dropout::Dropout {
+        dropout: Some(cgnmt::model::dropout::Dropout {
             embeddings: 0.2,
             annotations: 0.3,
             readout: 0.25,

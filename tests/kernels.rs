@@ -5,18 +5,18 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor, Var};
-use cgnmt::attention::{
+use cgnmt::config::TargetPadding;
+use cgnmt::decode::beam_search::{beam_search, greedy, DecodeOptions};
+use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
+use cgnmt::model::attention::{
     scores_fused, scores_reference, softmax_context_fused, softmax_context_reference,
 };
-use cgnmt::beam_search::{beam_search, greedy, DecodeOptions};
-use cgnmt::config::TargetPadding;
-use cgnmt::gru::{gru_update_fused, gru_update_reference};
-use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
-use cgnmt::model::{Batch, Model};
-use cgnmt::readout::{
+use cgnmt::model::gru::{gru_update_fused, gru_update_reference};
+use cgnmt::model::readout::{
     log_normaliser, log_softmax, maxout_fused, maxout_reference, output_nll_fused,
     output_nll_reference,
 };
+use cgnmt::model::{Batch, Model};
 use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -172,7 +172,7 @@ fn fused_ops_match_their_composed_reference() {
             rand_var(&mut rng, &[h], 0.5, dtype),
             rand_var(&mut rng, &[h / 2, ed], 0.5, dtype),
         ];
-        let readout = |x: &[Tensor]| cgnmt::readout::Readout {
+        let readout = |x: &[Tensor]| cgnmt::model::readout::Readout {
             u_o: x[2].clone(),
             w_o: x[3].clone(),
             v_o: x[4].clone(),
@@ -199,7 +199,7 @@ fn fused_ops_match_their_composed_reference() {
             &vars,
             &|x| {
                 let ro = readout(x);
-                vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, None).unwrap()]
+                vec![cgnmt::model::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, None).unwrap()]
             },
             &|x| vec![reference_rows(x)],
             ft,
@@ -219,7 +219,10 @@ fn fused_ops_match_their_composed_reference() {
             &vars,
             &|x| {
                 let ro = readout(x);
-                vec![cgnmt::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, Some(&lens)).unwrap()]
+                vec![
+                    cgnmt::model::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, Some(&lens))
+                        .unwrap(),
+                ]
             },
             &|x| vec![reference_rows(x).index_select(&rows, 0).unwrap()],
             ft,
@@ -294,7 +297,9 @@ fn fused_ops_match_their_composed_reference() {
             );
         }
         // The gate's scales on word and context terms (3 blocks), every strategy, with decode-time constants.
-        use cgnmt::gate::{mix_fused, mix_reference, GateKinds, GateMix, Scale, Scales, ZKind};
+        use cgnmt::model::gate::{
+            mix_fused, mix_reference, GateKinds, GateMix, Scale, Scales, ZKind,
+        };
         for (ks, kt) in [
             (ZKind::Z, ZKind::One),
             (ZKind::One, ZKind::Z),
@@ -373,7 +378,7 @@ fn fused_ops_match_their_composed_reference() {
                 "output layer + NLL",
             );
             // With label smoothing (ε = 0.1, and ε = 0 is the plain loss).
-            use cgnmt::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference};
+            use cgnmt::model::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference};
             compare(
                 dtype,
                 &vars2,
@@ -953,7 +958,7 @@ fn settled_beam_search_equals_the_full_beam() {
 /// exactly (the table's rows are the steps' products), for every variant, with n-best and recording on.
 #[test]
 fn word_table_decoding_equals_per_step_products() {
-    use cgnmt::beam_search::beam_search_with;
+    use cgnmt::decode::beam_search::beam_search_with;
     for sets in variants() {
         let (model, varmap) = decoding_model(&sets, 6);
         let m = model.frozen(&varmap).unwrap();
@@ -996,7 +1001,7 @@ fn word_table_decoding_equals_per_step_products() {
 /// f32's (some score differs). With reference kernels the option has no effect.
 #[test]
 fn int8_decoding_approximates_f32() {
-    use cgnmt::beam_search::beam_search_batches;
+    use cgnmt::decode::beam_search::beam_search_batches;
     if !cgnmt::kernels::quantized_gemm::available() {
         eprintln!("no AVX2 on this CPU: the int8 product is never used");
         return;
@@ -1056,7 +1061,7 @@ fn int8_decoding_approximates_f32() {
 /// for every variant.
 #[test]
 fn shortlist_decoding_is_the_search_over_its_words() {
-    use cgnmt::shortlist::Shortlist;
+    use cgnmt::decode::shortlist::Shortlist;
     use std::sync::Arc;
     for sets in variants() {
         let (model, varmap) = decoding_model(&sets, 7);
@@ -1151,7 +1156,7 @@ fn shortlist_decoding_is_the_search_over_its_words() {
 /// hypothesis rows that read their sentences out of order, with padding (α = 0 there).
 #[test]
 fn context_products_equal_products_of_the_context() {
-    use cgnmt::attention::ContextProducts;
+    use cgnmt::model::attention::ContextProducts;
     for (dtype, tol) in [(DType::F32, 1e-5), (DType::F64, 1e-12)] {
         let mut rng = StdRng::seed_from_u64(10);
         let (nsent, s, a2) = (3, 9, 14);
@@ -1245,7 +1250,7 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
-        let keys = cgnmt::attention::Keys {
+        let keys = cgnmt::model::attention::Keys {
             ah: ah.as_tensor().clone(),
             annotations: ann.as_tensor().clone(),
             mask_bias: mask_bias.clone(),
@@ -1256,7 +1261,8 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
         let bt = rand_var(&mut rng, &[rows.len(), ad], 1.5, dtype);
         let v = rand_var(&mut rng, &[ad, 1], 1.0, dtype);
         let (alpha, ctx) =
-            cgnmt::attention::attend_rows(&keys, &rows, bt.as_tensor(), v.as_tensor()).unwrap();
+            cgnmt::model::attention::attend_rows(&keys, &rows, bt.as_tensor(), v.as_tensor())
+                .unwrap();
         let idx = Tensor::from_vec(rows.to_vec(), rows.len(), &Device::Cpu).unwrap();
         let pre = keys.ah.index_select(&idx, 0).unwrap();
         let e = (scores_reference(&pre, bt.as_tensor(), v.as_tensor()).unwrap()
@@ -1274,7 +1280,7 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
         let a: Vec<Vec<f64>> = alpha.to_dtype(DType::F64).unwrap().to_vec2().unwrap();
         assert!(a[0][8..].iter().all(|&x| x == 0.0) && a[0][..8].iter().sum::<f64>() > 0.99);
         // A row index past the sentences is an error, not a panic.
-        assert!(cgnmt::attention::attend_rows(
+        assert!(cgnmt::model::attention::attend_rows(
             &keys,
             &[0, 3, 1, 1, 1, 1, 1],
             bt.as_tensor(),
@@ -1289,8 +1295,8 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
 #[test]
 fn fused_bidirectional_gru_matches_step_by_step() {
     use candle_core::IndexOp;
-    use cgnmt::encoder::bigru_fused;
-    use cgnmt::gru::Gru;
+    use cgnmt::model::encoder::bigru_fused;
+    use cgnmt::model::gru::Gru;
     // Sentence lengths 6, 4, 1, 6, 2 (the fused op runs the rows longest first, each step over the rows with a
     // word), and a mask with a gap in one row (not a run of words then padding: all rows under the mask);
     // with and without recurrent dropout's masks (each direction its own, every step the same).

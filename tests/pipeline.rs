@@ -11,8 +11,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use candle_core::{DType, Device};
-use cgnmt::beam_search::{beam_search, greedy, DecodeOptions};
-use cgnmt::checkpoint;
+use cgnmt::decode::beam_search::{beam_search, greedy, DecodeOptions};
+use cgnmt::train::checkpoint;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_cgnmt")
@@ -199,7 +199,7 @@ fn greedy_equals_beam_one_and_batched_equals_single() {
     let srcs = dev_ids(o, &lm, 60);
     let eos = lm.tgt_vocab.eos();
     let g = greedy(&lm.model, &srcs, eos, (1.0, 1.0)).unwrap();
-    let b1 = cgnmt::beam_search::translate_ids(
+    let b1 = cgnmt::decode::beam_search::translate_ids(
         &lm.model,
         &srcs,
         eos,
@@ -247,7 +247,7 @@ fn greedy_equals_beam_one_and_batched_equals_single() {
     )
     .unwrap();
     for (s, h) in srcs.iter().zip(&out) {
-        let (min, max) = cgnmt::beam_search::length_limits(s.len());
+        let (min, max) = cgnmt::decode::beam_search::length_limits(s.len());
         assert!(h[0].tokens.len() <= max);
         assert!(h[0].tokens.len() >= min || h[0].tokens.len() == max);
     }
@@ -561,7 +561,7 @@ fn align_writes_valid_links_and_soft_matrices_for_aer() {
 
 #[test]
 fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
-    use cgnmt::translate::{InputLimit, LongInput, Translator};
+    use cgnmt::decode::translate::{InputLimit, LongInput, Translator};
     let o = overfit();
     let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
     let tr = Translator {
@@ -595,7 +595,7 @@ fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
     let size = n.div_ceil(pieces);
     assert_eq!(
         which,
-        vec![cgnmt::translate::LongLine {
+        vec![cgnmt::decode::translate::LongLine {
             index: 1,
             words: n,
             pieces

@@ -508,7 +508,8 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
     // The average of the run's last four kept checkpoints.
     let average = |seed: u32| -> PathBuf {
         let kept =
-            cgnmt::checkpoint::kept_checkpoints(&tls.join(format!("seed-{seed}/run"))).unwrap();
+            cgnmt::train::checkpoint::kept_checkpoints(&tls.join(format!("seed-{seed}/run")))
+                .unwrap();
         assert!(kept.len() >= 4, "{kept:?}");
         let avg = tmp.path().join(format!("avg-{seed}"));
         let mut c = Command::new(env!("CARGO_BIN_EXE_cgnmt"));

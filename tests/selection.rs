@@ -56,7 +56,7 @@ fn best_checkpoint_is_the_evaluation_with_the_highest_selected_score() {
         }
         // The first evaluation with the highest score (a later tie is not an improvement).
         let best = (0..scores.len()).fold(0, |m, i| if scores[i] > scores[m] { i } else { m });
-        let state = cgnmt::checkpoint::load_state(&run.join("last")).unwrap();
+        let state = cgnmt::train::checkpoint::load_state(&run.join("last")).unwrap();
         assert!(run.join("best/model.safetensors").is_file());
         assert_eq!(
             state.best_step,

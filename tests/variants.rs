@@ -4,10 +4,10 @@
 mod common;
 
 use candle_core::{DType, Device, Tensor};
-use cgnmt::attention::Context;
 use cgnmt::config::{Config, ModelConfig, OptimizerKind, TrainConfig};
+use cgnmt::model::attention::Context;
 use cgnmt::model::{Batch, Model};
-use cgnmt::optim::Optimizer;
+use cgnmt::train::optim::Optimizer;
 use common::*;
 
 fn count(sets: &[&str]) -> usize {
@@ -16,7 +16,7 @@ fn count(sets: &[&str]) -> usize {
     let cfg = Config::load(None, &s).unwrap();
     // V = 30000 words + EOS (+ UNK, which the paper's count leaves out: 2 × 620 + 620 + 1 parameters).
     let (_, vm) = Model::build_uninit(&cfg.model, 30001, 30001, DType::F32, &Device::Cpu).unwrap();
-    cgnmt::init::count(&vm)
+    cgnmt::model::init::count(&vm)
 }
 
 #[test]
@@ -392,7 +392,7 @@ fn every_variant_learns_on_real_data() {
 /// time, and the recorded attention, gates and coverage have the right shapes.
 #[test]
 fn batched_beam_search_equals_single_with_coverage_and_cgru() {
-    use cgnmt::beam_search::{beam_search, DecodeOptions};
+    use cgnmt::decode::beam_search::{beam_search, DecodeOptions};
     let cases: Vec<Vec<&str>> = vec![
         vec![
             "model.coverage=neural",

@@ -38,7 +38,7 @@ pub fn gemm_has_avx512() -> bool {
 }
 
 /// Whether the CPU has AVX-512 VNNI (`vpdpbusd`: four byte products summed into each 32-bit lane), which the
-/// int8 products of decoding use when present ([`crate::quantized_gemm`]).
+/// int8 products of decoding use when present ([`crate::kernels::quantized_gemm`]).
 pub fn has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

@@ -26,6 +26,7 @@ mod gemm;
 mod ops;
 pub mod packed_gemm;
 mod pass;
+pub mod profile;
 pub mod quantized_gemm;
 mod shared;
 

@@ -200,7 +200,7 @@ impl candle_core::CustomOp3 for Linear {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        crate::profile::timed("linear forward", || {
+        crate::kernels::profile::timed("linear forward", || {
             by_dtype!(s1, linear_fwd, self, s1, l1, s2, l2, s3, l3)
         })
     }
@@ -215,7 +215,7 @@ impl candle_core::CustomOp3 for Linear {
         if self.0.is_some() {
             candle_core::bail!("linear over rows: no backward pass of its own");
         }
-        crate::profile::timed("linear backward", || {
+        crate::kernels::profile::timed("linear backward", || {
             linear_grads(x, w, b, &grad.contiguous()?)
         })
     }

@@ -203,7 +203,7 @@ pub(crate) trait FusedOutput: Send + Sync + 'static {
 /// sequence ops, is never zero-filled and added in candle's gradient store.
 pub(crate) fn shared_output<O: FusedOutput>(op: O, bundle: &Tensor) -> Result<Shared> {
     let (fwd_name, _) = op.profile_names();
-    let (storage, shape) = crate::profile::timed(fwd_name, || op.forward_output())?;
+    let (storage, shape) = crate::kernels::profile::timed(fwd_name, || op.forward_output())?;
     let dev = bundle.device();
     let tensor = match storage {
         CpuStorage::F32(v) => Tensor::from_vec(v, shape.clone(), dev)?,
@@ -234,7 +234,7 @@ impl<O: FusedOutput> candle_core::CustomOp1 for OutputTap<O> {
     }
     fn bwd(&self, bundle: &Tensor, _res: &Tensor, _grad: &Tensor) -> Result<Option<Tensor>> {
         let (_, bwd_name) = self.op.profile_names();
-        crate::profile::timed(bwd_name, || {
+        crate::kernels::profile::timed(bwd_name, || {
             let g = take_accumulated(
                 &self.acc,
                 self.shape.clone(),
@@ -291,7 +291,7 @@ pub fn product_shared_rows(x: &Shared, w: &Tensor, rows: Option<Rows>) -> Result
             })
         })
     }
-    let tensor = crate::profile::timed("shared product forward", || match w.dtype() {
+    let tensor = crate::kernels::profile::timed("shared product forward", || match w.dtype() {
         candle_core::DType::F32 => Tensor::from_vec(
             run::<f32>(x, &w, rows.as_deref().map(|r| r.as_slice()), n)?,
             out_dims,
@@ -386,7 +386,7 @@ impl candle_core::CustomOp2 for ProductTap {
         _res: &Tensor,
         _grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        crate::profile::timed("shared product backward", || {
+        crate::kernels::profile::timed("shared product backward", || {
             let m = w.dim(1)?;
             let Some(g) = take_accumulated(&self.acc, (self.n, m), w.dtype(), w.device())? else {
                 return Ok((None, None));
@@ -581,7 +581,7 @@ impl candle_core::CustomOp3 for LinearTap {
         _res: &Tensor,
         _grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        crate::profile::timed("linear backward", || {
+        crate::kernels::profile::timed("linear backward", || {
             let n = x.dim(0)?;
             let Some(rows) = &self.rows else {
                 let shape = (n, w.dim(1)?);

@@ -28,7 +28,7 @@ pub fn data_dir() -> PathBuf {
             let link = root.join("tatoeba-zh-en");
             if !link.exists() {
                 std::fs::create_dir_all(&root).unwrap();
-                let dir = cgnmt::datasets::bundled_dir().expect("unpack the bundled data");
+                let dir = cgnmt::cmd::datasets::bundled_dir().expect("unpack the bundled data");
                 std::os::unix::fs::symlink(dir, &link).unwrap();
             }
             root

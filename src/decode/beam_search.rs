@@ -1,0 +1,1019 @@
+//! Batched beam search (model-spec §7) and a separate greedy decoder. Beam 10 by default; at most
+//! `3 × (n + 1)` target words for a source of n words; EOS forbidden before `(n + 1) / 2` words; a finished
+//! hypothesis shrinks the beam by one; the best hypothesis by total log-probability (length normalisation as an
+//! option). Coverage is carried per hypothesis. Attention weights and gate values can be recorded per step.
+
+use candle_core::{Device, IndexOp, Result, Tensor};
+
+use crate::model::readout::{log_normaliser, log_softmax};
+use crate::model::{pad, Model, WordTable};
+
+/// Decoder steps computed so far in this process, counted per hypothesis (`cgnmt bench` turns this into
+/// a FLOP rate for decoding).
+pub static DECODER_ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[derive(Debug, Clone)]
+pub struct DecodeOptions {
+    pub beam: usize,
+    /// Rank finished hypotheses by log-probability / (length + 1) instead of the total.
+    pub length_norm: bool,
+    /// GNMT's length penalty α (Wu et al., 2016): rank finished hypotheses by log-probability /
+    /// ((5 + length + 1) / 6)^α; 0 (the default, GroundHog's) ranks by the total. Ignored with `length_norm`.
+    pub length_penalty: f64,
+    /// GNMT's coverage penalty β (Wu et al., 2016): rank finished hypotheses by the above plus
+    /// `β Σ_j log(min(Σ_i α_ij, 1))` over the source positions `j` (EOS included) and the hypothesis's steps
+    /// `i` (its EOS included), which favours translations that attend to every source word; 0 (the
+    /// default) adds nothing.
+    pub coverage_penalty: f64,
+    /// How many hypotheses to return per sentence (≤ beam).
+    pub nbest: usize,
+    /// Decode-time context scaling `(a, b)`: source terms × a, target terms × b.
+    pub context_scale: (f64, f64),
+    /// Record attention weights, gate values and final coverage.
+    pub record: bool,
+    /// Stop decoding a sentence once no live hypothesis can enter its `nbest` any more (ranking by total
+    /// log-probability; with `length_norm` every hypothesis runs to its end). The results are those of
+    /// decoding on until the beam has shrunk to nothing (tested); `false` does that.
+    pub settle: bool,
+    /// In [`beam_search_batches`], gather the words' terms from a table of every target word's, formed once
+    /// for the call ([`Model::word_table`]), when the call decodes enough words for it to pay and the table
+    /// takes at most [`WORD_TABLE_MAX_BYTES`]. The results are the same (tested); `false` forms the terms at
+    /// every step.
+    pub word_table: bool,
+    /// Decode each batch over a shortlist of target words only ([`crate::decode::shortlist`]): an approximate
+    /// search (the steps' distributions are renormalised over the shortlist), `None` (the default) decodes
+    /// over the whole vocabulary.
+    pub shortlist: Option<std::sync::Arc<crate::decode::shortlist::Shortlist>>,
+    /// Run the decoder's per-step products (and the output layer, and the products formed once per batch
+    /// with the annotations) with weights quantised to 8 bits per column and each product's operands to 7
+    /// bits per row ([`crate::kernels::quantized_gemm`]): an approximate search,
+    /// on CPUs with AVX2 and fused kernels (elsewhere the products stay f32). `false` (the default) is f32.
+    pub int8: bool,
+}
+
+/// The largest word table [`beam_search_batches`] forms (see [`DecodeOptions::word_table`]): 512 MiB (a
+/// small model's, 8000 words × 2560 columns, takes 78 MiB; the paper-size model's, 30000 × 5000, 572 MiB).
+pub const WORD_TABLE_MAX_BYTES: usize = 512 << 20;
+
+/// The largest context scale accepted: the paper's Figure 2 scales each context within [0, 2]; four times the
+/// trained input is far outside anything the model saw.
+pub const MAX_CONTEXT_SCALE: f64 = 4.0;
+
+impl DecodeOptions {
+    /// Check the options a user chose (the command line and the server share these checks): the beam
+    /// between 1 and `max_beam` (and the target vocabulary's size), `nbest` between 1 and the beam, the
+    /// penalties finite and ≥ 0, each context scale in `[0, MAX_CONTEXT_SCALE]`. The message names the
+    /// option as `name` spells it (`--beam` or `beam`, say).
+    pub fn validate(
+        &self,
+        vocab: usize,
+        max_beam: usize,
+        name: impl Fn(&str) -> String,
+    ) -> std::result::Result<(), String> {
+        let limit = max_beam.min(vocab);
+        if self.beam == 0 || self.beam > limit {
+            return Err(format!(
+                "{} {}: it must be between 1 and {limit} ({})",
+                name("beam"),
+                self.beam,
+                if vocab <= max_beam {
+                    format!("the model's target vocabulary has {vocab} words")
+                } else {
+                    "the largest beam allowed".to_string()
+                }
+            ));
+        }
+        if self.nbest == 0 || self.nbest > self.beam {
+            return Err(format!(
+                "{} {}: it must be between 1 and the beam ({})",
+                name("nbest"),
+                self.nbest,
+                self.beam
+            ));
+        }
+        for (key, v) in [
+            ("length_penalty", self.length_penalty),
+            ("coverage_penalty", self.coverage_penalty),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{} {v}: it must be a number ≥ 0", name(key)));
+            }
+        }
+        let (a, b) = self.context_scale;
+        for v in [a, b] {
+            if !(v.is_finite() && (0.0..=MAX_CONTEXT_SCALE).contains(&v)) {
+                return Err(format!(
+                    "{} {a:?},{b:?}: each scale must be a number in [0, {MAX_CONTEXT_SCALE}] (1 is the trained model)",
+                    name("context_scale")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        Self {
+            beam: 10,
+            length_norm: false,
+            length_penalty: 0.0,
+            coverage_penalty: 0.0,
+            nbest: 1,
+            context_scale: (1.0, 1.0),
+            record: false,
+            settle: true,
+            word_table: true,
+            shortlist: None,
+            int8: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Hypothesis {
+    /// Target ids without the final EOS.
+    pub tokens: Vec<u32>,
+    /// Total log-probability (EOS included when the hypothesis finished with it).
+    pub score: f64,
+    /// Per emitted word (EOS included): attention over the source positions (EOS included).
+    pub attention: Vec<Vec<f32>>,
+    /// Per emitted non-EOS word: mean gate value of the transition that consumed it (empty when ungated).
+    pub gates: Vec<f32>,
+    /// Final coverage per source position (first coverage dimension), when coverage is on.
+    pub coverage: Vec<f32>,
+    /// With a coverage penalty: the attention each source position received over the steps so far.
+    pub attention_mass: Vec<f64>,
+}
+
+/// Length limits for a source of `n` words: (minimum words before EOS, maximum words).
+pub fn length_limits(n: usize) -> (usize, usize) {
+    ((n + 1) / 2, 3 * (n + 1))
+}
+
+/// What finished hypotheses are ranked by: the total log-probability, per word (`length_norm`), or over
+/// GNMT's length penalty `((5 + |y|) / 6)^α` (`|y|` counting EOS); plus GNMT's coverage penalty where β ≠ 0.
+fn rank_key(h: &Hypothesis, opts: &DecodeOptions) -> f64 {
+    let words = (h.tokens.len() + 1) as f64;
+    let key = if opts.length_norm {
+        h.score / words
+    } else if opts.length_penalty != 0.0 {
+        h.score / ((5.0 + words) / 6.0).powf(opts.length_penalty)
+    } else {
+        h.score
+    };
+    if opts.coverage_penalty == 0.0 {
+        return key;
+    }
+    key + opts.coverage_penalty * coverage_penalty(&h.attention_mass)
+}
+
+/// `Σ_j log(min(m_j, 1))` of the attention mass `m_j` each source position received (≤ 0; 0 when every
+/// position received at least 1). A position that received none counts as the smallest positive mass.
+pub fn coverage_penalty(mass: &[f64]) -> f64 {
+    mass.iter()
+        .map(|&m| m.clamp(f64::MIN_POSITIVE, 1.0).ln())
+        .sum()
+}
+
+fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
+    let t = t.to_dtype(candle_core::DType::F32)?;
+    match t.rank() {
+        1 => {
+            // A static gate: one vector for all hypotheses.
+            let m = t.mean_all()?.to_scalar::<f32>()?;
+            Ok(vec![m])
+        }
+        _ => t.mean(1)?.to_vec1::<f32>(),
+    }
+}
+
+/// The `k` best `(log-probability, word)` of a row, best first (ties: lower word id first); `skip` is a
+/// word that may not be chosen (EOS before the minimum length).
+fn top_k(lp: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return top;
+    }
+    // Once `top` is full, a block whose largest value does not beat the k-th best holds no candidate: its
+    // maximum (a vectorised pass) is all that is read of it.
+    for (c, block) in lp.chunks(TOP_K_BLOCK).enumerate() {
+        if top.len() == k && block_max(block) <= top[k - 1].0 {
+            continue;
+        }
+        for (j, &x) in block.iter().enumerate() {
+            let w = (c * TOP_K_BLOCK + j) as u32;
+            if top.len() == k && x <= top[k - 1].0 {
+                continue;
+            }
+            if Some(w) == skip {
+                continue;
+            }
+            let pos = top.partition_point(|y| y.0 >= x);
+            top.insert(pos, (x, w));
+            top.truncate(k);
+        }
+    }
+    top
+}
+
+/// Words per block of [`top_k`]'s scan.
+const TOP_K_BLOCK: usize = 64;
+
+/// The largest value of a block (`-∞` for an empty one; NaN is never the largest).
+fn block_max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 (checked at run time).
+        return unsafe { block_max_avx2(x) };
+    }
+    block_max_plain(x)
+}
+
+#[inline(always)]
+fn block_max_plain(x: &[f32]) -> f32 {
+    // Eight running maxima, so that the loop vectorises.
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (mi, &v) in m.iter_mut().zip(c) {
+            *mi = if v > *mi { v } else { *mi };
+        }
+    }
+    let mut best = f32::NEG_INFINITY;
+    for &v in m.iter().chain(chunks.remainder()) {
+        best = if v > best { v } else { best };
+    }
+    best
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn block_max_avx2(x: &[f32]) -> f32 {
+    block_max_plain(x)
+}
+
+struct Live {
+    sent: usize,
+    hyp: Hypothesis,
+}
+
+/// Beam search over a batch of source sentences (ids without EOS). Returns up to `nbest` hypotheses per
+/// sentence, best first.
+pub fn beam_search(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    beam_search_with(model, srcs, eos, opts, None, None)
+}
+
+/// [`beam_search`] with decoding's weights prepared earlier (see [`Model::prepare_decoding`]) and, when
+/// given, the words' terms gathered from the word table (see [`Model::word_table`]) instead of formed at
+/// each step. Either way the results are the same.
+pub fn beam_search_with(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+    prepared: Option<&crate::kernels::Prepared>,
+    table: Option<&WordTable>,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    beam_search_ensemble(
+        &[Member {
+            model,
+            prepared,
+            table,
+        }],
+        srcs,
+        eos,
+        opts,
+    )
+}
+
+/// One model of an ensemble, with what [`beam_search_with`] takes beside it.
+#[derive(Clone, Copy)]
+pub struct Member<'a> {
+    pub model: &'a Model,
+    pub prepared: Option<&'a crate::kernels::Prepared>,
+    pub table: Option<&'a WordTable>,
+}
+
+/// A member's decoding state over the live hypotheses.
+struct MemberState<'a> {
+    m: Member<'a>,
+    cur: crate::model::Source,
+    products: Option<crate::model::attention::ContextProducts>,
+    row_keys: bool,
+    t: Tensor,
+    cov: Option<Tensor>,
+    w_prev: crate::model::WordTerms,
+    words: Option<crate::model::readout::OutputWords>,
+    /// The step's context and attention output.
+    step: Option<(crate::model::attention::Context, crate::model::StepOut)>,
+    /// The step's rows of logits (fused kernels) or log-probabilities, and their width.
+    scores: Vec<f32>,
+    vocab: usize,
+    /// In an ensemble with fused kernels, the normaliser `log Σ exp` of each row of logits.
+    norm: Vec<f32>,
+}
+
+/// Beam search with an ensemble (model-spec §7 with several models): every member runs its own decoder over
+/// the same hypotheses, and a step's word scores are the members' log-probabilities averaged (a hypothesis's
+/// score is the sum of those averages). The members must share the source and target vocabularies. Recorded
+/// attention, and the attention mass of the coverage penalty, are the members' mean; recorded gates and
+/// coverage are the first member's. With one member this is [`beam_search_with`].
+pub fn beam_search_ensemble(
+    members: &[Member],
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let Some(first) = members.first() else {
+        candle_core::bail!("beam search needs at least one model");
+    };
+    let dev: Device = first.model.tgt_emb.device().clone();
+    let dtype = first.model.tgt_emb.dtype();
+    let nsent = srcs.len();
+    if nsent == 0 {
+        return Ok(vec![]);
+    }
+    let beam = opts.beam.max(1);
+    let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
+    let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
+    // Int8 products need their weights quantised: prepare them for this call where the caller did not.
+    let mut owned: Vec<Option<crate::kernels::Prepared>> = Vec::with_capacity(members.len());
+    for m in members {
+        owned.push(match m.prepared {
+            None if opts.int8 => m.model.prepare_decoding_as(true)?,
+            _ => None,
+        });
+    }
+    let mut states: Vec<MemberState> = Vec::with_capacity(members.len());
+    for (m, own) in members.iter().zip(&owned) {
+        let model = m.model;
+        if model.tgt_vocab != first.model.tgt_vocab {
+            candle_core::bail!(
+                "ensemble: the members' target vocabularies differ ({} and {} words)",
+                first.model.tgt_vocab,
+                model.tgt_vocab
+            );
+        }
+        let prepared = m.prepared.or(own.as_ref());
+        let source = model.encode_prepared(&src_ids, &src_mask, prepared)?;
+        let products = model.context_products(&source)?;
+        let cur = source.select(&idx0)?;
+        let e_dim = model.tgt_emb.dim(1)?;
+        states.push(MemberState {
+            m: Member { prepared, ..*m },
+            products,
+            // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur`
+            // keeps one row per sentence); otherwise `cur` holds one row per live hypothesis.
+            row_keys: model.attends_by_rows(&dev),
+            t: cur.t0.clone(),
+            cov: model.initial_coverage(&cur)?,
+            cur,
+            // The terms of the words fed to the next step (none yet: those of a zero embedding).
+            w_prev: model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, &dev)?)?,
+            // With a shortlist, the batch's output layer covers its words only; rows then hold their
+            // columns (the same ones for every member).
+            words: match &opts.shortlist {
+                Some(sl) => Some(model.readout.output_words(
+                    model.kernels,
+                    &sl.words(srcs, eos),
+                    opts.int8,
+                )?),
+                None => None,
+            },
+            step: None,
+            scores: Vec::new(),
+            vocab: 0,
+            norm: Vec::new(),
+        });
+    }
+    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
+    let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
+
+    let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
+    let mut live: Vec<Live> = (0..nsent)
+        .map(|s| Live {
+            sent: s,
+            hyp: Hypothesis::default(),
+        })
+        .collect();
+
+    let mut step = 0usize;
+    // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
+    let nbest = opts.nbest.clamp(1, beam);
+    let settle = opts.settle
+        && !opts.length_norm
+        && opts.length_penalty == 0.0
+        && opts.coverage_penalty == 0.0;
+    // EOS's column (a shortlist holds it).
+    let eos_column = match &states[0].words {
+        Some(o) => o.ids.binary_search(&eos).ok().map(|c| c as u32),
+        None => Some(eos),
+    };
+    // With fused kernels the rows stay logits: the top-k of a row are the same words, and only the chosen
+    // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
+    let fused = first.model.kernels.fused_on(&dev) && members.len() == 1;
+    // An ensemble's averaged rows and normalisers.
+    let (mut mean, mut mean_norm): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+    while !live.is_empty() {
+        DECODER_ROWS.fetch_add(
+            (live.len() * members.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Each live hypothesis's sentence.
+        let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
+        let mut cond_gate = None;
+        for (i, st) in states.iter_mut().enumerate() {
+            let model = st.m.model;
+            let out = if st.row_keys {
+                model.attend_rows(&st.cur, &rows, &st.t)?
+            } else {
+                model.attend(&st.cur, &st.t, st.cov.as_ref())?
+            };
+            let ctx = model.step_context(&out, st.products.as_ref(), &rows)?;
+            let (t_read, cond) =
+                model.condition_term(&st.t, &ctx, st.w_prev.gate.as_ref(), opts.context_scale)?;
+            if i == 0 {
+                cond_gate = match cond.and_then(|c| c.gate) {
+                    Some(g) if opts.record => Some(mean_rows(&g)?),
+                    _ => None,
+                };
+            }
+            st.t = t_read;
+            if model.kernels.fused_on(&dev) {
+                st.vocab = model.readout.logit_rows_term(
+                    model.kernels,
+                    &ctx,
+                    &st.t,
+                    &st.w_prev.readout,
+                    st.words.as_ref(),
+                    &mut st.scores,
+                )?;
+                if !fused {
+                    // An ensemble member's rows' normalisers.
+                    use rayon::prelude::*;
+                    st.norm = st
+                        .scores
+                        .par_chunks(st.vocab.max(1))
+                        .map(log_normaliser)
+                        .collect();
+                }
+            } else {
+                let lp = log_softmax(&model.readout.logits_term(
+                    model.kernels,
+                    &ctx,
+                    &st.t,
+                    &st.w_prev.readout,
+                    st.words.as_ref(),
+                )?)?;
+                st.scores = lp
+                    .to_dtype(candle_core::DType::F32)?
+                    .flatten_all()?
+                    .to_vec1()?;
+                st.vocab = lp.dim(1)?;
+            }
+            st.step = Some((ctx, out));
+        }
+        let vocab = states[0].vocab;
+        // An ensemble's rows: the members' logits averaged, and their normalisers averaged (subtracted from
+        // the chosen words' below), which is averaging the log-probabilities; without fused kernels the
+        // members' log-probabilities averaged.
+        let scores: &[f32] = if members.len() == 1 {
+            &states[0].scores
+        } else {
+            mean_into(&mut mean, states.iter().map(|st| &st.scores[..]));
+            mean_into(&mut mean_norm, states.iter().map(|st| &st.norm[..]));
+            &mean
+        };
+        // Top-k words of every row, in parallel (k = the row's sentence's remaining beam).
+        let words = &states[0].words;
+        let row_top: Vec<Vec<(f32, u32)>> = {
+            use rayon::prelude::*;
+            scores
+                .par_chunks(vocab.max(1))
+                .enumerate()
+                .map(|(r, row)| {
+                    let s = live[r].sent;
+                    let k = beam.saturating_sub(finished[s].len());
+                    let eos_ok = step >= limits[s].0;
+                    let mut top = top_k(row, k, if eos_ok { None } else { eos_column });
+                    let lse = if fused {
+                        log_normaliser(row)
+                    } else {
+                        mean_norm.get(r).copied().unwrap_or(0.0)
+                    };
+                    if lse != 0.0 {
+                        for c in &mut top {
+                            c.0 -= lse;
+                        }
+                    }
+                    if let Some(o) = words {
+                        for c in &mut top {
+                            c.1 = o.ids[c.1 as usize];
+                        }
+                    }
+                    top
+                })
+                .collect()
+        };
+        let alpha: Option<Vec<Vec<f32>>> = if opts.record || opts.coverage_penalty != 0.0 {
+            let mut a: Vec<Vec<f32>> = Vec::new();
+            for (i, st) in states.iter().enumerate() {
+                let x: Vec<Vec<f32>> = st
+                    .step
+                    .as_ref()
+                    .expect("stepped")
+                    .1
+                    .alpha
+                    .to_dtype(candle_core::DType::F32)?
+                    .to_vec2()?;
+                if i == 0 {
+                    a = x;
+                } else {
+                    for (ra, rx) in a.iter_mut().zip(&x) {
+                        for (p, q) in ra.iter_mut().zip(rx) {
+                            *p += q;
+                        }
+                    }
+                }
+            }
+            if members.len() > 1 {
+                let k = members.len() as f32;
+                a.iter_mut().flatten().for_each(|p| *p /= k);
+            }
+            Some(a)
+        } else {
+            None
+        };
+        // Group live rows by sentence (rows of one sentence are contiguous).
+        let mut next: Vec<(usize, u32, f64)> = Vec::new(); // (parent row, word, score)
+        let mut row = 0;
+        while row < live.len() {
+            let s = live[row].sent;
+            let mut end = row;
+            while end < live.len() && live[end].sent == s {
+                end += 1;
+            }
+            let k = beam.saturating_sub(finished[s].len());
+            // The rows' top-k candidates, merged.
+            let mut cands: Vec<(f64, usize, u32)> = Vec::new();
+            for r in row..end {
+                let base = live[r].hyp.score;
+                cands.extend(row_top[r].iter().map(|&(lp, w)| (base + lp as f64, r, w)));
+            }
+            cands.sort_by(|a, b| {
+                b.0.partial_cmp(&a.0)
+                    .unwrap_or(std::cmp::Ordering::Equal)
+                    .then(a.1.cmp(&b.1))
+            });
+            cands.truncate(k);
+            for (score, r, w) in cands {
+                next.push((r, w, score));
+            }
+            row = end;
+        }
+        // Split finished and continuing hypotheses.
+        let mut new_live: Vec<Live> = Vec::new();
+        let mut parents: Vec<u32> = Vec::new();
+        let mut words: Vec<u32> = Vec::new();
+        for (r, w, score) in next {
+            let s = live[r].sent;
+            let mut hyp = Hypothesis {
+                score,
+                ..Default::default()
+            };
+            hyp.tokens = live[r].hyp.tokens.clone();
+            if opts.coverage_penalty != 0.0 {
+                let a = &alpha.as_ref().expect("fetched")[r][..src_lens[s]];
+                let parent = &live[r].hyp.attention_mass;
+                hyp.attention_mass = if parent.is_empty() {
+                    a.iter().map(|&x| x as f64).collect()
+                } else {
+                    parent.iter().zip(a).map(|(&m, &x)| m + x as f64).collect()
+                };
+            }
+            if opts.record {
+                hyp.attention = live[r].hyp.attention.clone();
+                hyp.attention
+                    .push(alpha.as_ref().expect("recorded")[r][..src_lens[s]].to_vec());
+                hyp.gates = live[r].hyp.gates.clone();
+                if let Some(g) = &cond_gate {
+                    if w != eos {
+                        hyp.gates.push(if g.len() == 1 { g[0] } else { g[r] });
+                    }
+                }
+            }
+            if w == eos {
+                if opts.record {
+                    if let Some(c) = &states[0].step.as_ref().expect("stepped").1.cov {
+                        hyp.coverage = coverage_row(c, r, src_lens[s])?;
+                    }
+                }
+                finished[s].push(hyp);
+            } else {
+                hyp.tokens.push(w);
+                new_live.push(Live { sent: s, hyp });
+                parents.push(r as u32);
+                words.push(w);
+            }
+        }
+        step += 1;
+        if new_live.is_empty() {
+            break;
+        }
+        let pidx = Tensor::from_vec(parents.clone(), parents.len(), &dev)?;
+        let wids = Tensor::from_vec(words, parents.len(), &dev)?;
+        for (i, st) in states.iter_mut().enumerate() {
+            let model = st.m.model;
+            let (ctx, out) = st.step.take().expect("stepped");
+            let w = match st.m.table {
+                Some(table) => table.rows(&wids)?,
+                None => model.word_terms(&model.embed(&wids)?)?,
+            };
+            let t_sel = crate::kernels::select_rows(&st.t, &pidx)?;
+            // The parents' rows of what the transition reads of the context.
+            let ctx_sel = ctx.select(&pidx, &model.transition_context_weights())?;
+            let (t_new, sc) = model.transition_projected(
+                &t_sel,
+                &w.proj,
+                w.gate.as_ref(),
+                &ctx_sel,
+                opts.context_scale,
+            )?;
+            if opts.record && i == 0 {
+                if let Some(g) = &sc.gate {
+                    let means = mean_rows(g)?;
+                    for (i, l) in new_live.iter_mut().enumerate() {
+                        l.hyp
+                            .gates
+                            .push(if means.len() == 1 { means[0] } else { means[i] });
+                    }
+                }
+            }
+            st.cov = match &out.cov {
+                Some(c) => Some(crate::kernels::select_rows(c, &pidx)?),
+                None => None,
+            };
+            if !st.row_keys {
+                st.cur = st.cur.select(&pidx)?;
+            }
+            st.t = t_new;
+            st.w_prev = w;
+        }
+        // Hypotheses that reached the maximum length finish without EOS.
+        let mut keep: Vec<u32> = Vec::new();
+        let mut kept: Vec<Live> = Vec::new();
+        for (i, l) in new_live.into_iter().enumerate() {
+            if l.hyp.tokens.len() >= limits[l.sent].1 || finished[l.sent].len() >= beam {
+                if finished[l.sent].len() < beam {
+                    let mut h = l.hyp;
+                    if opts.record {
+                        if let Some(c) = &states[0].cov {
+                            h.coverage = coverage_row(c, i, src_lens[l.sent])?;
+                        }
+                    }
+                    finished[l.sent].push(h);
+                }
+            } else {
+                keep.push(i as u32);
+                kept.push(l);
+            }
+        }
+        if settle {
+            // A sentence whose `nbest`-th best finished hypothesis scores at least as high as its best live
+            // one is settled: log-probabilities are ≤ 0, so a live hypothesis only loses score as it grows,
+            // and none of them could enter the result any more (a later one of equal score ranks after).
+            // Decoding it on (as GroundHog does, until the beam has shrunk to nothing) only costs steps.
+            let mut best_live = vec![f64::NEG_INFINITY; nsent];
+            for l in &kept {
+                best_live[l.sent] = best_live[l.sent].max(l.hyp.score);
+            }
+            let settled: Vec<bool> = (0..nsent)
+                .map(|s| {
+                    let f = &finished[s];
+                    f.len() >= nbest && {
+                        let mut scores: Vec<f64> = f.iter().map(|h| h.score).collect();
+                        scores
+                            .sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
+                        scores[nbest - 1] >= best_live[s]
+                    }
+                })
+                .collect();
+            if kept.iter().any(|l| settled[l.sent]) {
+                let (k2, l2): (Vec<u32>, Vec<Live>) = keep
+                    .into_iter()
+                    .zip(kept)
+                    .filter(|(_, l)| !settled[l.sent])
+                    .unzip();
+                keep = k2;
+                kept = l2;
+            }
+        }
+        if kept.len() != parents.len() {
+            if kept.is_empty() {
+                break;
+            }
+            let kidx = Tensor::from_vec(keep.clone(), keep.len(), &dev)?;
+            for st in states.iter_mut() {
+                st.t = crate::kernels::select_rows(&st.t, &kidx)?;
+                st.w_prev = st.w_prev.select(&kidx)?;
+                st.cov = match &st.cov {
+                    Some(c) => Some(crate::kernels::select_rows(c, &kidx)?),
+                    None => None,
+                };
+                if !st.row_keys {
+                    st.cur = st.cur.select(&kidx)?;
+                }
+            }
+        }
+        live = kept;
+    }
+    Ok(finished
+        .into_iter()
+        .map(|mut f| {
+            f.sort_by(|a, b| {
+                rank_key(b, opts)
+                    .partial_cmp(&rank_key(a, opts))
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+            f.truncate(opts.nbest.max(1));
+            f
+        })
+        .collect())
+}
+
+/// The element-wise mean of equally long `parts`, into `out`.
+fn mean_into<'a>(out: &mut Vec<f32>, mut parts: impl ExactSizeIterator<Item = &'a [f32]>) {
+    let k = parts.len() as f32;
+    out.clear();
+    if let Some(first) = parts.next() {
+        out.extend_from_slice(first);
+    }
+    for p in parts {
+        for (a, b) in out.iter_mut().zip(p) {
+            *a += b;
+        }
+    }
+    for a in out.iter_mut() {
+        *a /= k;
+    }
+}
+
+fn coverage_row(c: &Tensor, row: usize, len: usize) -> Result<Vec<f32>> {
+    let v: Vec<f32> = c
+        .i((row, .., 0))?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?;
+    Ok(v[..len].to_vec())
+}
+
+/// Greedy decoding written independently of the beam search: argmax at every step under the same length
+/// limits. `beam_search` with beam 1 must produce the same output.
+pub fn greedy(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    context_scale: (f64, f64),
+) -> Result<Vec<Vec<u32>>> {
+    let dev = model.tgt_emb.device().clone();
+    let dtype = model.tgt_emb.dtype();
+    let n = srcs.len();
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
+    let source = model.encode(&src_ids, &src_mask)?;
+    let products = model.context_products(&source)?;
+    let rows: Vec<u32> = (0..n as u32).collect();
+    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
+    let max_steps = limits.iter().map(|l| l.1).max().unwrap_or(0);
+    let mut t = source.t0.clone();
+    let mut cov = model.initial_coverage(&source)?;
+    let mut e_prev = Tensor::zeros((n, model.tgt_emb.dim(1)?), dtype, &dev)?;
+    let mut out: Vec<Vec<u32>> = vec![vec![]; n];
+    let mut done = vec![false; n];
+    let mut logits: Vec<f32> = Vec::new();
+    for step in 0..max_steps {
+        DECODER_ROWS.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        let o = model.attend(&source, &t, cov.as_ref())?;
+        cov = o.cov.clone();
+        let ctx = model.step_context(&o, products.as_ref(), &rows)?;
+        t = model.condition(&t, &ctx, &e_prev, context_scale)?.0;
+        let v = model.logit_rows(&ctx, &t, &e_prev, &mut logits)?;
+        let mut words = vec![eos; n];
+        for i in 0..n {
+            if done[i] {
+                continue;
+            }
+            let mut best = (f32::NEG_INFINITY, eos);
+            for (w, &v) in logits[i * v..(i + 1) * v].iter().enumerate() {
+                if w as u32 == eos && step < limits[i].0 {
+                    continue;
+                }
+                if v > best.0 {
+                    best = (v, w as u32);
+                }
+            }
+            if best.1 == eos {
+                done[i] = true;
+            } else {
+                out[i].push(best.1);
+                words[i] = best.1;
+                if out[i].len() >= limits[i].1 {
+                    done[i] = true;
+                }
+            }
+        }
+        if done.iter().all(|d| *d) {
+            break;
+        }
+        let e = model.embed(&Tensor::from_vec(words, n, &dev)?)?;
+        t = model.transition(&t, &e, &ctx, context_scale)?.0;
+        e_prev = e;
+    }
+    Ok(out)
+}
+
+/// [`beam_search`] over several batches, decoded concurrently, one per thread of the pool: each decoder's
+/// serial work (beam bookkeeping, small ops) overlaps the others', and their matrix products share the
+/// pool. Results are those of decoding the batches one after the other. `done(n)` is called as each batch
+/// of `n` sentences finishes. The weights are prepared (transposed, packed) once for all the batches.
+/// Several `models` decode as an ensemble ([`beam_search_ensemble`]).
+pub fn beam_search_batches(
+    models: &[&Model],
+    batches: &[Vec<Vec<u32>>],
+    eos: u32,
+    opts: &DecodeOptions,
+    done: impl Fn(usize) + Sync,
+) -> Result<Vec<Vec<Vec<Hypothesis>>>> {
+    use rayon::prelude::*;
+    // The table costs a product of each of its weights over the vocabulary, the steps' would cover about
+    // beam × (length + 1) words per sentence: form it when those are at least twice the vocabulary.
+    let words: usize = batches.iter().flatten().map(|s| s.len() + 1).sum();
+    let mut prepared = Vec::with_capacity(models.len());
+    let mut tables = Vec::with_capacity(models.len());
+    for model in models {
+        let p = model.prepare_decoding_as(opts.int8)?;
+        tables.push(
+            if opts.word_table
+                && p.is_some()
+                && model.word_table_bytes() <= WORD_TABLE_MAX_BYTES
+                && opts.beam.max(1) * words >= 2 * model.tgt_vocab
+            {
+                Some(model.word_table(p.as_ref())?)
+            } else {
+                None
+            },
+        );
+        prepared.push(p);
+    }
+    let members: Vec<Member> = models
+        .iter()
+        .zip(prepared.iter().zip(&tables))
+        .map(|(model, (p, t))| Member {
+            model,
+            prepared: p.as_ref(),
+            table: t.as_ref(),
+        })
+        .collect();
+    batches
+        .par_iter()
+        .map(|b| {
+            let h = beam_search_ensemble(&members, b, eos, opts)?;
+            done(b.len());
+            Ok(h)
+        })
+        .collect()
+}
+
+/// Convenience: the 1-best token ids of `beam_search`.
+pub fn translate_ids(
+    model: &Model,
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<u32>>> {
+    Ok(beam_search(model, srcs, eos, opts)?
+        .into_iter()
+        .map(|mut v| {
+            if v.is_empty() {
+                vec![]
+            } else {
+                v.swap_remove(0).tokens
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_k;
+
+    #[test]
+    fn length_penalty_ranks_like_gnmt() {
+        use super::{rank_key, DecodeOptions, Hypothesis};
+        let hyp = |n: usize, score: f64| Hypothesis {
+            tokens: vec![0; n],
+            score,
+            ..Default::default()
+        };
+        let (short, long) = (hyp(2, -3.0), hyp(8, -4.0));
+        let total = DecodeOptions::default();
+        assert!(rank_key(&short, &total) > rank_key(&long, &total));
+        // α = 1: −3 / (8/6) = −2.25 against −4 / (14/6) ≈ −1.714: the longer one wins.
+        let lp = DecodeOptions {
+            length_penalty: 1.0,
+            ..Default::default()
+        };
+        assert!((rank_key(&short, &lp) + 2.25).abs() < 1e-12);
+        assert!((rank_key(&long, &lp) + 4.0 * 6.0 / 14.0).abs() < 1e-12);
+        assert!(rank_key(&long, &lp) > rank_key(&short, &lp));
+    }
+
+    #[test]
+    fn coverage_penalty_ranks_like_gnmt() {
+        use super::{coverage_penalty, rank_key, DecodeOptions, Hypothesis};
+        // Σ_j log(min(m_j, 1)): 0 for full coverage; a position with no attention counts as a tiny mass.
+        assert_eq!(coverage_penalty(&[1.0, 2.5, 1.0]), 0.0);
+        let p = coverage_penalty(&[0.5, 1.7, 0.25]);
+        assert!((p - (0.5f64.ln() + 0.25f64.ln())).abs() < 1e-12);
+        assert!(coverage_penalty(&[0.0]).is_finite() && coverage_penalty(&[0.0]) < -700.0);
+        let hyp = |score: f64, mass: &[f64]| Hypothesis {
+            tokens: vec![0; 3],
+            score,
+            attention_mass: mass.to_vec(),
+            ..Default::default()
+        };
+        // The likelier hypothesis left a word unattended; β = 0.5 ranks the one that covers it first:
+        // −2 + 0.5·(log 0.2 + log 1) ≈ −2.80 against −2.5 + 0.5·log 0.9 ≈ −2.55.
+        let (skips, covers) = (hyp(-2.0, &[0.2, 1.8]), hyp(-2.5, &[0.9, 1.1]));
+        let plain = DecodeOptions::default();
+        assert!(rank_key(&skips, &plain) > rank_key(&covers, &plain));
+        let cp = DecodeOptions {
+            coverage_penalty: 0.5,
+            ..Default::default()
+        };
+        assert!((rank_key(&skips, &cp) - (-2.0 + 0.5 * 0.2f64.ln())).abs() < 1e-12);
+        assert!((rank_key(&covers, &cp) - (-2.5 + 0.5 * 0.9f64.ln())).abs() < 1e-12);
+        assert!(rank_key(&covers, &cp) > rank_key(&skips, &cp));
+        // With the length penalty: the penalised log-probability plus β·cp.
+        let both = DecodeOptions {
+            coverage_penalty: 0.5,
+            length_penalty: 1.0,
+            ..Default::default()
+        };
+        let lp = (5.0 + 4.0) / 6.0;
+        assert!((rank_key(&covers, &both) - (-2.5 / lp + 0.5 * 0.9f64.ln())).abs() < 1e-12);
+    }
+
+    /// The `k` best by a full sort (ties: lower word id first), skipping `skip`.
+    fn sorted_top(x: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
+        let mut all: Vec<(f32, u32)> = x
+            .iter()
+            .enumerate()
+            .map(|(w, &v)| (v, w as u32))
+            .filter(|&(_, w)| Some(w) != skip)
+            .collect();
+        all.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+        all.truncate(k);
+        all
+    }
+
+    #[test]
+    fn top_k_equals_a_full_sort() {
+        // Rows longer and shorter than a block, with repeated values (ties across blocks), the best word
+        // skipped, and k from 0 to more than the row holds.
+        let mut seed = 7u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in [1usize, 5, 63, 64, 65, 200, 1000] {
+            for k in [0usize, 1, 3, 10, 70] {
+                let x: Vec<f32> = (0..len)
+                    .map(|_| (next() % 50) as f32 * 0.25 - 6.0)
+                    .collect();
+                let best = sorted_top(&x, 1, None).first().map(|b| b.1);
+                for skip in [None, best, Some(0)] {
+                    assert_eq!(
+                        top_k(&x, k, skip),
+                        sorted_top(&x, k, skip),
+                        "len {len}, k {k}, skip {skip:?}"
+                    );
+                }
+            }
+        }
+        // The best values late in the row (every block before them is passed over once `top` is full).
+        let mut x = vec![-1.0f32; 300];
+        x[299] = 5.0;
+        x[250] = 4.0;
+        assert_eq!(top_k(&x, 2, None), vec![(5.0, 299), (4.0, 250)]);
+    }
+}

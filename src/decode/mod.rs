@@ -1,0 +1,9 @@
+//! Decoding: beam search over one model or an ensemble ([`beam_search`]), translation of raw or tokenised
+//! text ([`translate`]), vocabulary shortlists from an IBM Model 1 lexicon ([`shortlist`]), n-best rescoring
+//! ([`rescore`]) and word alignments from attention ([`alignment`]).
+
+pub mod alignment;
+pub mod beam_search;
+pub mod rescore;
+pub mod shortlist;
+pub mod translate;

@@ -1,0 +1,278 @@
+//! From text to text: preprocess source lines, decode them in length-sorted batches, restore the input order and
+//! post-process the output (BPE merge, detokenisation). Exactly one output per input, empty lines included.
+
+use cgnmt_data::preprocess::Preprocessor;
+use cgnmt_data::vocab::Vocab;
+
+use crate::decode::beam_search::{beam_search_batches, DecodeOptions, Hypothesis};
+use crate::error::Result;
+use crate::model::Model;
+
+/// What to do with an input line longer than a limit (in model tokens, after tokenisation and BPE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LongInput {
+    /// Translate it in consecutive pieces of at most the limit and join their outputs.
+    Split,
+    /// Translate its first tokens up to the limit only.
+    Truncate,
+}
+
+/// The limit on input length: `max_words` model tokens per line (0 = none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputLimit {
+    pub max_words: usize,
+    pub long_input: LongInput,
+}
+
+impl InputLimit {
+    pub const NONE: InputLimit = InputLimit {
+        max_words: 0,
+        long_input: LongInput::Split,
+    };
+}
+
+/// A line that was over the limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LongLine {
+    /// 0-based index of the line in the call's input.
+    pub index: usize,
+    pub words: usize,
+    /// Pieces it was translated in (1 when truncated).
+    pub pieces: usize,
+}
+
+/// One translated sentence.
+#[derive(Debug, Clone, Default)]
+pub struct Translation {
+    /// Post-processed output text.
+    pub text: String,
+    /// Source tokens as the model saw them (before mapping to ids; EOS not included).
+    pub src_tokens: Vec<String>,
+    /// Output tokens of the best hypothesis (before post-processing).
+    pub tokens: Vec<String>,
+    /// All returned hypotheses, best first.
+    pub hyps: Vec<Hypothesis>,
+}
+
+pub struct Translator<'a> {
+    pub model: &'a Model,
+    /// The other members of an ensemble with `model` (empty: `model` alone); they share its vocabularies
+    /// and preprocessing.
+    pub others: Vec<&'a Model>,
+    pub src_vocab: &'a Vocab,
+    pub tgt_vocab: &'a Vocab,
+    pub preprocess: &'a Preprocessor,
+}
+
+impl<'a> Translator<'a> {
+    /// A translator of a loaded model directory, decoding with `model` (its frozen form).
+    pub fn of(model: &'a Model, lm: &'a crate::train::checkpoint::LoadedModel) -> Self {
+        Translator {
+            model,
+            others: vec![],
+            src_vocab: &lm.src_vocab,
+            tgt_vocab: &lm.tgt_vocab,
+            preprocess: &lm.preprocess,
+        }
+    }
+
+    /// Source tokens of a line: through the model's tokenizer/BPE, or split on whitespace when `pretokenized`.
+    pub fn source_tokens(&self, line: &str, pretokenized: bool) -> Vec<String> {
+        if pretokenized {
+            line.split_whitespace().map(str::to_string).collect()
+        } else {
+            self.preprocess.src_tokens(line)
+        }
+    }
+
+    pub fn detok(&self, tokens: &[String]) -> String {
+        self.preprocess.postprocess_tgt(tokens)
+    }
+
+    /// Translate `lines` in batches of `batch` sentences (sorted by length inside the call; batches decoded
+    /// concurrently, see [`beam_search_batches`]).
+    pub fn translate(
+        &self,
+        lines: &[String],
+        opts: &DecodeOptions,
+        batch: usize,
+        pretokenized: bool,
+        progress: impl FnMut(usize) + Send,
+    ) -> Result<Vec<Translation>> {
+        Ok(self
+            .translate_within(lines, opts, batch, pretokenized, InputLimit::NONE, progress)?
+            .0)
+    }
+
+    /// [`Translator::translate`] with lines longer than `limit.max_words` model tokens split into pieces
+    /// (each translated as a sentence, their outputs joined) or truncated; the long lines are returned so the
+    /// caller can say which. A split line's n-best list holds one hypothesis, its pieces' best ones joined
+    /// (scores added, attention rows placed over each piece's source positions).
+    pub fn translate_within(
+        &self,
+        lines: &[String],
+        opts: &DecodeOptions,
+        batch: usize,
+        pretokenized: bool,
+        limit: InputLimit,
+        progress: impl FnMut(usize) + Send,
+    ) -> Result<(Vec<Translation>, Vec<LongLine>)> {
+        let mut toks: Vec<Vec<String>> = lines
+            .iter()
+            .map(|l| self.source_tokens(l, pretokenized))
+            .collect();
+        // Decoding units: (line, token range). A line within the limit is one unit.
+        let mut units: Vec<(usize, std::ops::Range<usize>)> = vec![];
+        let mut long = vec![];
+        for (i, t) in toks.iter_mut().enumerate() {
+            let n = t.len();
+            if limit.max_words == 0 || n <= limit.max_words {
+                units.push((i, 0..n));
+                continue;
+            }
+            match limit.long_input {
+                LongInput::Truncate => {
+                    t.truncate(limit.max_words);
+                    units.push((i, 0..limit.max_words));
+                    long.push(LongLine {
+                        index: i,
+                        words: n,
+                        pieces: 1,
+                    });
+                }
+                LongInput::Split => {
+                    let pieces = n.div_ceil(limit.max_words);
+                    // Equal pieces rather than full ones and a short rest.
+                    let size = n.div_ceil(pieces);
+                    for k in 0..pieces {
+                        units.push((i, k * size..((k + 1) * size).min(n)));
+                    }
+                    long.push(LongLine {
+                        index: i,
+                        words: n,
+                        pieces,
+                    });
+                }
+            }
+        }
+        let ids: Vec<Vec<u32>> = units
+            .iter()
+            .map(|(i, r)| self.src_vocab.encode(&toks[*i][r.clone()]))
+            .collect();
+        let mut order: Vec<usize> = (0..units.len()).filter(|&u| !ids[u].is_empty()).collect();
+        order.sort_by_key(|&u| std::cmp::Reverse(ids[u].len()));
+        let eos = self.tgt_vocab.eos();
+        // Progress counts lines: a line is done with its last piece.
+        let mut pieces_left = vec![0usize; lines.len()];
+        for &u in &order {
+            pieces_left[units[u].0] += 1;
+        }
+        let empty_lines = pieces_left.iter().filter(|&&n| n == 0).count();
+        let progress = std::sync::Mutex::new((empty_lines, progress));
+        let report = |n: usize| {
+            let mut p = progress.lock().expect("progress");
+            p.0 += n;
+            let d = p.0;
+            (p.1)(d);
+        };
+        report(0);
+        let chunks: Vec<&[usize]> = order.chunks(batch.max(1)).collect();
+        let batches: Vec<Vec<Vec<u32>>> = chunks
+            .iter()
+            .map(|c| c.iter().map(|&u| ids[u].clone()).collect())
+            .collect();
+        let split = !long.is_empty() && limit.long_input == LongInput::Split;
+        // With split lines, progress is reported per batch as whole lines finish below; otherwise per unit.
+        let mut models = vec![self.model];
+        models.extend(self.others.iter().copied());
+        let hyps = if split {
+            beam_search_batches(&models, &batches, eos, opts, |_| {})?
+        } else {
+            beam_search_batches(&models, &batches, eos, opts, &report)?
+        };
+        let mut unit_hyps: Vec<Vec<Hypothesis>> = vec![vec![]; units.len()];
+        for (chunk, hyps) in chunks.iter().zip(hyps) {
+            for (&u, h) in chunk.iter().zip(hyps) {
+                unit_hyps[u] = h;
+            }
+        }
+        let mut out: Vec<Translation> = toks
+            .iter()
+            .map(|t| Translation {
+                src_tokens: t.clone(),
+                ..Default::default()
+            })
+            .collect();
+        let mut u = 0;
+        while u < units.len() {
+            let i = units[u].0;
+            let mut end = u + 1;
+            while end < units.len() && units[end].0 == i {
+                end += 1;
+            }
+            let h = if end - u == 1 {
+                std::mem::take(&mut unit_hyps[u])
+            } else {
+                let parts: Vec<(usize, Option<&Hypothesis>)> = (u..end)
+                    .map(|k| (units[k].1.len(), unit_hyps[k].first()))
+                    .collect();
+                vec![join_pieces(&parts)]
+            };
+            let tokens = h
+                .first()
+                .map(|b| self.tgt_vocab.decode(&b.tokens))
+                .unwrap_or_default();
+            out[i].text = self.detok(&tokens);
+            out[i].tokens = tokens;
+            out[i].hyps = h;
+            if split {
+                report(1);
+            }
+            u = end;
+        }
+        Ok((out, long))
+    }
+}
+
+/// One hypothesis from a split line's pieces, each `(source words, its best hypothesis)`: the tokens in
+/// order, the scores added, each piece's attention rows placed over its source positions (its EOS column's
+/// weight on the line's EOS), only the last piece's EOS row kept, gates and coverage in order.
+fn join_pieces(parts: &[(usize, Option<&Hypothesis>)]) -> Hypothesis {
+    let n: usize = parts.iter().map(|p| p.0).sum();
+    let mut j = Hypothesis {
+        tokens: vec![],
+        score: 0.0,
+        attention: vec![],
+        gates: vec![],
+        coverage: vec![],
+        attention_mass: vec![],
+    };
+    let mut offset = 0;
+    let last = parts.len() - 1;
+    for (k, (len, h)) in parts.iter().enumerate() {
+        if let Some(h) = h {
+            j.tokens.extend_from_slice(&h.tokens);
+            j.score += h.score;
+            let rows = if k == last {
+                h.attention.len()
+            } else {
+                h.attention.len().min(h.tokens.len())
+            };
+            for row in &h.attention[..rows] {
+                let mut r = vec![0.0f32; n + 1];
+                r[offset..offset + len].copy_from_slice(&row[..*len]);
+                r[n] += row.get(*len).copied().unwrap_or(0.0);
+                j.attention.push(r);
+            }
+            j.gates.extend_from_slice(&h.gates);
+            if !h.coverage.is_empty() {
+                j.coverage.extend_from_slice(&h.coverage[..*len]);
+                if k == last {
+                    j.coverage.extend_from_slice(&h.coverage[*len..]);
+                }
+            }
+        }
+        offset += len;
+    }
+    j
+}

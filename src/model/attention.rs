@@ -1,0 +1,869 @@
+//! Bahdanau MLP attention (model-spec §2): `e_ij = vᵀ tanh(A h_j + B t_{i−1} [+ V_cov C_{i−1,j}])`, masked
+//! softmax over the source positions, context `s_i = Σ_j α_ij h_j`. `A h_j` is computed once per sentence.
+
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real, Shared};
+use candle_nn::VarBuilder;
+
+pub struct Attention {
+    pub a: Tensor,
+    pub b: Tensor,
+    pub v: Tensor,
+    pub dim: usize,
+}
+
+/// Per-sentence attention keys: `A h_j` and the additive padding mask.
+pub struct Keys {
+    /// `[B, S, Ad]` (for the fused decoder sequence op, the words' keys only when the mask is words then
+    /// padding: `[Σ len, Ad]`)
+    pub ah: Tensor,
+    /// `[B, S, 2H]`
+    pub annotations: Tensor,
+    /// `[B, S]`: 0 on words, a large negative number on padding.
+    pub mask_bias: Tensor,
+    /// Training with fused kernels: `ah` and `annotations` as [`Shared`] inputs of the decoder steps.
+    pub shared: Option<(Shared, Shared)>,
+}
+
+/// A numerically stable softmax over the last dimension built from differentiable ops (candle's fused softmax
+/// has no backward pass).
+pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    let m = x.max_keepdim(D::Minus1)?.detach();
+    let ex = x.broadcast_sub(&m)?.exp()?;
+    ex.broadcast_div(&ex.sum_keepdim(D::Minus1)?)
+}
+
+impl Attention {
+    pub fn new(vb: VarBuilder, ann_dim: usize, hidden: usize, dim: usize) -> Result<Self> {
+        Ok(Self {
+            a: vb.get_with_hints((ann_dim, dim), "A", crate::model::init::ZERO)?,
+            b: vb.get_with_hints((hidden, dim), "B", crate::model::init::ZERO)?,
+            v: vb.get_with_hints((dim, 1), "v", crate::model::init::ZERO)?,
+            dim,
+        })
+    }
+
+    pub fn keys(&self, annotations: &Tensor, mask: &Tensor) -> Result<Keys> {
+        let (b, s, a) = annotations.dims3()?;
+        let ah = crate::kernels::matmul_or_int8(&annotations.reshape((b * s, a))?, &self.a)?
+            .reshape((b, s, self.dim))?;
+        let mask_bias = ((mask - 1.0)? * 1e9)?;
+        Ok(Keys {
+            ah,
+            annotations: annotations.clone(),
+            mask_bias,
+            shared: None,
+        })
+    }
+
+    /// The attention's part of the fused decoder op's weights: `B` and `v`.
+    pub fn sequence_weights(&self) -> crate::model::decoder_sequence::AttentionWeights<'_> {
+        crate::model::decoder_sequence::AttentionWeights {
+            b: &self.b,
+            v: &self.v,
+        }
+    }
+
+    /// [`attend_rows`] with this attention's `B` and `v`: hypothesis row `i` attends over sentence `rows[i]`.
+    pub fn step_rows(
+        &self,
+        k: Kernels,
+        keys: &Keys,
+        rows: &[u32],
+        t_prev: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let bt = crate::kernels::rec_matmul(k, t_prev, &self.b)?;
+        attend_rows(keys, rows, &bt, &self.v)
+    }
+
+    /// Attention weights `[B, S]` and context `[B, 2H]` for previous states `t_prev` `[B, H]`; `cov` is the
+    /// projected coverage term `V_cov C_{i−1}` `[B, S, Ad]` when coverage is on.
+    pub fn step(
+        &self,
+        k: Kernels,
+        keys: &Keys,
+        t_prev: &Tensor,
+        cov: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
+        let bt = crate::kernels::rec_matmul(k, t_prev, &self.b)?;
+        let pre = match cov {
+            Some(c) => (&keys.ah + c)?,
+            None => keys.ah.clone(),
+        };
+        let fused = k.fused_on(pre.device());
+        let e = match (&keys.shared, cov) {
+            (Some((ah, _)), None) if fused => scores_shared(ah, &bt, &self.v)?,
+            _ if fused => scores_fused(&pre, &bt, &self.v)?,
+            _ => scores_reference(&pre, &bt, &self.v)?,
+        };
+        let e = (e + &keys.mask_bias)?;
+        match &keys.shared {
+            Some((_, ann)) if fused => softmax_context_shared(&e, ann),
+            _ if fused => softmax_context_fused(&e, &keys.annotations),
+            _ => softmax_context_reference(&e, &keys.annotations),
+        }
+    }
+}
+
+/// Inference only (no autodiff graph): attention weights `[N, S]` and contexts `[N, 2H]` for `N` hypothesis
+/// rows, row `i` reading the keys of sentence `rows[i]` (`keys` holds one row per sentence). Beam search uses
+/// it so that the keys are never copied per hypothesis and step. The same numbers as [`Attention::step`] on
+/// keys selected by `rows` (tested). Fused kernels on the CPU, f32 / f64, no coverage term.
+pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (nsent, s, ad) = keys.ah.dims3()?;
+    let a2 = keys.annotations.dim(2)?;
+    let n = rows.len();
+    if bt.dims2()? != (n, ad) || rows.iter().any(|&r| r as usize >= nsent) {
+        candle_core::bail!("attention over sentence rows: shape mismatch");
+    }
+    let dev = bt.device().clone();
+    let (ah, ann, mask, bt, v) = (
+        keys.ah.contiguous()?,
+        keys.annotations.contiguous()?,
+        keys.mask_bias.contiguous()?,
+        bt.contiguous()?,
+        v.contiguous()?,
+    );
+    fn run<T: Real>(
+        t: [&Tensor; 5],
+        rows: &[u32],
+        (s, ad, a2): (usize, usize, usize),
+        dev: &candle_core::Device,
+    ) -> Result<(Tensor, Tensor)> {
+        let data = |x: &Tensor| -> Result<Vec<T>> { x.flatten_all()?.to_vec1::<T>() };
+        // The keys are read in place (no copy of the per-sentence tensors).
+        let (ahs, ahl) = t[0].storage_and_layout();
+        let (anns, annl) = t[1].storage_and_layout();
+        let (ah, ann) = match (&*ahs, &*anns) {
+            (candle_core::Storage::Cpu(a), candle_core::Storage::Cpu(b)) => {
+                (slice::<T>(a, ahl)?, slice::<T>(b, annl)?)
+            }
+            _ => candle_core::bail!("attention over sentence rows: keys not on the CPU"),
+        };
+        let (mask, bt, v) = (data(t[2])?, data(t[3])?, data(t[4])?);
+        let n = rows.len();
+        let mut alpha = vec![T::zero(); n * s];
+        let mut ctx = vec![T::zero(); n * a2];
+        alpha
+            .par_chunks_mut(s.max(1))
+            .zip(ctx.par_chunks_mut(a2.max(1)))
+            .enumerate()
+            .for_each(|(i, (al, cx))| {
+                let k = rows[i] as usize;
+                let mut e = vec![T::zero(); s];
+                score_rows_d(
+                    &ah[k * s * ad..(k + 1) * s * ad],
+                    &bt[i * ad..(i + 1) * ad],
+                    &v,
+                    &mut e,
+                );
+                for (x, m) in e.iter_mut().zip(&mask[k * s..(k + 1) * s]) {
+                    *x = *x + *m;
+                }
+                let mut out = vec![T::zero(); s + a2];
+                softmax_context_row_d(&e, &ann[k * s * a2..(k + 1) * s * a2], &mut out);
+                al.copy_from_slice(&out[..s]);
+                cx.copy_from_slice(&out[s..]);
+            });
+        Ok((
+            Tensor::from_vec(alpha, (n, s), dev)?,
+            Tensor::from_vec(ctx, (n, a2), dev)?,
+        ))
+    }
+    let t = [&ah, &ann, &mask, &bt, &v];
+    match bt.dtype() {
+        candle_core::DType::F32 => run::<f32>(t, rows, (s, ad, a2), &dev),
+        candle_core::DType::F64 => run::<f64>(t, rows, (s, ad, a2), &dev),
+        d => candle_core::bail!("attention over sentence rows: unsupported dtype {d:?}"),
+    }
+}
+
+/// An attention context `s_i` `[N, 2H]` as the decoder reads it: the context itself and, when decoding with
+/// fused kernels, its products `s_i W` with the weights that read it (the transition's `C`, the gate's `C_z`,
+/// the readout's `W_o`), formed by [`ContextProducts::context`]. A product that is not carried is formed from
+/// `s_i` by the part of the model that needs it. [`Context::select`] may leave the context itself out when
+/// the products kept are all that will be read.
+#[derive(Clone)]
+pub struct Context {
+    ctx: Option<Tensor>,
+    products: Vec<(candle_core::TensorId, Tensor)>,
+}
+
+impl From<&Tensor> for Context {
+    fn from(ctx: &Tensor) -> Self {
+        Context {
+            ctx: Some(ctx.clone()),
+            products: vec![],
+        }
+    }
+}
+
+impl Context {
+    /// `s_i W` `[N, ·]` when it is carried.
+    pub fn formed(&self, w: &Tensor) -> Option<&Tensor> {
+        self.products
+            .iter()
+            .find(|(id, _)| *id == w.id())
+            .map(|(_, p)| p)
+    }
+
+    /// `s_i W`: the carried product, or a recurrent product of the context (see
+    /// [`crate::kernels::rec_matmul`]).
+    pub fn product(&self, k: Kernels, w: &Tensor) -> Result<Tensor> {
+        match (self.formed(w), &self.ctx) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(ctx)) => crate::kernels::rec_matmul(k, ctx, w),
+            (None, None) => {
+                candle_core::bail!("context: a product was asked for that was not kept")
+            }
+        }
+    }
+
+    /// Rows `idx` (the parents of a beam's new hypotheses) of what products with the weights `read` need:
+    /// the carried products among them, and the context itself only when one of them is not carried (the
+    /// other products are left out).
+    pub fn select(&self, idx: &Tensor, read: &[&Tensor]) -> Result<Context> {
+        let products = self
+            .products
+            .iter()
+            .filter(|(id, _)| read.iter().any(|w| w.id() == *id))
+            .map(|(id, p)| Ok((*id, crate::kernels::select_rows(p, idx)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let ctx = match &self.ctx {
+            Some(c) if read.iter().any(|w| self.formed(w).is_none()) => {
+                Some(crate::kernels::select_rows(c, idx)?)
+            }
+            _ => None,
+        };
+        Ok(Context { ctx, products })
+    }
+}
+
+/// Decoding: each source position's products `h_j W` `[B, S, ·]` with the weights `W` that read the attention
+/// context, formed once per batch of sentences (one GEMM per weight over all positions). As `s_i = Σ_j α_ij
+/// h_j`, a step's products are `s_i W = Σ_j α_ij (h_j W)`: `S` multiply-adds per column for each hypothesis
+/// row instead of `2H`. Beam search computes about ten rows per sentence and step, so this takes the
+/// context's products — about a third of a decoder step's multiply-adds at the small and paper sizes — off
+/// the steps. The same numbers as the products of the context up to rounding (the decoding tests compare
+/// the translations with the reference kernels').
+pub struct ContextProducts {
+    per_position: Vec<(candle_core::TensorId, Tensor)>,
+}
+
+impl ContextProducts {
+    /// The products of the annotations `[B, S, 2H]` with `weights` (each `[2H, ·]`; in 8 bits when decoding's
+    /// pass prepared them so, see [`crate::kernels::int8_matmul`]).
+    pub fn new(annotations: &Tensor, weights: &[&Tensor]) -> Result<ContextProducts> {
+        let (b, s, a2) = annotations.dims3()?;
+        let flat = annotations.reshape((b * s, a2))?;
+        Ok(ContextProducts {
+            per_position: weights
+                .iter()
+                .map(|w| {
+                    let p = crate::kernels::matmul_or_int8(&flat, w)?;
+                    let width = p.dim(1)?;
+                    Ok((w.id(), p.reshape((b, s, width))?))
+                })
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// The context `ctx` `[N, 2H]` of attention weights `alpha` `[N, S]` with its products, row `i` reading
+    /// sentence `rows[i]`'s positions.
+    pub fn context(&self, ctx: &Tensor, alpha: &Tensor, rows: &[u32]) -> Result<Context> {
+        let alpha = alpha.contiguous()?;
+        let products = self
+            .per_position
+            .iter()
+            .map(|(id, p)| Ok((*id, weighted_rows(&alpha, rows, p)?)))
+            .collect::<Result<_>>()?;
+        Ok(Context {
+            ctx: Some(ctx.clone()),
+            products,
+        })
+    }
+}
+
+/// `out_i = Σ_j α_ij p_{rows[i], j}` `[N, w]` for `α` `[N, S]` and per-sentence rows `p` `[B, S, w]`
+/// (inference only: no autodiff graph).
+fn weighted_rows(alpha: &Tensor, rows: &[u32], p: &Tensor) -> Result<Tensor> {
+    let (n, s) = alpha.dims2()?;
+    let (nsent, s2, w) = p.dims3()?;
+    if n != rows.len() || s != s2 || rows.iter().any(|&r| r as usize >= nsent) {
+        candle_core::bail!("context products: shape mismatch");
+    }
+    let p = p.contiguous()?;
+    fn run<T: Real>(
+        alpha: &Tensor,
+        rows: &[u32],
+        p: &Tensor,
+        (s, w): (usize, usize),
+    ) -> Result<Tensor> {
+        let (als, all) = alpha.storage_and_layout();
+        let (ps, pl) = p.storage_and_layout();
+        let al = crate::kernels::storage_slice::<T>(&als, all)?;
+        let pp = crate::kernels::storage_slice::<T>(&ps, pl)?;
+        let mut out = vec![T::zero(); rows.len() * w];
+        out.par_chunks_mut(w.max(1)).enumerate().for_each(|(i, o)| {
+            let k = rows[i] as usize;
+            weighted_row_d(&al[i * s..(i + 1) * s], &pp[k * s * w..(k + 1) * s * w], o)
+        });
+        Tensor::from_vec(out, (rows.len(), w), alpha.device())
+    }
+    match alpha.dtype() {
+        candle_core::DType::F32 => run::<f32>(&alpha, rows, &p, (s, w)),
+        candle_core::DType::F64 => run::<f64>(&alpha, rows, &p, (s, w)),
+        d => candle_core::bail!("context products: unsupported dtype {d:?}"),
+    }
+}
+
+/// `out += Σ_j α_j p_j` for `α` `[S]` and `p` `[S, w]`; positions with `α_j = 0` (padding) are skipped.
+#[inline(always)]
+fn weighted_row<T: Real>(alpha: &[T], p: &[T], out: &mut [T]) {
+    let w = out.len();
+    for (j, &a) in alpha.iter().enumerate() {
+        if a == T::zero() {
+            continue;
+        }
+        for (o, &x) in out.iter_mut().zip(&p[j * w..(j + 1) * w]) {
+            *o = *o + a * x;
+        }
+    }
+}
+simd_dispatch!(weighted_row_d, weighted_row_avx, weighted_row, (alpha: &[T], p: &[T], out: &mut [T]));
+
+/// The attention scores `e_bj = vᵀ tanh(pre_bj + bt_b)` `[B, S]` for `pre` `[B, S, Ad]` (`A h_j`, plus the
+/// coverage term when coverage is on), `bt` `[B, Ad]` (`B t_{i−1}`) and `v` `[Ad, 1]`, composed (reference).
+pub fn scores_reference(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (b, s, ad) = pre.dims3()?;
+    pre.broadcast_add(&bt.unsqueeze(1)?)?
+        .tanh()?
+        .reshape((b * s, ad))?
+        .matmul(v)?
+        .reshape((b, s))
+}
+
+/// The same scores from one fused kernel: no `[B, S, Ad]` tensor is materialised or kept for the backward
+/// pass, which recomputes the tanh.
+pub fn scores_fused(pre: &Tensor, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
+    pre.contiguous()?.apply_op3(
+        &bt.contiguous()?,
+        &v.contiguous()?,
+        ScoreOp { shared: None },
+    )
+}
+
+/// Fused scores over shared keys (see [`Shared`]): the keys' gradient is accumulated in place.
+pub fn scores_shared(pre: &Shared, bt: &Tensor, v: &Tensor) -> Result<Tensor> {
+    pre.token.apply_op3(
+        &bt.contiguous()?,
+        &v.contiguous()?,
+        ScoreOp {
+            shared: Some(pre.clone()),
+        },
+    )
+}
+
+#[inline(always)]
+fn score_rows<T: Real>(pre: &[T], bt: &[T], v: &[T], out: &mut [T]) {
+    let ad = v.len();
+    let mut t = vec![T::zero(); ad];
+    for (j, o) in out.iter_mut().enumerate() {
+        let p = &pre[j * ad..(j + 1) * ad];
+        for a in 0..ad {
+            t[a] = (p[a] + bt[a]).tanh_v();
+        }
+        *o = crate::kernels::dot(&t, v);
+    }
+}
+simd_dispatch!(score_rows_d, score_rows_avx, score_rows, (pre: &[T], bt: &[T], v: &[T], out: &mut [T]));
+
+/// For one sentence: `d_pre` (`[S, Ad]`, added to its contents when `add`), `d_bt` and this sentence's
+/// share of `d_v` (`[Ad]` each).
+#[inline(always)]
+fn score_grad_rows<T: Real>(
+    pre: &[T],
+    bt: &[T],
+    v: &[T],
+    g: &[T],
+    d_pre: &mut [T],
+    d_bt: &mut [T],
+    d_v: &mut [T],
+    add: bool,
+) {
+    let ad = v.len();
+    for (j, &gj) in g.iter().enumerate() {
+        let p = &pre[j * ad..(j + 1) * ad];
+        let dp = &mut d_pre[j * ad..(j + 1) * ad];
+        for a in 0..ad {
+            let t = (p[a] + bt[a]).tanh_v();
+            let d = gj * v[a] * (T::one() - t * t);
+            dp[a] = if add { dp[a] + d } else { d };
+            d_bt[a] = d_bt[a] + d;
+            d_v[a] = d_v[a] + gj * t;
+        }
+    }
+}
+simd_dispatch!(score_grad_rows_d, score_grad_rows_avx, score_grad_rows, (pre: &[T], bt: &[T], v: &[T], g: &[T], d_pre: &mut [T], d_bt: &mut [T], d_v: &mut [T], add: bool));
+
+struct ScoreOp {
+    shared: Option<Shared>,
+}
+
+fn score_fwd<T: Real>(
+    shared: &Option<Shared>,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let bt = slice::<T>(s2, l2)?;
+    let v = slice::<T>(s3, l3)?;
+    let run = |pre: &[T], (b, s, ad): (usize, usize, usize)| -> Result<(CpuStorage, Shape)> {
+        if bt.len() != b * ad || v.len() != ad || pre.len() != b * s * ad {
+            candle_core::bail!("fused attention scores: shape mismatch");
+        }
+        let mut out = vec![T::zero(); b * s];
+        out.par_chunks_mut(s.max(1)).enumerate().for_each(|(i, o)| {
+            score_rows_d(
+                &pre[i * s * ad..(i + 1) * s * ad],
+                &bt[i * ad..(i + 1) * ad],
+                v,
+                o,
+            )
+        });
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b, s))))
+    };
+    match shared {
+        Some(sh) => sh.with_slice::<T, _>(|pre| run(pre, sh.tensor.dims3()?)),
+        None => run(slice::<T>(s1, l1)?, l1.shape().dims3()?),
+    }
+}
+
+impl CustomOp3 for ScoreOp {
+    fn name(&self) -> &'static str {
+        "fused-attention-scores"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s2, score_fwd, &self.shared, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        pre: &Tensor,
+        bt: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, ad) = bt.dims2()?;
+        let op = ScoreGradOp {
+            grad: grad.contiguous()?,
+            shared: self.shared.clone(),
+        };
+        let packed = pre.apply_op3_no_bwd(bt, v, &op)?;
+        let w = packed.elem_count() / b;
+        let packed = packed.reshape((b, w))?;
+        let s = w / ad - 2;
+        // Packed per sentence: [S·Ad d_pre (absent for shared keys) | Ad d_bt | Ad d_v-share].
+        let d_pre = match &self.shared {
+            Some(_) => pre.zeros_like()?,
+            None => packed.narrow(1, 0, s * ad)?.reshape((b, s, ad))?,
+        };
+        let d_bt = packed.narrow(1, s * ad, ad)?;
+        let d_v = packed
+            .narrow(1, (s + 1) * ad, ad)?
+            .sum(0)?
+            .reshape((ad, 1))?;
+        Ok((Some(d_pre), Some(d_bt), Some(d_v)))
+    }
+}
+
+struct ScoreGradOp {
+    grad: Tensor,
+    shared: Option<Shared>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn score_grad<T: Real>(
+    grad: &Tensor,
+    shared: &Option<Shared>,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let bt = slice::<T>(s2, l2)?;
+    let v = slice::<T>(s3, l3)?;
+    let g: Vec<T> = grad.flatten_all()?.to_vec1()?;
+    match shared {
+        None => {
+            let (b, s, ad) = l1.shape().dims3()?;
+            let pre = slice::<T>(s1, l1)?;
+            let w = (s + 2) * ad;
+            let mut out = vec![T::zero(); b * w];
+            out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
+                let (d_pre, rest) = o.split_at_mut(s * ad);
+                let (d_bt, d_v) = rest.split_at_mut(ad);
+                score_grad_rows_d(
+                    &pre[i * s * ad..(i + 1) * s * ad],
+                    &bt[i * ad..(i + 1) * ad],
+                    v,
+                    &g[i * s..(i + 1) * s],
+                    d_pre,
+                    d_bt,
+                    d_v,
+                    false,
+                )
+            });
+            Ok((T::to_cpu_storage_owned(out), Shape::from(b * w)))
+        }
+        Some(sh) => {
+            let (b, s, ad) = sh.tensor.dims3()?;
+            let w = 2 * ad;
+            let mut out = vec![T::zero(); b * w];
+            sh.with_slice::<T, _>(|pre| {
+                sh.accumulate::<T>(|acc| {
+                    out.par_chunks_mut(w)
+                        .zip(acc.par_chunks_mut(s * ad))
+                        .enumerate()
+                        .for_each(|(i, (o, d_pre))| {
+                            let (d_bt, d_v) = o.split_at_mut(ad);
+                            score_grad_rows_d(
+                                &pre[i * s * ad..(i + 1) * s * ad],
+                                &bt[i * ad..(i + 1) * ad],
+                                v,
+                                &g[i * s..(i + 1) * s],
+                                d_pre,
+                                d_bt,
+                                d_v,
+                                true,
+                            )
+                        })
+                });
+                Ok(())
+            })?;
+            Ok((T::to_cpu_storage_owned(out), Shape::from(b * w)))
+        }
+    }
+}
+
+impl CustomOp3 for ScoreGradOp {
+    fn name(&self) -> &'static str {
+        "fused-attention-scores-grad"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(
+            s2,
+            score_grad,
+            &self.grad,
+            &self.shared,
+            s1,
+            l1,
+            s2,
+            l2,
+            s3,
+            l3
+        )
+    }
+}
+
+/// Masked softmax and context from scores `e` `[B, S]` (the padding mask already added), composed
+/// reference: `(α [B, S], s [B, 2H])`.
+pub fn softmax_context_reference(e: &Tensor, annotations: &Tensor) -> Result<(Tensor, Tensor)> {
+    let alpha = softmax_last(e)?;
+    let ctx = alpha.unsqueeze(1)?.matmul(annotations)?.squeeze(1)?;
+    Ok((alpha, ctx))
+}
+
+/// The same as one fused kernel (`α` and `s = Σ_j α_j h_j` per sentence) with a hand-derived backward pass.
+pub fn softmax_context_fused(e: &Tensor, annotations: &Tensor) -> Result<(Tensor, Tensor)> {
+    let annotations = annotations.contiguous()?;
+    let (_, s, a2) = annotations.dims3()?;
+    let packed = e
+        .contiguous()?
+        .apply_op2(&annotations, SoftmaxContext { shared: None })?;
+    Ok((
+        packed.narrow(1, 0, s)?,
+        packed.narrow(1, s, a2)?.contiguous()?,
+    ))
+}
+
+/// Fused softmax + context over shared annotations (see [`Shared`]).
+pub fn softmax_context_shared(e: &Tensor, annotations: &Shared) -> Result<(Tensor, Tensor)> {
+    let (_, s, a2) = annotations.tensor.dims3()?;
+    let packed = e.contiguous()?.apply_op2(
+        &annotations.token,
+        SoftmaxContext {
+            shared: Some(annotations.clone()),
+        },
+    )?;
+    Ok((
+        packed.narrow(1, 0, s)?,
+        packed.narrow(1, s, a2)?.contiguous()?,
+    ))
+}
+
+#[inline(always)]
+fn softmax_context_row<T: Real>(e: &[T], h: &[T], out: &mut [T]) {
+    let (alpha, ctx) = out.split_at_mut(e.len());
+    softmax_context_parts(e, h, alpha, ctx)
+}
+simd_dispatch!(softmax_context_row_d, softmax_context_row_avx, softmax_context_row, (e: &[T], h: &[T], out: &mut [T]));
+
+/// [`softmax_context_row`] into separate outputs `α` `[S]` and `s` `[2H]` (the fused decoder passes a
+/// sentence's own positions only, within a row that has room for the batch's longest sentence).
+#[inline(always)]
+fn softmax_context_parts<T: Real>(e: &[T], h: &[T], alpha: &mut [T], ctx: &mut [T]) {
+    let s = e.len();
+    let a2 = ctx.len();
+    let m = crate::kernels::max_of(e);
+    let mut z = T::zero();
+    for j in 0..s {
+        alpha[j] = (e[j] - m).exp_v();
+        z = z + alpha[j];
+    }
+    let inv = T::one() / z;
+    for c in ctx.iter_mut() {
+        *c = T::zero();
+    }
+    for j in 0..s {
+        alpha[j] = alpha[j] * inv;
+        let aj = alpha[j];
+        let hj = &h[j * a2..(j + 1) * a2];
+        for k in 0..a2 {
+            ctx[k] = ctx[k] + aj * hj[k];
+        }
+    }
+}
+simd_dispatch!(softmax_context_parts_d, softmax_context_parts_avx, softmax_context_parts, (e: &[T], h: &[T], alpha: &mut [T], ctx: &mut [T]));
+
+/// Gradient row: `∂e` (S) into `d_e`, `∂h` (S·2H) into `d_h` (added to its contents when `add`), from the
+/// forward row `[α | s]` and its gradient.
+#[inline(always)]
+fn softmax_context_grad_row<T: Real>(
+    res: &[T],
+    h: &[T],
+    g: &[T],
+    d_e: &mut [T],
+    d_h: &mut [T],
+    add: bool,
+) {
+    let s = d_e.len();
+    let a2 = h.len() / s.max(1);
+    let (alpha, g_alpha, g_ctx) = (&res[..s], &g[..s], &g[s..s + a2]);
+    let mut total = T::zero();
+    for j in 0..s {
+        let hj = &h[j * a2..(j + 1) * a2];
+        d_e[j] = g_alpha[j] + crate::kernels::dot(g_ctx, hj);
+        total = total + alpha[j] * d_e[j];
+        let dh = &mut d_h[j * a2..(j + 1) * a2];
+        if add {
+            for k in 0..a2 {
+                dh[k] = dh[k] + alpha[j] * g_ctx[k];
+            }
+        } else {
+            for k in 0..a2 {
+                dh[k] = alpha[j] * g_ctx[k];
+            }
+        }
+    }
+    for j in 0..s {
+        d_e[j] = alpha[j] * (d_e[j] - total);
+    }
+}
+simd_dispatch!(softmax_context_grad_row_d, softmax_context_grad_row_avx, softmax_context_grad_row, (res: &[T], h: &[T], g: &[T], d_e: &mut [T], d_h: &mut [T], add: bool));
+
+/// The fused decoder's gradient row for the context alone (no gradient on `α`): `∂e_j = α_j (g·h_j −
+/// Σ_k α_k g·h_k)` into `d_e` from the forward row's `α` and the context's gradient `g`; `∂h` is left to the
+/// caller (the decoder forms it for all steps at once as `αᵀ G` per sentence).
+#[inline(always)]
+fn context_score_grad_row<T: Real>(alpha: &[T], h: &[T], g: &[T], d_e: &mut [T]) {
+    let s = d_e.len();
+    let a2 = g.len();
+    let mut total = T::zero();
+    for j in 0..s {
+        d_e[j] = crate::kernels::dot(g, &h[j * a2..(j + 1) * a2]);
+        total = total + alpha[j] * d_e[j];
+    }
+    for j in 0..s {
+        d_e[j] = alpha[j] * (d_e[j] - total);
+    }
+}
+simd_dispatch!(context_score_grad_row_d, context_score_grad_row_avx, context_score_grad_row, (alpha: &[T], h: &[T], g: &[T], d_e: &mut [T]));
+
+struct SoftmaxContext {
+    shared: Option<Shared>,
+}
+
+fn softmax_context_fwd<T: Real>(
+    shared: &Option<Shared>,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (b, s) = l1.shape().dims2()?;
+    let e = slice::<T>(s1, l1)?;
+    let run = |h: &[T], (b2, s2_, a2): (usize, usize, usize)| -> Result<(CpuStorage, Shape)> {
+        if b != b2 || s != s2_ {
+            candle_core::bail!("fused attention context: shape mismatch");
+        }
+        let w = s + a2;
+        let mut out = vec![T::zero(); b * w];
+        out.par_chunks_mut(w).enumerate().for_each(|(i, o)| {
+            softmax_context_row_d(&e[i * s..(i + 1) * s], &h[i * s * a2..(i + 1) * s * a2], o)
+        });
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b, w))))
+    };
+    match shared {
+        Some(sh) => sh.with_slice::<T, _>(|h| run(h, sh.tensor.dims3()?)),
+        None => run(slice::<T>(s2, l2)?, l2.shape().dims3()?),
+    }
+}
+
+impl CustomOp2 for SoftmaxContext {
+    fn name(&self) -> &'static str {
+        "fused-attention-context"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, softmax_context_fwd, &self.shared, s1, l1, s2, l2)
+    }
+    fn bwd(
+        &self,
+        e: &Tensor,
+        annotations: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (b, s) = e.dims2()?;
+        let op = SoftmaxContextGrad {
+            shared: self.shared.clone(),
+        };
+        let packed = res.apply_op3_no_bwd(annotations, &grad.contiguous()?, &op)?;
+        match &self.shared {
+            Some(_) => Ok((Some(packed), Some(annotations.zeros_like()?))),
+            None => {
+                let a2 = annotations.dim(2)?;
+                let d_e = packed.narrow(1, 0, s)?;
+                let d_h = packed.narrow(1, s, s * a2)?.reshape((b, s, a2))?;
+                Ok((Some(d_e), Some(d_h)))
+            }
+        }
+    }
+}
+
+struct SoftmaxContextGrad {
+    shared: Option<Shared>,
+}
+
+fn softmax_context_grad<T: Real>(
+    shared: &Option<Shared>,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (b, w) = l1.shape().dims2()?;
+    let res = slice::<T>(s1, l1)?;
+    let g = slice::<T>(s3, l3)?;
+    match shared {
+        None => {
+            let (_, s, a2) = l2.shape().dims3()?;
+            let h = slice::<T>(s2, l2)?;
+            let wo = s + s * a2;
+            let mut out = vec![T::zero(); b * wo];
+            out.par_chunks_mut(wo).enumerate().for_each(|(i, o)| {
+                let (d_e, d_h) = o.split_at_mut(s);
+                softmax_context_grad_row_d(
+                    &res[i * w..(i + 1) * w],
+                    &h[i * s * a2..(i + 1) * s * a2],
+                    &g[i * w..(i + 1) * w],
+                    d_e,
+                    d_h,
+                    false,
+                )
+            });
+            Ok((T::to_cpu_storage_owned(out), Shape::from((b, wo))))
+        }
+        Some(sh) => {
+            let (_, s, a2) = sh.tensor.dims3()?;
+            let mut out = vec![T::zero(); b * s];
+            sh.with_slice::<T, _>(|h| {
+                sh.accumulate::<T>(|acc| {
+                    out.par_chunks_mut(s)
+                        .zip(acc.par_chunks_mut(s * a2))
+                        .enumerate()
+                        .for_each(|(i, (d_e, d_h))| {
+                            softmax_context_grad_row_d(
+                                &res[i * w..(i + 1) * w],
+                                &h[i * s * a2..(i + 1) * s * a2],
+                                &g[i * w..(i + 1) * w],
+                                d_e,
+                                d_h,
+                                true,
+                            )
+                        })
+                });
+                Ok(())
+            })?;
+            Ok((T::to_cpu_storage_owned(out), Shape::from((b, s))))
+        }
+    }
+}
+
+impl CustomOp3 for SoftmaxContextGrad {
+    fn name(&self) -> &'static str {
+        "fused-attention-context-grad"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(
+            s1,
+            softmax_context_grad,
+            &self.shared,
+            s1,
+            l1,
+            s2,
+            l2,
+            s3,
+            l3
+        )
+    }
+}

@@ -1,0 +1,337 @@
+//! The decoder's recurrent transition `t_i = f(t_{i−1}, e(y_i), s_i)` (model-spec §3) with the scales of a
+//! context gate (see `gate`): `gru` or `vanilla`, in the *reference* form (the released code: the previous state
+//! is scaled before the recurrent products and the GRU interpolates with the scaled state) or the *paper* form
+//! (the projected sums are scaled after the products; the interpolation uses the unscaled state).
+//!
+//! Reference form, with `S` = source scale and `T` = target scale:
+//! `t' = T∘t`, `r,u = σ(T∘(W_ru e) + S∘(C_ru s) + U_ru t')`, `t~ = tanh(T∘(W e + b) + S∘(C s) + U(r∘t'))`,
+//! `t = u∘t~ + (1−u)∘t'`. For *source* gating `T = 1`, so only the context is scaled; for *target*
+//! gating `S = 1`.
+
+use candle_core::{Result, Tensor};
+use candle_nn::VarBuilder;
+
+use crate::config::{DecoderKind, GateForm};
+use crate::kernels::{rec_matmul, Kernels};
+use crate::model::attention::Context;
+use crate::model::gate::{mix_fused, Scales};
+use crate::model::gru::{gru_update, Gru};
+
+pub struct DecoderCell {
+    pub kind: DecoderKind,
+    pub form: GateForm,
+    /// `[E, kH]`: k = 3 (GRU: W_r | W_u | W) or 1 (vanilla).
+    pub w: Tensor,
+    pub b: Tensor,
+    /// `[2H, kH]`
+    pub c: Tensor,
+    pub u_ru: Option<Tensor>,
+    pub u: Tensor,
+    pub hidden: usize,
+    /// cGRU: the word GRU (`cell.word.*`) and the context GRU (`cell.ctx.*`); the fields above are unused.
+    pub cgru: Option<(Gru, ContextGru)>,
+}
+
+/// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`.
+pub struct ContextGru {
+    pub c: Tensor,
+    pub b: Tensor,
+    pub u_ru: Tensor,
+    pub u: Tensor,
+}
+
+impl DecoderCell {
+    pub fn new(
+        vb: VarBuilder,
+        kind: DecoderKind,
+        form: GateForm,
+        emb: usize,
+        hidden: usize,
+    ) -> Result<Self> {
+        if kind == DecoderKind::Cgru {
+            let word = Gru::new(vb.pp("word"), emb, hidden)?;
+            let v = vb.pp("ctx");
+            let ctx = ContextGru {
+                c: v.get_with_hints((2 * hidden, 3 * hidden), "C", crate::model::init::ZERO)?,
+                b: v.get_with_hints(hidden, "b", crate::model::init::ZERO)?,
+                u_ru: v.get_with_hints((hidden, 2 * hidden), "U_ru", crate::model::init::ZERO)?,
+                u: v.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
+            };
+            let (w, b, c, u) = (
+                word.w.clone(),
+                word.b.clone(),
+                ctx.c.clone(),
+                word.u.clone(),
+            );
+            return Ok(Self {
+                kind,
+                form,
+                w,
+                b,
+                c,
+                u_ru: None,
+                u,
+                hidden,
+                cgru: Some((word, ctx)),
+            });
+        }
+        let k = match kind {
+            DecoderKind::Gru => 3,
+            _ => 1,
+        };
+        Ok(Self {
+            kind,
+            form,
+            w: vb.get_with_hints((emb, k * hidden), "W", crate::model::init::ZERO)?,
+            b: vb.get_with_hints(hidden, "b", crate::model::init::ZERO)?,
+            c: vb.get_with_hints((2 * hidden, k * hidden), "C", crate::model::init::ZERO)?,
+            u_ru: if kind == DecoderKind::Gru {
+                Some(vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::model::init::ZERO)?)
+            } else {
+                None
+            },
+            u: vb.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
+            hidden,
+            cgru: None,
+        })
+    }
+
+    /// The transition's part of the fused decoder op's weights: `C`, `U_ru`, `U` and the form; for the
+    /// cGRU, its context GRU's (the op's transition) and its word GRU's recurrent weights.
+    pub fn sequence_weights(&self) -> crate::model::decoder_sequence::TransitionWeights<'_> {
+        use crate::model::decoder_sequence::{CgruWeights, TransitionWeights};
+        let paper_form = self.form == GateForm::Paper;
+        match &self.cgru {
+            Some((word, ctx)) => TransitionWeights {
+                c: &ctx.c,
+                u_ru: Some(&ctx.u_ru),
+                u: &ctx.u,
+                paper_form,
+                cgru: Some(CgruWeights {
+                    b: &ctx.b,
+                    u_ru: &word.u_ru,
+                    u: &word.u,
+                }),
+            },
+            None => TransitionWeights {
+                c: &self.c,
+                u_ru: self.u_ru.as_ref(),
+                u: &self.u,
+                paper_form,
+                cgru: None,
+            },
+        }
+    }
+
+    /// A per-step product with a recurrent weight (see `kernels::rec_matmul`).
+    fn mm(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        rec_matmul(k, x, w)
+    }
+
+    fn blocks(&self) -> usize {
+        match self.kind {
+            DecoderKind::Gru | DecoderKind::Cgru => 3,
+            DecoderKind::Vanilla => 1,
+        }
+    }
+
+    /// cGRU: the context GRU `t = GRU_ctx(t_prev, s)` with the gate's scales (source scale on the context
+    /// terms and their bias, target scale on the state; reference or paper form as the other cells).
+    pub fn context_step(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+    ) -> Result<Tensor> {
+        self.context_step_dropped(k, t_prev, ctx, sc, None)
+    }
+
+    /// [`DecoderCell::context_step`] under recurrent dropout's masks `drop` `[B, H]` (see
+    /// [`DecoderCell::step_dropped`]).
+    pub fn context_step_dropped(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+        drop: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
+        let h = self.hidden;
+        let cp = ctx.product(k, &g.c)?;
+        let (c_ru, c_c) = (
+            cp.narrow(1, 0, 2 * h)?,
+            cp.narrow(1, 2 * h, h)?.broadcast_add(&g.b)?,
+        );
+        let (ru, base, cand_pre) = if self.form == GateForm::Reference {
+            let ts = sc.tgt.apply(t_prev, 1)?;
+            let tm = dropped(&ts, drop)?;
+            let ru = crate::kernels::sigmoid(
+                k,
+                &(sc.src.apply(&c_ru, 2)? + Self::mm(k, &tm, &g.u_ru)?)?,
+            )?;
+            let r = ru.narrow(1, 0, h)?;
+            let cand = (sc.src.apply(&c_c, 1)? + Self::mm(k, &(r * &tm)?, &g.u)?)?;
+            (ru, ts, cand)
+        } else {
+            let tm = dropped(t_prev, drop)?;
+            let ru = crate::kernels::sigmoid(
+                k,
+                &(sc.tgt.apply(&Self::mm(k, &tm, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+            )?;
+            let r = ru.narrow(1, 0, h)?;
+            let cand =
+                (sc.tgt.apply(&Self::mm(k, &(r * &tm)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
+            (ru, t_prev.clone(), cand)
+        };
+        gru_update(k, &ru, &cand_pre, &base, None)
+    }
+
+    /// Word projections `[N, E]` → `[N, kH]` (the candidate's bias included).
+    pub fn project_words(&self, k: Kernels, e: &Tensor) -> Result<Tensor> {
+        if let Some((word, _)) = &self.cgru {
+            return word.project(k, e);
+        }
+        crate::kernels::linear(k, e, &self.w, &self.word_bias()?)
+    }
+
+    /// [`DecoderCell::project_words`] as the shared input of the fused decoder
+    /// sequence, over rows `rows` of `e` only when given (see [`crate::kernels::linear_shared_rows`]).
+    pub fn project_words_shared(
+        &self,
+        e: &Tensor,
+        rows: Option<crate::kernels::Rows>,
+    ) -> Result<crate::kernels::Shared> {
+        if let Some((word, _)) = &self.cgru {
+            // The cGRU's word GRU: `[x W_r, x W_u, x W + b]`.
+            let zeros = Tensor::zeros(2 * self.hidden, word.b.dtype(), word.b.device())?;
+            return crate::kernels::linear_shared_rows(
+                e,
+                &word.w,
+                &Tensor::cat(&[&zeros, &word.b], 0)?,
+                rows,
+            );
+        }
+        crate::kernels::linear_shared_rows(e, &self.w, &self.word_bias()?, rows)
+    }
+
+    /// The word projection's bias over its `k` blocks: `[0; b]` (only the candidate's block has one).
+    fn word_bias(&self) -> Result<Tensor> {
+        let k = self.blocks();
+        if k == 1 {
+            return Ok(self.b.clone());
+        }
+        let zeros = Tensor::zeros((k - 1) * self.hidden, self.b.dtype(), self.b.device())?;
+        Tensor::cat(&[&zeros, &self.b], 0)
+    }
+
+    /// One transition from `t_prev` `[B, H]`, projected word `wp` `[B, kH]`, context `ctx` `[B, 2H]` (with
+    /// its product `s C` when carried).
+    pub fn step(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        wp: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+    ) -> Result<Tensor> {
+        self.step_dropped(k, t_prev, wp, ctx, sc, None)
+    }
+
+    /// [`DecoderCell::step`] under recurrent dropout (training): the recurrent products read their operand
+    /// through the masks `drop` `[B, H]` — `d∘(T∘t)` in the reference form, `d∘t` in the paper form — and the
+    /// GRU interpolates with the state itself (see [`crate::model::gru::Gru::step_dropped`]); the cGRU's word GRU
+    /// likewise.
+    pub fn step_dropped(
+        &self,
+        k: Kernels,
+        t_prev: &Tensor,
+        wp: &Tensor,
+        ctx: &Context,
+        sc: &Scales,
+        drop: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let h = self.hidden;
+        // The operand of the recurrent products, through the masks.
+        let dropped = |x: &Tensor| dropped(x, drop);
+        if let Some((word, _)) = &self.cgru {
+            // The cGRU's word GRU: no context and no gate here.
+            return word.step_dropped(k, wp, t_prev, None, drop);
+        }
+        let cp = ctx.product(k, &self.c)?;
+        if let Some(m) = sc.mix.as_ref() {
+            if self.form == GateForm::Reference && k.fused_on(wp.device()) {
+                // Fused: the gate's scales applied to the word and context terms of all blocks at once.
+                let ts = sc.tgt.apply(t_prev, 1)?;
+                let tm = dropped(&ts)?;
+                let pre = mix_fused(wp, &cp, m)?;
+                if self.kind == DecoderKind::Vanilla {
+                    return (pre + Self::mm(k, &tm, &self.u)?)?.tanh();
+                }
+                let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
+                let ru = crate::kernels::sigmoid(
+                    k,
+                    &(pre.narrow(1, 0, 2 * h)? + Self::mm(k, &tm, u_ru)?)?,
+                )?;
+                let r = ru.narrow(1, 0, h)?;
+                let cand = (pre.narrow(1, 2 * h, h)? + Self::mm(k, &(r * &tm)?, &self.u)?)?;
+                return gru_update(k, &ru, &cand, &ts, None);
+            }
+        }
+        match (self.kind, self.form) {
+            (DecoderKind::Vanilla, GateForm::Reference) => {
+                let ts = dropped(&sc.tgt.apply(t_prev, 1)?)?;
+                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + Self::mm(k, &ts, &self.u)?)?.tanh()
+            }
+            (DecoderKind::Vanilla, GateForm::Paper) => (sc
+                .tgt
+                .apply(&(wp + Self::mm(k, &dropped(t_prev)?, &self.u)?)?, 1)?
+                + sc.src.apply(&cp, 1)?)?
+            .tanh(),
+            (DecoderKind::Cgru, _) => unreachable!("handled above"),
+            (DecoderKind::Gru, form) => {
+                let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
+                let (w_ru, w_c) = (wp.narrow(1, 0, 2 * h)?, wp.narrow(1, 2 * h, h)?);
+                let (c_ru, c_c) = (cp.narrow(1, 0, 2 * h)?, cp.narrow(1, 2 * h, h)?);
+                let (ru, base, cand_pre) = if form == GateForm::Reference {
+                    let ts = sc.tgt.apply(t_prev, 1)?;
+                    let tm = dropped(&ts)?;
+                    let ru = crate::kernels::sigmoid(
+                        k,
+                        &(sc.tgt.apply(&w_ru, 2)?
+                            + sc.src.apply(&c_ru, 2)?
+                            + Self::mm(k, &tm, u_ru)?)?,
+                    )?;
+                    let r = ru.narrow(1, 0, h)?;
+                    let cand = (sc.tgt.apply(&w_c, 1)?
+                        + sc.src.apply(&c_c, 1)?
+                        + Self::mm(k, &(r * &tm)?, &self.u)?)?;
+                    (ru, ts, cand)
+                } else {
+                    let tm = dropped(t_prev)?;
+                    let ru = crate::kernels::sigmoid(
+                        k,
+                        &(sc.tgt.apply(&(w_ru + Self::mm(k, &tm, u_ru)?)?, 2)?
+                            + sc.src.apply(&c_ru, 2)?)?,
+                    )?;
+                    let r = ru.narrow(1, 0, h)?;
+                    let cand = (sc
+                        .tgt
+                        .apply(&(w_c + Self::mm(k, &(r * &tm)?, &self.u)?)?, 1)?
+                        + sc.src.apply(&c_c, 1)?)?;
+                    (ru, t_prev.clone(), cand)
+                };
+                gru_update(k, &ru, &cand_pre, &base, None)
+            }
+        }
+    }
+}
+
+/// `x` through recurrent dropout's masks `drop` (`x` itself without).
+fn dropped(x: &Tensor, drop: Option<&Tensor>) -> Result<Tensor> {
+    match drop {
+        Some(d) => x * d,
+        None => Ok(x.clone()),
+    }
+}

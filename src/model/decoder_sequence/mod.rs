@@ -1,0 +1,847 @@
+//! The decoder's whole recurrence over a target sentence in training as one fused op (fused kernels, CPU):
+//! for every step `i`, attention from `t_{i−1}` (model-spec §2, with coverage §5), the gate (§4) and the
+//! transition (§3), the same computation as [`crate::model::Model::attend`] followed by
+//! [`crate::model::Model::transition_projected`], step by step. One graph node for the whole sentence instead
+//! of some twenty per step: the forward pass runs the steps with one GEMM per recurrent product into
+//! preallocated buffers, the backward pass runs back-propagation through time inside the op, and each
+//! recurrent weight's gradient is one GEMM over all steps. Inputs and their gradients travel through
+//! [`Shared`] handles (one graph input bundles them all). Covers the GRU and the vanilla tanh decoder, in the
+//! reference or the paper-literal gate form, with any gate (none; a context gate with any strategy and inputs;
+//! the gating scalar; static interpolation) and any coverage model (§5: linguistic with or without fertility,
+//! neural gated or not; `coverage::CovRows` per sentence row, the state's term `t W_h` stacked into the query
+//! product), and the cGRU (its context GRU as the gated transition with no word term, its word GRU after it,
+//! see [`CgruWeights`]). Tested against the
+//! step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
+//!
+//! Here: the op's inputs, state and helpers; `forward` and `backward`, its two passes; `gate_mix`, the gate
+//! and the mix of the word and context terms per sentence row; `transition`, the vanilla unit's and the
+//! paper form's transitions (the GRU's row kernels are in `gru`).
+
+use candle_core::{CpuStorage, Result, Shape, Tensor};
+
+use crate::kernels::{storage_slice, Input, Oriented, Real, Shared};
+use crate::model::gate::GateKinds;
+
+mod backward;
+mod forward;
+mod gate_mix;
+mod transition;
+
+/// The decoder's weights the recurrence reads, one part per concept, each built by its own module
+/// ([`crate::model::attention::Attention::sequence_weights`], [`crate::model::decoder_cell::DecoderCell::sequence_weights`],
+/// [`crate::model::gate::Gate::sequence_weights`]).
+pub struct DecoderWeights<'a> {
+    pub attention: AttentionWeights<'a>,
+    pub transition: TransitionWeights<'a>,
+    pub gate: GateWeights<'a>,
+}
+
+/// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
+pub struct AttentionWeights<'a> {
+    pub b: &'a Tensor,
+    pub v: &'a Tensor,
+}
+
+/// The transition's weights.
+pub struct TransitionWeights<'a> {
+    /// `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1), `U` `[H, H]`.
+    /// (cGRU: the context GRU's.)
+    pub c: &'a Tensor,
+    pub u_ru: Option<&'a Tensor>,
+    pub u: &'a Tensor,
+    /// The paper-literal form: the target scale `T` multiplies the recurrent products `U_ru t`, `U(r∘t)` (or
+    /// `U t`) after them, and the GRU interpolates with the unscaled state (see [`crate::model::decoder_cell`]).
+    pub paper_form: bool,
+    /// The conditional GRU (cGRU): the transition above is its context GRU (no word input), and a word GRU
+    /// follows it at every step.
+    pub cgru: Option<CgruWeights<'a>>,
+}
+
+/// The gate's recurrent weights: `U_z` `[H, H]` and `C_z` `[2H, H]` (when a context gate reads the state /
+/// the context), and the gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
+/// (Its word term `W_z e` is an input of the op, formed for all steps at once.)
+pub struct GateWeights<'a> {
+    pub u_z: Option<&'a Tensor>,
+    pub c_z: Option<&'a Tensor>,
+    pub z_pre: Option<ZPre<'a>>,
+}
+
+/// The cGRU's weights beyond the context GRU's `C`, `U_ru`, `U` (see [`crate::model::decoder_cell::DecoderCell`]):
+/// the context GRU's candidate bias `b` `[H]` (with the context's term, under the source scale), and the
+/// word GRU's `U_ru` `[H, 2H]` and `U` `[H, H]` (its input projections `W e + b` are the op's `wp`).
+/// Step `i` then runs attention from the intermediate state `t'_i` (`t'_0 = t_0`), the gate (reading
+/// `e(y_{i−1})`, `t'_i`, `s_i`) and the context GRU `t_i = GRU_ctx(s_i, t'_i)` under its scales, and, before
+/// the last step, the word GRU `t'_{i+1} = GRU_word(e(y_i), t_i)`; the output row `(b, i)` is `[t_i | s_i]`.
+pub struct CgruWeights<'a> {
+    pub b: &'a Tensor,
+    pub u_ru: &'a Tensor,
+    pub u: &'a Tensor,
+}
+
+/// A gate value that is not a context gate's: Xu et al.'s gating scalar `β = σ(w_βᵀ t_{i−1} + b_β)` (`w_β`
+/// `[H, 1]`, `b_β` `[1]`; with the *source* scales) or static interpolation's `z = σ(θ)` (`θ` `[H]`; with the
+/// *both* scales). In the op they are the gate's one term: `w_βᵀ t + b_β` repeated over `H`, or `θ`.
+pub enum ZPre<'a> {
+    Scalar { w: &'a Tensor, b: &'a Tensor },
+    Static { theta: &'a Tensor },
+}
+
+/// Coverage (model-spec §5) inside the recurrence: `V_cov` `[d, Ad]`, the per-position precomputed input
+/// `pre` (`1/Φ_j` `[B, S, 1]` for linguistic coverage — or `h_j U_f` when `fertility` is `Some(N)`, and the op
+/// forms `1/Φ_j = 1/(N σ(h_j U_f))` itself — and `h_j W_c` `[B, S, k·d]` for neural), and the neural update's
+/// `W_h` `[H, k·d]`, `p` `[k·d]`, `U` `[d, d]` and (gated) `U_ru` `[d, 2d]`, as in
+/// [`crate::model::coverage::Coverage`].
+pub struct CoverageInputs<'a> {
+    pub neural: bool,
+    pub gated: bool,
+    pub v_cov: &'a Tensor,
+    pub pre: Input<'a>,
+    pub fertility: Option<f64>,
+    pub w_h: Option<&'a Tensor>,
+    pub p: Option<&'a Tensor>,
+    pub u: Option<&'a Tensor>,
+    pub u_ru: Option<&'a Tensor>,
+}
+
+/// The target side of a batch for [`decoder_sequence_fused`].
+#[derive(Clone, Copy, Debug)]
+pub struct Targets<'a> {
+    /// `T`, the target positions of each sentence: the output's rows are `(b, i)` for `i < T`.
+    pub positions: usize,
+    /// The sentences' lengths (EOS included) when only the words' positions are to be computed (see
+    /// [`target_rows`]; the other output rows are then zero).
+    pub lengths: Option<&'a [usize]>,
+}
+
+/// Run the decoder over `T` target steps: word projections `wp` `[N, kH]` (`W e + b`), the gate's word term
+/// `wz` `[N, H]` (when the gate reads the word), the initial state `t0` `[B, H]`, the attention keys `ah`
+/// `[B, S, Ad]` (or the source words' only, `[Σ len, Ad]`; see [`key_offsets`]) and annotations `[B, S, 2H]`
+/// (shared), the additive padding mask `[B, S]` and the target side
+/// `targets`. The projections' rows are every position's, batch-major (`N = B·T`, row `b·T + i` for
+/// `(b, i)`), or, with lengths in decreasing order, the words' only (`N = Σ_b len_b`, row
+/// `Σ_{b' < b} len_b' + i`; see [`word_offsets`]). (cGRU: `wp` holds the word GRU's projections and `wz` row
+/// `(b, i)` reads `e(y_{i−1})`, zero at `i = 0`.) `gate` is `Some((src, tgt))` for a context gate (the scales
+/// as functions of `z`), `None` for no gate; `coverage` the coverage model's inputs when it is on (`C_0 = 0`;
+/// attention at step `i` reads `C_{i−1}`, and `C_i` follows from its weights). Returns `[B·T, 3H]` as a
+/// [`Shared`] handle (see [`crate::kernels::shared_output`]): row `(b, i)` is `[t_{i−1} | s_i]`, what the
+/// fused readout reads in place, adding its gradient into the handle, so that the rows' gradient never
+/// enters candle's gradient store. `drop`: recurrent dropout's masks `[B, H]` (training): the transition's
+/// recurrent products read their operand through the masks — `d∘(T∘t_{i−1})` in the reference form,
+/// `d∘t_{i−1}` in the paper form — and the GRU interpolates with the state itself (see
+/// [`crate::model::gru::Gru::step_dropped`]); the cGRU's two GRUs share the masks.
+#[allow(clippy::too_many_arguments)]
+pub fn decoder_sequence_fused<'a>(
+    wp: impl Into<Input<'a>>,
+    wz: Option<Input<'a>>,
+    t0: &Tensor,
+    ah: &Shared,
+    annotations: &Shared,
+    mask_bias: &Tensor,
+    targets: Targets,
+    w: &DecoderWeights,
+    gate: Option<GateKinds>,
+    coverage: Option<CoverageInputs>,
+    drop: Option<&Tensor>,
+) -> Result<Shared> {
+    let DecoderWeights {
+        attention: AttentionWeights { b: b_att, v },
+        transition:
+            TransitionWeights {
+                c,
+                u_ru,
+                u,
+                paper_form,
+                cgru,
+            },
+        gate: GateWeights { u_z, c_z, z_pre },
+    } = w;
+    let wp: Input = wp.into();
+    let (rows, kh) = wp.tensor().dims2()?;
+    let (b, h) = t0.dims2()?;
+    let k = if u_ru.is_some() { 3 } else { 1 };
+    let tl = targets.positions;
+    let (b2, s, a2) = annotations.tensor.dims3()?;
+    let ad = *ah.tensor.dims().last().unwrap_or(&0);
+    let ok = kh == k * h
+        && b2 == b
+        && tl > 0
+        && a2 == 2 * h
+        && mask_bias.dims2()? == (b, s)
+        && b_att.dims2()? == (h, ad)
+        && v.elem_count() == ad
+        && c.dims2()? == (2 * h, k * h)
+        && u_ru.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, 2 * h)))?
+        && u.dims2()? == (h, h)
+        && wz
+            .as_ref()
+            .map_or(Ok(true), |x| x.tensor().dims2().map(|d| d == (rows, h)))?
+        && u_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (h, h)))?
+        && c_z.map_or(Ok(true), |x| x.dims2().map(|d| d == (2 * h, h)))?
+        && (gate.is_some() || (wz.is_none() && u_z.is_none() && c_z.is_none() && z_pre.is_none()))
+        && (gate.is_none() || wz.is_some() || u_z.is_some() || c_z.is_some() || z_pre.is_some())
+        && (z_pre.is_none() || (wz.is_none() && u_z.is_none() && c_z.is_none()))
+        && match &z_pre {
+            None => true,
+            Some(ZPre::Scalar { w, b }) => w.dims2()? == (h, 1) && b.elem_count() == 1,
+            Some(ZPre::Static { theta }) => theta.elem_count() == h,
+        }
+        && match &cgru {
+            None => true,
+            Some(g) => {
+                k == 3
+                    && g.b.elem_count() == h
+                    && g.u_ru.dims2()? == (h, 2 * h)
+                    && g.u.dims2()? == (h, h)
+            }
+        };
+    if !ok || drop.is_some_and(|d| d.dims() != [b, h]) {
+        candle_core::bail!("fused decoder sequence: shape mismatch");
+    }
+    let sh = |x: &Tensor| Shared::new(x);
+    let cov = match coverage {
+        None => None,
+        Some(c) => {
+            let d = c.v_cov.dim(0)?;
+            let k = match (c.neural, c.gated) {
+                (false, _) => 0,
+                (true, true) => 3,
+                (true, false) => 1,
+            };
+            let pw = if c.neural { k * d } else { 1 };
+            let ok = d > 0
+                && c.v_cov.dims2()? == (d, ad)
+                && c.pre.tensor().dims3()? == (b, s, pw)
+                && (c.neural || d == 1)
+                && (c.fertility.is_none() || !c.neural)
+                && c.w_h
+                    .map_or(Ok(!c.neural), |x| x.dims2().map(|x| x == (h, k * d)))?
+                && c.p.map_or(Ok(!c.neural), |x| {
+                    Ok::<_, candle_core::Error>(x.elem_count() == k * d)
+                })?
+                && c.u
+                    .map_or(Ok(!c.neural), |x| x.dims2().map(|x| x == (d, d)))?
+                && c.u_ru.map_or(Ok(!(c.neural && c.gated)), |x| {
+                    x.dims2().map(|x| x == (d, 2 * d))
+                })?;
+            if !ok {
+                candle_core::bail!("fused decoder sequence: coverage shape mismatch");
+            }
+            Some(CovOp {
+                neural: c.neural,
+                gated: c.gated,
+                d,
+                v_cov: sh(c.v_cov)?,
+                pre: c.pre.into_shared()?,
+                fertility: c.fertility,
+                w_h: c.w_h.map(sh).transpose()?,
+                p: c.p.map(sh).transpose()?,
+                u: c.u.map(sh).transpose()?,
+                u_ru: c.u_ru.map(sh).transpose()?,
+            })
+        }
+    };
+    let active = target_rows(targets.lengths, b, tl)?;
+    let src_lens = source_lengths(
+        &mask_bias
+            .to_dtype(candle_core::DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()?,
+        b,
+        s,
+    );
+    let op = DecoderSequence {
+        koff: key_offsets(ah.tensor.dims(), (b, s, ad), &src_lens)?,
+        src_lens,
+        off: step_offsets(&active),
+        active,
+        toff: word_offsets(rows, b, tl, targets.lengths)?,
+        wp: wp.into_shared()?,
+        wz: wz.map(Input::into_shared).transpose()?,
+        t0: sh(t0)?,
+        ah: ah.clone(),
+        ann: annotations.clone(),
+        mask: mask_bias.contiguous()?,
+        b_att: sh(b_att)?,
+        v: sh(v)?,
+        c: sh(c)?,
+        u_ru: u_ru.map(sh).transpose()?,
+        u: sh(u)?,
+        u_z: u_z.map(sh).transpose()?,
+        c_z: c_z.map(sh).transpose()?,
+        paper: *paper_form,
+        z_pre: match &z_pre {
+            None => None,
+            Some(ZPre::Scalar { w, b }) => Some(ZPreOp::Scalar {
+                w: sh(w)?,
+                b: sh(b)?,
+            }),
+            Some(ZPre::Static { theta }) => Some(ZPreOp::Static { theta: sh(theta)? }),
+        },
+        gate,
+        cov,
+        cgru: match &cgru {
+            None => None,
+            Some(g) => Some(CgruOp {
+                b: sh(g.b)?,
+                u_ru: sh(g.u_ru)?,
+                u: sh(g.u)?,
+            }),
+        },
+        drop: drop.map(|d| d.contiguous()).transpose()?,
+        saved: Default::default(),
+    };
+    let mut tokens = vec![
+        &op.wp.token,
+        &op.t0.token,
+        &op.ah.token,
+        &op.ann.token,
+        &op.b_att.token,
+        &op.v.token,
+        &op.c.token,
+        &op.u.token,
+    ];
+    for x in [&op.u_ru, &op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
+        tokens.push(&x.token);
+    }
+    match &op.z_pre {
+        Some(ZPreOp::Scalar { w, b }) => tokens.extend([&w.token, &b.token]),
+        Some(ZPreOp::Static { theta }) => tokens.push(&theta.token),
+        None => {}
+    }
+    if let Some(g) = &op.cgru {
+        tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
+    }
+    if let Some(c) = &op.cov {
+        tokens.extend([&c.v_cov.token, &c.pre.token]);
+        for x in [&c.w_h, &c.p, &c.u, &c.u_ru].into_iter().flatten() {
+            tokens.push(&x.token);
+        }
+    }
+    // One graph input for all: the backward pass reaches every token through the concatenation.
+    let bundle = Tensor::cat(&tokens, 0)?;
+    crate::kernels::shared_output(op, &bundle)
+}
+
+impl crate::kernels::FusedOutput for DecoderSequence {
+    fn profile_names(&self) -> (&'static str, &'static str) {
+        ("decoder sequence forward", "decoder sequence backward")
+    }
+    fn forward_output(&self) -> Result<(CpuStorage, Shape)> {
+        match self.wp.tensor.dtype() {
+            candle_core::DType::F32 => self.forward::<f32>(),
+            candle_core::DType::F64 => self.forward::<f64>(),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
+    fn backward_output(&self, grad: &Tensor) -> Result<()> {
+        match grad.dtype() {
+            candle_core::DType::F32 => self.backward::<f32>(grad),
+            candle_core::DType::F64 => self.backward::<f64>(grad),
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        }
+    }
+}
+
+struct DecoderSequence {
+    /// The rows step `i` computes (see [`target_rows`]).
+    active: Vec<usize>,
+    /// Where step `i`'s rows start in the time-major buffers (see [`step_offsets`]).
+    off: Vec<usize>,
+    /// Where sentence `b`'s rows start in `wp` and `wz` (see [`word_offsets`]).
+    toff: Vec<usize>,
+    /// Where sentence `b`'s keys start in `ah` (see [`key_offsets`]).
+    koff: Vec<usize>,
+    /// Each sentence's source positions the attention rows compute (see [`source_lengths`]).
+    src_lens: Vec<usize>,
+    wp: Shared,
+    wz: Option<Shared>,
+    t0: Shared,
+    ah: Shared,
+    ann: Shared,
+    mask: Tensor,
+    b_att: Shared,
+    v: Shared,
+    c: Shared,
+    u_ru: Option<Shared>,
+    u: Shared,
+    u_z: Option<Shared>,
+    c_z: Option<Shared>,
+    z_pre: Option<ZPreOp>,
+    paper: bool,
+    gate: Option<GateKinds>,
+    cov: Option<CovOp>,
+    cgru: Option<CgruOp>,
+    /// Recurrent dropout's masks `[B, H]` (see [`decoder_sequence_fused`]).
+    drop: Option<Tensor>,
+    saved: crate::kernels::SavedSlot,
+}
+
+/// The cGRU's values for one pass: the context GRU's bias, the word GRU's `U_ru` and `U`.
+struct CgruView<'a, T> {
+    b: &'a [T],
+    u_ru: Oriented<'a, T>,
+    u: Oriented<'a, T>,
+}
+
+impl<'a, T: Real> CgruView<'a, T> {
+    /// From [`DecoderSequence::cgru_data`]'s values, for hidden size `h`.
+    fn new([b, u_ru, u]: &'a [Vec<T>; 3], h: usize) -> Self {
+        CgruView {
+            b,
+            u_ru: Oriented::new(u_ru, h, 2 * h),
+            u: Oriented::new(u, h, h),
+        }
+    }
+}
+
+/// See [`CgruWeights`].
+struct CgruOp {
+    b: Shared,
+    u_ru: Shared,
+    u: Shared,
+}
+
+/// [`ZPre`]'s constant part as values.
+enum ZConst<T> {
+    None,
+    Scalar(T),
+    Static(Vec<T>),
+}
+
+/// See [`ZPre`].
+enum ZPreOp {
+    Scalar { w: Shared, b: Shared },
+    Static { theta: Shared },
+}
+
+/// The coverage model's inputs (see [`CoverageInputs`]).
+struct CovOp {
+    neural: bool,
+    gated: bool,
+    d: usize,
+    v_cov: Shared,
+    pre: Shared,
+    fertility: Option<f64>,
+    w_h: Option<Shared>,
+    p: Option<Shared>,
+    u: Option<Shared>,
+    u_ru: Option<Shared>,
+}
+
+/// The forward pass's activations, time-major (`n` = steps with a transition, `T − 1`).
+struct Saved<T> {
+    /// `t_{i−1}` `[T, B, H]`, `B t_{i−1}` `[T, B, Ad]`, `[α_i | s_i]` `[T, B, S + 2H]`.
+    tall: Vec<T>,
+    q: Vec<T>,
+    actx: Vec<T>,
+    /// `[n, B, ·]`: `z`, `T∘t`, `C s`, `[r | u]`, `r∘(T∘t)`, `tanh(·)`.
+    z: Vec<T>,
+    ts: Vec<T>,
+    cp: Vec<T>,
+    ru: Vec<T>,
+    rts: Vec<T>,
+    c: Vec<T>,
+    /// The stacked weights the pass read (`[B | U_z]`, `[C | C_z]`) and their widths, for the backward pass.
+    tw: Vec<T>,
+    wq: usize,
+    cw: Vec<T>,
+    wc: usize,
+    /// Coverage: `C_{i−1}` of every step `[T, B, S, d]`, the gated update's activations `[n, B, S, 3d]`.
+    covs: Vec<T>,
+    cacts: Vec<T>,
+    /// Paper form: the products `U_ru t` `[n, B, 2H]` (GRU) and `U(r∘t)` or `U t` `[n, B, H]` before the
+    /// scale (`ts` holds the scale `T` itself then).
+    hus: Vec<T>,
+    rcs: Vec<T>,
+    /// cGRU: the context GRU's states `t_i` `[T, B, H]` and the word GRU's `[r | u]`, `r∘t`, `tanh(·)`
+    /// `[n, B, ·]` (`tall` holds the intermediate states `t'_i`).
+    sall: Vec<T>,
+    wru: Vec<T>,
+    wrh: Vec<T>,
+    wht: Vec<T>,
+}
+
+/// The coverage inputs' values for one pass (all small: `[d, Ad]`, `[B, S, ·]`, `[d, 2d]`).
+struct CovData<T> {
+    neural: bool,
+    gated: bool,
+    d: usize,
+    v_cov: Vec<T>,
+    /// `1/Φ_j` or `h_j W_c`, and (fertility) `h_j U_f` it was formed from.
+    pre: Vec<T>,
+    pre_in: Vec<T>,
+    p: Vec<T>,
+    u: Vec<T>,
+    u_ru: Vec<T>,
+}
+
+impl<T: Real> CovData<T> {
+    fn rows(&self) -> crate::model::coverage::CovRows<'_, T> {
+        crate::model::coverage::CovRows {
+            neural: self.neural,
+            gated: self.gated,
+            d: self.d,
+            p: &self.p,
+            u: &self.u,
+            u_ru: &self.u_ru,
+        }
+    }
+}
+
+/// The rows each step computes, from the sentences' target lengths (EOS included; see
+/// [`crate::model::mask_lengths`]): when the sentences come in order of decreasing length (as
+/// [`crate::model::Batch`] builds them), step `i` computes the first `active[i]` rows only, the sentences with
+/// a word at `i`. Without lengths, or in another order, every row at every step (under the loss's mask).
+///
+/// Padded positions do not enter the loss, so nothing of theirs is needed: their output rows are zero and
+/// their rows' gradient is not read. The transition of step `i` (which makes the state the next step reads)
+/// covers the rows of step `i + 1` (the cGRU's context GRU, whose state is step `i`'s output, those of step
+/// `i`). Going back, the rows grow with every step, and a row enters the backward recurrence with zero
+/// gradients.
+fn target_rows(lengths: Option<&[usize]>, b: usize, tl: usize) -> Result<Vec<usize>> {
+    let Some(lens) = lengths else {
+        return Ok(vec![b; tl]);
+    };
+    if lens.len() != b || lens.iter().any(|&l| l == 0 || l > tl) {
+        candle_core::bail!("fused decoder sequence: target lengths do not fit the batch");
+    }
+    if lens.windows(2).any(|w| w[0] < w[1]) {
+        return Ok(vec![b; tl]);
+    }
+    Ok((0..tl)
+        .map(|i| lens.iter().filter(|&&l| l > i).count())
+        .collect())
+}
+
+/// The time-major buffers' layout: step `i`'s `active[i]` rows start at row `off[i]` (`off[tl]`: all rows),
+/// so that no row is kept for a padded position and each weight's gradient, one GEMM over the rows of all
+/// steps, covers the words only. (Every row at every step: `off[i] = i·B`.) A buffer of the transitions,
+/// whose step `i` covers the rows of step `i + 1`, keeps the same blocks: the rows past those stay zero.
+fn step_offsets(active: &[usize]) -> Vec<usize> {
+    let mut off = starts(active);
+    off.push(active.iter().sum());
+    off
+}
+
+/// Where each of consecutive blocks of `counts` rows starts.
+fn starts(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |at, &n| {
+            let o = *at;
+            *at += n;
+            Some(o)
+        })
+        .collect()
+}
+
+/// Where each sentence's rows start in the word projections `wp` (and `wz`) of `rows` rows: at `b·T` when
+/// they hold every position, or after the words of the sentences before it when they hold the words only
+/// (`rows = Σ len`), which needs the lengths in decreasing order: the op then reads no padded position.
+fn word_offsets(rows: usize, b: usize, tl: usize, lengths: Option<&[usize]>) -> Result<Vec<usize>> {
+    if rows == b * tl {
+        return Ok((0..b).map(|r| r * tl).collect());
+    }
+    match lengths {
+        Some(l)
+            if l.len() == b
+                && l.windows(2).all(|w| w[0] >= w[1])
+                && l.iter().sum::<usize>() == rows =>
+        {
+            Ok(starts(l))
+        }
+        _ => candle_core::bail!(
+            "fused decoder sequence: {rows} word projection rows are neither B·T = {} nor the words' positions",
+            b * tl
+        ),
+    }
+}
+
+/// Where each sentence's keys start in `ah` (in rows of `Ad`): at `b·S` when `ah` is `[B, S, Ad]`, or after
+/// the words of the sentences before it when `ah` holds the words' keys only, `[Σ len, Ad]` (the lengths
+/// `lens` read from the mask by [`source_lengths`]; the op reads the words' keys only).
+fn key_offsets(
+    dims: &[usize],
+    (b, s, ad): (usize, usize, usize),
+    lens: &[usize],
+) -> Result<Vec<usize>> {
+    if dims == [b, s, ad] {
+        return Ok((0..b).map(|r| r * s).collect());
+    }
+    if dims == [lens.iter().sum::<usize>(), ad] {
+        return Ok(starts(lens));
+    }
+    candle_core::bail!(
+        "fused decoder sequence: keys {dims:?} are neither [B, S, Ad] = [{b}, {s}, {ad}] nor the words' [{}, {ad}]",
+        lens.iter().sum::<usize>()
+    )
+}
+
+/// Each sentence's length from the additive padding mask `[B, S]` (0 on words): the positions the attention
+/// rows compute (`α` is exactly 0 on the rest). A mask that is not words then padding, or has no word, gives
+/// `S` (every position, under the mask).
+fn source_lengths<T: Real>(mask: &[T], b: usize, s: usize) -> Vec<usize> {
+    (0..b)
+        .map(|r| {
+            let row = &mask[r * s..(r + 1) * s];
+            let n = row.iter().take_while(|&&m| m == T::zero()).count();
+            if n == 0 || row[n..].iter().any(|&m| m == T::zero()) {
+                s
+            } else {
+                n
+            }
+        })
+        .collect()
+}
+
+/// Sizes of one run, and the widths both passes derive from them.
+#[derive(Clone, Copy)]
+struct Dims {
+    tl: usize,
+    b: usize,
+    h: usize,
+    /// Blocks of the transition's inputs: 3 (GRU: `[r | u | t~]`) or 1 (vanilla).
+    k: usize,
+    s: usize,
+    ad: usize,
+    /// `2H`, the output rows' `3H`, the transition's `k·H` inputs, the `[α | s]` row width `S + 2H`.
+    a2: usize,
+    h3: usize,
+    kh: usize,
+    w_ac: usize,
+    gru: bool,
+    /// `n = T − 1`; steps with a transition: `n`, or all `T` for the cGRU's context GRU (`nt`).
+    n: usize,
+    nt: usize,
+    gated: bool,
+    paper: bool,
+    /// Whether the gate reads the state (`U_z`) and the context (`C_z`).
+    has_uz: bool,
+    has_cz: bool,
+    /// Coverage: `d`, the widths of its pre-computed term, its `k·d` query part, its activations, its `U`
+    /// and `U_ru` (neural, gated), and `B·S·d`.
+    cdim: usize,
+    pw: usize,
+    kd: usize,
+    aw: usize,
+    uw: usize,
+    uruw: usize,
+    bsd: usize,
+    /// Where the query rows `t [B | U_z | W_h | w_β]` hold coverage's `t W_h` and the gating scalar's term.
+    wh_off: usize,
+    wb_off: usize,
+}
+
+impl DecoderSequence {
+    fn dims(&self) -> Result<Dims> {
+        let kh = self.wp.tensor.dim(1)?;
+        let (b, h) = self.t0.tensor.dims2()?;
+        let tl = self.active.len();
+        let s = self.ann.tensor.dim(1)?;
+        let ad = *self.ah.tensor.dims().last().unwrap_or(&0);
+        let k = kh / h.max(1);
+        let n = tl - 1;
+        let cr = self
+            .cov
+            .as_ref()
+            .map(|c| crate::model::coverage::CovRows::<f32> {
+                neural: c.neural,
+                gated: c.gated,
+                d: c.d,
+                p: &[],
+                u: &[],
+                u_ru: &[],
+            });
+        let (cdim, pw, kd, aw) = cr.as_ref().map_or((0, 0, 0, 0), |c| {
+            (c.d, c.pre_width(), c.kd(), c.acts_width())
+        });
+        let (uw, uruw) = match &cr {
+            Some(c) if c.neural => (cdim * cdim, if c.gated { 2 * cdim * cdim } else { 0 }),
+            _ => (0, 0),
+        };
+        let (has_uz, has_cz) = (self.u_z.is_some(), self.c_z.is_some());
+        let wh_off = ad + if has_uz { h } else { 0 };
+        Ok(Dims {
+            tl,
+            b,
+            h,
+            k,
+            s,
+            ad,
+            a2: 2 * h,
+            h3: 3 * h,
+            kh,
+            w_ac: s + 2 * h,
+            gru: k == 3,
+            n,
+            nt: if self.cgru.is_some() { tl } else { n },
+            gated: self.gate.is_some(),
+            paper: self.paper,
+            has_uz,
+            has_cz,
+            cdim,
+            pw,
+            kd,
+            aw,
+            uw,
+            uruw,
+            bsd: b * s * cdim,
+            wh_off,
+            wb_off: wh_off + kd,
+        })
+    }
+
+    fn cov_data<T: Real>(&self) -> Result<Option<CovData<T>>> {
+        let Some(c) = &self.cov else {
+            return Ok(None);
+        };
+        let vec_of = |x: &Option<Shared>| -> Result<Vec<T>> {
+            x.as_ref()
+                .map_or(Ok(vec![]), |x| crate::kernels::to_vec::<T>(&x.tensor))
+        };
+        let pre_in = crate::kernels::to_vec::<T>(&c.pre.tensor)?;
+        let (pre, pre_in) = match c.fertility {
+            // 1/Φ_j = 1/(N σ(h_j U_f)).
+            Some(nf) => {
+                let nf = T::from_f64c(nf);
+                (
+                    pre_in
+                        .iter()
+                        .map(|&x| T::one() / (nf * x.sigmoid_v()))
+                        .collect(),
+                    pre_in,
+                )
+            }
+            None => (pre_in, vec![]),
+        };
+        Ok(Some(CovData {
+            neural: c.neural,
+            gated: c.gated,
+            d: c.d,
+            v_cov: crate::kernels::to_vec::<T>(&c.v_cov.tensor)?,
+            pre,
+            pre_in,
+            p: vec_of(&c.p)?,
+            u: vec_of(&c.u)?,
+            u_ru: vec_of(&c.u_ru)?,
+        }))
+    }
+
+    /// Recurrent dropout's masks as values (`[B, H]`, batch order: step `i`'s rows are the first ones).
+    fn drop_data<T: Real>(&self) -> Result<Option<Vec<T>>> {
+        self.drop
+            .as_ref()
+            .map(|d| crate::kernels::to_vec::<T>(d))
+            .transpose()
+    }
+
+    /// cGRU: the context GRU's bias and the word GRU's `U_ru`, `U` as values.
+    fn cgru_data<T: Real>(&self) -> Result<Option<[Vec<T>; 3]>> {
+        let Some(g) = &self.cgru else {
+            return Ok(None);
+        };
+        let v = |x: &Shared| crate::kernels::to_vec::<T>(&x.tensor);
+        Ok(Some([v(&g.b)?, v(&g.u_ru)?, v(&g.u)?]))
+    }
+
+    /// The gate's constant part: `b_β` (gating scalar) or `θ` (static interpolation).
+    fn z_const<T: Real>(&self) -> Result<ZConst<T>> {
+        Ok(match &self.z_pre {
+            None => ZConst::None,
+            Some(ZPreOp::Scalar { b, .. }) => {
+                ZConst::Scalar(crate::kernels::to_vec::<T>(&b.tensor)?[0])
+            }
+            Some(ZPreOp::Static { theta }) => {
+                ZConst::Static(crate::kernels::to_vec::<T>(&theta.tensor)?)
+            }
+        })
+    }
+
+    /// The gate's scales as `((α_s, β_s), (α_t, β_t))` (no gate: both 1).
+    fn scales<T: Real>(&self) -> gate_mix::RowScales<T> {
+        match &self.gate {
+            Some(k) => k.affine::<T>(),
+            None => ((T::one(), T::zero()), (T::one(), T::zero())),
+        }
+    }
+
+    /// `[B | U_z | W_h]` `[H, Ad (+ H) (+ k·d)]` and `[C | C_z]` `[2H, 3H (+ H)]` with their widths: the
+    /// products that share a left operand (`t_{i−1}`, `s_i`) as one GEMM each.
+    #[allow(clippy::type_complexity)]
+    fn stacked<T: Real>(&self) -> Result<(Vec<T>, usize, Vec<T>, usize)> {
+        fn cat<T: Real>(parts: &[&Shared]) -> Result<(Vec<T>, usize)> {
+            use rayon::prelude::*;
+            let guards: Vec<_> = parts
+                .iter()
+                .map(|p| p.tensor.storage_and_layout())
+                .collect();
+            let mats: Vec<(&[T], usize)> = guards
+                .iter()
+                .zip(parts)
+                .map(|((g, l), p)| Ok((storage_slice::<T>(g, l)?, p.tensor.dim(1)?)))
+                .collect::<Result<_>>()?;
+            let width: usize = mats.iter().map(|m| m.1).sum();
+            let rows = parts[0].tensor.dim(0)?;
+            let mut out = crate::kernels::zeroed::<T>(rows * width);
+            if width > 0 {
+                out.par_chunks_mut(width).enumerate().for_each(|(r, o)| {
+                    let mut at = 0;
+                    for (m, w) in &mats {
+                        o[at..at + w].copy_from_slice(&m[r * w..(r + 1) * w]);
+                        at += w;
+                    }
+                });
+            }
+            Ok((out, width))
+        }
+        let mut t_parts = vec![&self.b_att];
+        t_parts.extend(self.u_z.as_ref());
+        t_parts.extend(self.cov.as_ref().and_then(|c| c.w_h.as_ref()));
+        if let Some(ZPreOp::Scalar { w, .. }) = &self.z_pre {
+            t_parts.push(w);
+        }
+        let mut c_parts = vec![&self.c];
+        c_parts.extend(self.c_z.as_ref());
+        let (tw, wq) = cat::<T>(&t_parts)?;
+        let (cw, wc) = cat::<T>(&c_parts)?;
+        Ok((tw, wq, cw, wc))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{step_offsets, target_rows, word_offsets};
+
+    #[test]
+    fn steps_rows_and_offsets() {
+        // Targets 3, 3, 2, 1 long: every sentence at step 0, three at step 1, two at step 2.
+        let active = target_rows(Some(&[3, 3, 2, 1]), 4, 3).unwrap();
+        assert_eq!(active, vec![4, 3, 2]);
+        assert_eq!(step_offsets(&active), vec![0, 4, 7, 9]);
+        // Out of order: every row at every step, at `i·B`.
+        let all = target_rows(Some(&[1, 3, 2, 3]), 4, 3).unwrap();
+        assert_eq!(all, vec![4, 4, 4]);
+        assert_eq!(step_offsets(&all), vec![0, 4, 8, 12]);
+        assert!(target_rows(Some(&[4, 1]), 2, 3).is_err());
+        assert!(target_rows(Some(&[2, 0]), 2, 3).is_err());
+    }
+
+    #[test]
+    fn word_projection_rows() {
+        // Every position: sentence b at b·T.
+        assert_eq!(word_offsets(12, 4, 3, None).unwrap(), vec![0, 3, 6, 9]);
+        assert_eq!(
+            word_offsets(12, 4, 3, Some(&[3, 3, 2, 1])).unwrap(),
+            vec![0, 3, 6, 9]
+        );
+        // The words only: after the words of the sentences before.
+        assert_eq!(
+            word_offsets(9, 4, 3, Some(&[3, 3, 2, 1])).unwrap(),
+            vec![0, 3, 6, 8]
+        );
+        // Rows that fit neither, words without lengths, or lengths out of order (padding would be read).
+        assert!(word_offsets(8, 4, 3, Some(&[3, 3, 2, 1])).is_err());
+        assert!(word_offsets(9, 4, 3, None).is_err());
+        assert!(word_offsets(9, 4, 3, Some(&[1, 3, 2, 3])).is_err());
+    }
+}

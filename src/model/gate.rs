@@ -1,0 +1,528 @@
+//! Context gates (model-spec §4) and the related variants: the element-wise gate
+//! `z_i = σ(W_z e(y) + U_z t_{i−1} + C_z s_i)` with strategies *source*, *target* and *both*, Xu et al.'s
+//! gating scalar, and static interpolation. Every variant is expressed as a pair of scales applied by the
+//! recurrent cell: `src` multiplies the source-context terms, `tgt` the target-side terms (word and state).
+//!
+//! | variant | src | tgt |
+//! |---|---|---|
+//! | none | a | b |
+//! | source gate | a·z | b |
+//! | target gate | a | b·z |
+//! | both | a·z | b·(1−z) |
+//! | gating scalar | a·β | b |
+//! | static interpolation | a·σ(θ) | b·(1−σ(θ)) |
+//!
+//! `(a, b)` is the decode-time context scaling of the paper's Figure 2 (1, 1 in training).
+//!
+//! The table is written once, in [`Gate::kinds`], as [`GateKinds`]: each scale is `α + β·z`
+//! ([`ZKind::affine`]). Where the scales are applied:
+//! - **decoding**, step by step: [`Gate::scales`] builds them, `decoder_cell::DecoderCell::step` applies
+//!   them (a context gate in the released-code form through the fused [`mix_fused`], otherwise through
+//!   [`Scale::apply`], the composed reference [`mix_reference`]); the cGRU applies them in its context GRU
+//!   (`Model::condition_term`);
+//! - **training**, by default in the fused decoder op: `Model::decoder_path` hands the [`GateKinds`] to
+//!   `decoder_sequence`, whose `gate_mix` rows compute `z`, the scales and the mixed pre-activations
+//!   forward and back; with `--kernels reference` training runs the decoding step's path above.
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+use crate::kernels::{by_dtype, simd_dispatch, slice, Real};
+use candle_core::WithDType;
+use candle_nn::VarBuilder;
+
+use crate::config::{ContextGate, GateInput, ModelConfig};
+
+/// A scale applied to a group of terms.
+#[derive(Clone, Debug)]
+pub enum Scale {
+    One,
+    Const(f64),
+    /// `[B, H]`, `[B, 1]` or `[H]`, broadcast against the terms.
+    T(Tensor),
+}
+
+impl Scale {
+    /// Multiply `x` (`[B, k·H]`, `k` blocks of `H`) by the scale, repeated over the `k` blocks.
+    pub fn apply(&self, x: &Tensor, blocks: usize) -> Result<Tensor> {
+        match self {
+            Scale::One => Ok(x.clone()),
+            Scale::Const(a) => x.affine(*a, 0.0),
+            Scale::T(s) => {
+                if blocks == 1 || s.dims().last() == Some(&1) {
+                    x.broadcast_mul(s)
+                } else {
+                    // View `x` as `[B, k, H]` and broadcast the scale over the k blocks.
+                    let (b, kh) = x.dims2()?;
+                    let s = if s.rank() == 2 {
+                        s.unsqueeze(1)?
+                    } else {
+                        s.clone()
+                    };
+                    x.reshape((b, blocks, kh / blocks))?
+                        .broadcast_mul(&s)?
+                        .reshape((b, kh))
+                }
+            }
+        }
+    }
+}
+
+/// The scales for one decoder step, and the gate value (for analysis) when there is one.
+pub struct Scales {
+    pub src: Scale,
+    pub tgt: Scale,
+    /// `z` (`[B, H]`), `β` (`[B, 1]`) or the static `σ(θ)` (`[H]`).
+    pub gate: Option<Tensor>,
+    /// For a context gate: the same scales as functions of `z`, for the fused kernels.
+    pub mix: Option<GateMix>,
+}
+
+/// How a scale depends on the gate value `z`: `1`, `z` or `1 − z`, times a constant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ZKind {
+    One,
+    Z,
+    OneMinusZ,
+}
+
+impl ZKind {
+    /// The scale `c·kind(z)` as `α + β·z`: `(α, β)` (`β` is also its derivative in `z`). The one
+    /// parametrisation of the gate's scales: decoding's fused mix, the fused training op
+    /// (`decoder_sequence::gate_mix`) and the reference's [`Scale`]s are all built from it.
+    #[inline(always)]
+    pub fn affine<T: Real>(self, c: T) -> (T, T) {
+        match self {
+            ZKind::One => (c, T::zero()),
+            ZKind::Z => (T::zero(), c),
+            ZKind::OneMinusZ => (c, -c),
+        }
+    }
+}
+
+/// A gate's two scales as functions of its value: `src = c_s·kind_s(z)`, `tgt = c_t·kind_t(z)` (the table
+/// above; the constants are the context scale `(a, b)`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GateKinds {
+    pub src: (ZKind, f64),
+    pub tgt: (ZKind, f64),
+}
+
+impl GateKinds {
+    /// `((α_s, β_s), (α_t, β_t))`: the source and target scales as `α + β·z`.
+    #[inline(always)]
+    pub fn affine<T: Real>(&self) -> ((T, T), (T, T)) {
+        (
+            self.src.0.affine(T::from_f64c(self.src.1)),
+            self.tgt.0.affine(T::from_f64c(self.tgt.1)),
+        )
+    }
+}
+
+/// The scale `c·kind(z)` of the reference path as a [`Scale`] over the gate value tensor `z`.
+fn scale_of(kind: ZKind, c: f64, z: &Tensor) -> Result<Scale> {
+    let (alpha, beta) = kind.affine(c);
+    Ok(match kind {
+        ZKind::One => constant(c),
+        ZKind::Z if c == 1.0 => Scale::T(z.clone()),
+        _ => Scale::T(z.affine(beta, alpha)?),
+    })
+}
+
+/// The constant scale `c`.
+fn constant(c: f64) -> Scale {
+    if c == 1.0 {
+        Scale::One
+    } else {
+        Scale::Const(c)
+    }
+}
+
+/// A context gate's value and its scales, for the fused mix of decoding's step.
+#[derive(Debug, Clone)]
+pub struct GateMix {
+    pub z: Tensor,
+    pub kinds: GateKinds,
+}
+
+impl Scales {
+    /// No scaling and no gate.
+    pub fn none() -> Scales {
+        Scales {
+            src: Scale::One,
+            tgt: Scale::One,
+            gate: None,
+            mix: None,
+        }
+    }
+}
+
+pub enum Gate {
+    None,
+    Context {
+        strategy: ContextGate,
+        w_z: Option<Tensor>,
+        u_z: Option<Tensor>,
+        c_z: Option<Tensor>,
+    },
+    Scalar {
+        w: Tensor,
+        b: Tensor,
+    },
+    Static {
+        z_logit: Tensor,
+    },
+}
+
+impl Gate {
+    pub fn new(vb: VarBuilder, cfg: &ModelConfig) -> Result<Self> {
+        let (e, h) = (cfg.embedding_dim, cfg.hidden_dim);
+        if cfg.gating_scalar {
+            let vb = vb.pp("scalar_gate");
+            return Ok(Gate::Scalar {
+                w: vb.get_with_hints((h, 1), "w_beta", crate::model::init::ZERO)?,
+                b: vb.get_with_hints(1, "b_beta", crate::model::init::ZERO)?,
+            });
+        }
+        if cfg.static_interpolation {
+            return Ok(Gate::Static {
+                z_logit: vb.pp("static_gate").get_with_hints(
+                    h,
+                    "z_logit",
+                    crate::model::init::ZERO,
+                )?,
+            });
+        }
+        if cfg.context_gate == ContextGate::None {
+            return Ok(Gate::None);
+        }
+        let vb = vb.pp("gate");
+        let has = |g: GateInput| cfg.gate_inputs.contains(&g);
+        Ok(Gate::Context {
+            strategy: cfg.context_gate,
+            w_z: if has(GateInput::Word) {
+                Some(vb.get_with_hints((e, h), "W_z", crate::model::init::ZERO)?)
+            } else {
+                None
+            },
+            u_z: if has(GateInput::State) {
+                Some(vb.get_with_hints((h, h), "U_z", crate::model::init::ZERO)?)
+            } else {
+                None
+            },
+            c_z: if has(GateInput::Context) {
+                Some(vb.get_with_hints((2 * h, h), "C_z", crate::model::init::ZERO)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The gate's part of the fused decoder op's weights: a context gate's `U_z`, `C_z` (each present when
+    /// the gate reads the state / the context), or the gating scalar's `w_β`, `b_β`, or static
+    /// interpolation's `θ` as the op's one gate term.
+    pub fn sequence_weights(&self) -> crate::model::decoder_sequence::GateWeights<'_> {
+        use crate::model::decoder_sequence::{GateWeights, ZPre};
+        let (u_z, c_z, z_pre) = match self {
+            Gate::None => (None, None, None),
+            Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref(), None),
+            Gate::Scalar { w, b } => (None, None, Some(ZPre::Scalar { w, b })),
+            Gate::Static { z_logit } => (None, None, Some(ZPre::Static { theta: z_logit })),
+        };
+        GateWeights { u_z, c_z, z_pre }
+    }
+
+    /// `W_z e` for a batch of word embeddings `[N, E]` (computed once for all time steps in training).
+    pub fn word_term(
+        &self,
+        kernels: crate::kernels::Kernels,
+        e: &Tensor,
+    ) -> Result<Option<Tensor>> {
+        match self {
+            Gate::Context { w_z: Some(w), .. } => {
+                Ok(Some(crate::kernels::rec_matmul(kernels, e, w)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// [`Gate::word_term`] as the shared input of the fused decoder sequence, over rows `rows` of `e` only
+    /// when given (see [`crate::kernels::linear_shared_rows`]).
+    pub fn word_term_shared(
+        &self,
+        e: &Tensor,
+        rows: Option<crate::kernels::Rows>,
+    ) -> Result<Option<crate::kernels::Shared>> {
+        match self {
+            Gate::Context { w_z: Some(w), .. } => {
+                let zeros = Tensor::zeros(w.dim(1)?, w.dtype(), w.device())?;
+                Ok(Some(crate::kernels::linear_shared_rows(
+                    e, w, &zeros, rows,
+                )?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// How this gate's scales depend on its value, with the context scale `(a, b)` (`None`: no gate): the
+    /// one place where every variant's scales are written (the table in the module's doc).
+    pub fn kinds(&self, (a, b): (f64, f64)) -> Option<GateKinds> {
+        let (src, tgt) = match self {
+            Gate::None => return None,
+            Gate::Context { strategy, .. } => match strategy {
+                ContextGate::Source => (ZKind::Z, ZKind::One),
+                ContextGate::Target => (ZKind::One, ZKind::Z),
+                ContextGate::Both => (ZKind::Z, ZKind::OneMinusZ),
+                ContextGate::None => unreachable!("no gate is Gate::None"),
+            },
+            // Gating scalar: the source scales by β; static interpolation: σ(θ) and 1 − σ(θ).
+            Gate::Scalar { .. } => (ZKind::Z, ZKind::One),
+            Gate::Static { .. } => (ZKind::Z, ZKind::OneMinusZ),
+        };
+        Some(GateKinds {
+            src: (src, a),
+            tgt: (tgt, b),
+        })
+    }
+
+    /// Scales for one step. `wz_e` is `W_z e(y)` for the word fed to the transition.
+    pub fn scales(
+        &self,
+        kernels: crate::kernels::Kernels,
+        wz_e: Option<&Tensor>,
+        t_prev: &Tensor,
+        ctx: &crate::model::attention::Context,
+        context_scale: (f64, f64),
+    ) -> Result<Scales> {
+        let Some(kinds) = self.kinds(context_scale) else {
+            return Ok(Scales {
+                src: constant(context_scale.0),
+                tgt: constant(context_scale.1),
+                gate: None,
+                mix: None,
+            });
+        };
+        // The gate value: `β` `[B, 1]`, the static `σ(θ)` `[H]` or `z` `[B, H]`.
+        let z = match self {
+            Gate::None => unreachable!("a gate has kinds"),
+            Gate::Scalar { w, b: bias } => {
+                candle_nn::ops::sigmoid(&t_prev.matmul(w)?.broadcast_add(bias)?)?
+            }
+            Gate::Static { z_logit } => candle_nn::ops::sigmoid(z_logit)?,
+            Gate::Context { u_z, c_z, .. } => {
+                let mut pre: Option<Tensor> = wz_e.cloned();
+                let mut add = |t: Tensor| -> Result<()> {
+                    pre = Some(match pre.take() {
+                        Some(p) => (p + t)?,
+                        None => t,
+                    });
+                    Ok(())
+                };
+                if let Some(u) = u_z {
+                    add(crate::kernels::rec_matmul(kernels, t_prev, u)?)?;
+                }
+                if let Some(c) = c_z {
+                    add(ctx.product(kernels, c)?)?;
+                }
+                crate::kernels::sigmoid(kernels, &pre.expect("a gate has at least one input"))?
+            }
+        };
+        Ok(Scales {
+            src: scale_of(kinds.src.0, kinds.src.1, &z)?,
+            tgt: scale_of(kinds.tgt.0, kinds.tgt.1, &z)?,
+            mix: matches!(self, Gate::Context { .. }).then(|| GateMix {
+                z: z.clone(),
+                kinds,
+            }),
+            gate: Some(z),
+        })
+    }
+}
+
+/// `T∘a + S∘b` for target-side terms `a` and source-side terms `b` (`[B, k·H]`, the scales repeated over
+/// the k blocks), composed from the scales (reference).
+pub fn mix_reference(a: &Tensor, b: &Tensor, sc: &Scales, blocks: usize) -> Result<Tensor> {
+    sc.tgt.apply(a, blocks)? + sc.src.apply(b, blocks)?
+}
+
+/// The same as one fused kernel from the gate value (a context gate's [`GateMix`]).
+pub fn mix_fused(a: &Tensor, b: &Tensor, m: &GateMix) -> Result<Tensor> {
+    a.contiguous()?.apply_op3(
+        &b.contiguous()?,
+        &m.z.contiguous()?,
+        MixOp { kinds: m.kinds },
+    )
+}
+
+struct MixOp {
+    kinds: GateKinds,
+}
+
+#[inline(always)]
+fn mix_row<T: Real>(a: &[T], b: &[T], z: &[T], out: &mut [T], kinds: GateKinds) {
+    let h = z.len();
+    let k = a.len() / h;
+    let ((sa, sb), (ta, tb)) = kinds.affine::<f64>();
+    for j in 0..h {
+        let zj = WithDType::to_f64(z[j]);
+        let (s, t) = (T::from_f64c(sa + sb * zj), T::from_f64c(ta + tb * zj));
+        for blk in 0..k {
+            let i = blk * h + j;
+            out[i] = t * a[i] + s * b[i];
+        }
+    }
+}
+simd_dispatch!(mix_row_d, mix_row_avx, mix_row, (a: &[T], b: &[T], z: &[T], out: &mut [T], kinds: GateKinds));
+
+/// Packed gradient row `[∂a (kH) | ∂b (kH) | ∂z (H)]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn mix_grad_row<T: Real>(a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], kinds: GateKinds) {
+    let h = z.len();
+    let kh = a.len();
+    let k = kh / h;
+    let (da, rest) = out.split_at_mut(kh);
+    let (db, dz) = rest.split_at_mut(kh);
+    let ((sa, sb), (ta, tb)) = kinds.affine::<f64>();
+    for j in 0..h {
+        let zj = WithDType::to_f64(z[j]);
+        let (s, ds, t, dt) = (
+            T::from_f64c(sa + sb * zj),
+            T::from_f64c(sb),
+            T::from_f64c(ta + tb * zj),
+            T::from_f64c(tb),
+        );
+        let mut acc = T::zero();
+        for blk in 0..k {
+            let i = blk * h + j;
+            da[i] = g[i] * t;
+            db[i] = g[i] * s;
+            acc = acc + g[i] * (a[i] * dt + b[i] * ds);
+        }
+        dz[j] = acc;
+    }
+}
+simd_dispatch!(mix_grad_row_d, mix_grad_row_avx, mix_grad_row, (a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], kinds: GateKinds));
+
+fn mix_fwd<T: Real>(
+    op: &MixOp,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (n, kh) = l1.shape().dims2()?;
+    let (_, h) = l3.shape().dims2()?;
+    let (a, b, z) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    if b.len() != n * kh || z.len() != n * h || kh % h != 0 {
+        candle_core::bail!("fused gate mix: shape mismatch");
+    }
+    let mut out = vec![T::zero(); n * kh];
+    out.chunks_mut(kh).enumerate().for_each(|(i, o)| {
+        mix_row_d(
+            &a[i * kh..(i + 1) * kh],
+            &b[i * kh..(i + 1) * kh],
+            &z[i * h..(i + 1) * h],
+            o,
+            op.kinds,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, kh))))
+}
+
+impl CustomOp3 for MixOp {
+    fn name(&self) -> &'static str {
+        "fused-gate-mix"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, mix_fwd, self, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        z: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (_, kh) = a.dims2()?;
+        let h = z.dim(1)?;
+        let op = MixGrad {
+            kinds: self.kinds,
+            grad: grad.contiguous()?,
+        };
+        let packed = a.apply_op3_no_bwd(b, z, &op)?;
+        Ok((
+            Some(packed.narrow(1, 0, kh)?),
+            Some(packed.narrow(1, kh, kh)?),
+            Some(packed.narrow(1, 2 * kh, h)?),
+        ))
+    }
+}
+
+struct MixGrad {
+    kinds: GateKinds,
+    grad: Tensor,
+}
+
+fn mix_grad<T: Real>(
+    op: &MixGrad,
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (n, kh) = l1.shape().dims2()?;
+    let (_, h) = l3.shape().dims2()?;
+    let (a, b, z) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    let g: Vec<T> = op.grad.flatten_all()?.to_vec1()?;
+    let w = 2 * kh + h;
+    let mut out = vec![T::zero(); n * w];
+    out.chunks_mut(w).enumerate().for_each(|(i, o)| {
+        mix_grad_row_d(
+            &a[i * kh..(i + 1) * kh],
+            &b[i * kh..(i + 1) * kh],
+            &z[i * h..(i + 1) * h],
+            &g[i * kh..(i + 1) * kh],
+            o,
+            op.kinds,
+        )
+    });
+    Ok((T::to_cpu_storage_owned(out), Shape::from((n, w))))
+}
+
+impl CustomOp3 for MixGrad {
+    fn name(&self) -> &'static str {
+        "fused-gate-mix-grad"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, mix_grad, self, s1, l1, s2, l2, s3, l3)
+    }
+}
