@@ -41,10 +41,10 @@ enum Cmd {
     /// report (report.md, report.html, results.json). Resumable.
     Reproduce(cgnmt::cmd::reproduce::ReproduceArgs),
     /// Average the parameters of several checkpoints of one model into a new model directory.
-    Average(cgnmt::train::averaging::AverageArgs),
+    Average(cgnmt::cmd::average::AverageArgs),
     /// Choose a finished run's model on dev (best/, the average of its converged tail, the moving average)
     /// and, with --tune, its length and coverage penalties; writes RUN/selection.json.
-    Select(cgnmt::train::selection::SelectArgs),
+    Select(cgnmt::cmd::select::SelectArgs),
     /// Pick each sentence's best hypothesis of an n-best list (translate --nbest N) by weighted features:
     /// the model's log-probability, the output's length, and features that other tools add.
     Rescore(cgnmt::decode::rescore::RescoreArgs),
@@ -96,8 +96,8 @@ fn main() {
         Cmd::Serve(a) => cgnmt::cmd::serve::run(a),
         Cmd::EvalPairs(a) => cgnmt::cmd::subjective::cmd_eval_pairs(&a),
         Cmd::EvalReport(a) => cgnmt::cmd::subjective::cmd_eval_report(&a),
-        Cmd::Average(a) => cgnmt::train::averaging::run(a),
-        Cmd::Select(a) => cgnmt::train::selection::run(a),
+        Cmd::Average(a) => cgnmt::cmd::average::run(a),
+        Cmd::Select(a) => cgnmt::cmd::select::run(a),
         Cmd::Rescore(a) => cgnmt::decode::rescore::run(a),
         Cmd::Align(a) => cgnmt::cmd::align::run(a),
         Cmd::Shortlist(a) => cgnmt::cmd::shortlist::run(a),

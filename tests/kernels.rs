@@ -1441,7 +1441,8 @@ fn fused_bidirectional_gru_matches_step_by_step() {
 /// or the bias.
 #[test]
 fn packed_gemm_equals_plain_product() {
-    use cgnmt::kernels::packed_gemm::{Isa, Packed, Start};
+    use cgnmt::kernels::packed_gemm::{Isa, Packed};
+    use cgnmt::kernels::Start;
     let isas: Vec<Isa> = [Isa::Avx512, Isa::Avx2]
         .into_iter()
         .filter(|i| i.available())
@@ -1550,7 +1551,8 @@ fn packed_gemm_equals_plain_product() {
 /// of the row on its own, on one thread or two.
 #[test]
 fn int8_gemm_within_its_quantisation_bound() {
-    use cgnmt::kernels::packed_gemm::{Packed, Start};
+    use cgnmt::kernels::packed_gemm::Packed;
+    use cgnmt::kernels::Start;
     if !cgnmt::kernels::quantized_gemm::available() {
         eprintln!("no AVX2 on this CPU: the int8 product is never used");
         return;
@@ -1651,7 +1653,8 @@ fn int8_gemm_within_its_quantisation_bound() {
 /// a pass prepared in f32, or a weight not prepared, gives `None` (f32 then).
 #[test]
 fn int8_matmul_only_in_int8_passes() {
-    use cgnmt::kernels::packed_gemm::{Packed, Start};
+    use cgnmt::kernels::packed_gemm::Packed;
+    use cgnmt::kernels::Start;
     use cgnmt::kernels::{begin_prepared_pass, int8_matmul, matmul_or_int8, prepare_as};
     if !cgnmt::kernels::quantized_gemm::available() {
         eprintln!("no AVX2 on this CPU: the int8 product is never used");

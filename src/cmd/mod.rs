@@ -3,11 +3,13 @@
 //! only parses the command line and dispatches here (or to the library and the data and evaluation crates).
 
 pub mod align;
+pub mod average;
 pub mod bench;
 pub mod datasets;
 pub mod demo;
 pub mod info;
 pub mod reproduce;
+pub mod select;
 pub mod serve;
 pub mod shortlist;
 pub mod subjective;

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 mod cpu;
 mod gemm;
+mod gemm_common;
 mod ops;
 pub mod packed_gemm;
 mod pass;
@@ -32,6 +33,7 @@ mod shared;
 
 pub use cpu::*;
 pub use gemm::*;
+pub use gemm_common::Start;
 pub use ops::*;
 pub use pass::*;
 pub use shared::*;

@@ -172,13 +172,7 @@ fn linear_fwd<T: Real>(
         as_f32(b),
     ) {
         if p.dims() == (k, m) {
-            let out = p.mul_new(
-                n,
-                xf,
-                k,
-                crate::kernels::packed_gemm::Start::Row(bf),
-                gemm_threads(),
-            );
+            let out = p.mul_new(n, xf, k, crate::kernels::Start::Row(bf), gemm_threads());
             return Ok((CpuStorage::F32(out), Shape::from((n, m))));
         }
     }

@@ -5,6 +5,7 @@
 //! packs its operand again at every call; at these shapes that repacking costs as much as a fifth of the
 //! product. f32 only, chosen at run time ([`Isa::detect`]); other types and CPUs keep the general GEMM.
 
+use crate::kernels::gemm_common::{SendPtr, Start};
 use rayon::prelude::*;
 
 /// Rows of the left operand per micro-kernel call.
@@ -315,29 +316,6 @@ impl Packed {
         } else {
             (0..threads).into_par_iter().for_each(run);
         }
-    }
-}
-
-/// What a packed product adds its `a · B` to.
-#[derive(Clone, Copy, Debug)]
-pub enum Start<'b> {
-    /// Nothing: `dst = a · B`.
-    Zero,
-    /// The destination's values: `dst += a · B`.
-    Dst,
-    /// One row (a bias) under every row: `dst = bias + a · B`, each element's sum taken in the order of adding
-    /// `a · B` to a destination that holds the bias.
-    Row(&'b [f32]),
-}
-
-/// A raw output pointer shared by the threads of one product (each writes its own columns).
-#[derive(Clone, Copy)]
-pub(crate) struct SendPtr(pub(crate) *mut f32);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    pub(crate) fn get(self) -> *mut f32 {
-        self.0
     }
 }
 

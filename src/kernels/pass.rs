@@ -19,7 +19,7 @@ pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
     x.matmul(w)
 }
 
-/// `dst = start + x W` (see [`crate::kernels::packed_gemm::Start`]) for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`
+/// `dst = start + x W` (see [`crate::kernels::Start`]) for an f32 `x` `[m, k]` (row-major) into a row-major `dst` `[m, n]`
 /// with the packed `W` of this thread's pass (see [`begin_pass`]; decoding prepares the output layer's `W_2`
 /// too). `false` when `W` has no packed form here (not prepared, not f32, no micro-kernel): nothing is
 /// written then.
@@ -28,7 +28,7 @@ pub fn prepared_mul_into(
     m: usize,
     x: &[f32],
     dst: &mut [f32],
-    start: crate::kernels::packed_gemm::Start,
+    start: crate::kernels::Start,
 ) -> Result<bool> {
     let Some(rw) = prepared(w) else {
         return Ok(false);
@@ -62,13 +62,7 @@ pub fn int8_matmul(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let x = x.contiguous()?;
     let (st, l) = x.storage_and_layout();
     let xs = storage_slice::<f32>(&st, l)?;
-    let out = p.mul_new(
-        m,
-        xs,
-        k,
-        crate::kernels::packed_gemm::Start::Zero,
-        gemm_threads(),
-    );
+    let out = p.mul_new(m, xs, k, crate::kernels::Start::Zero, gemm_threads());
     Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
 }
 
@@ -87,7 +81,7 @@ pub fn packed_mul_into(
     m: usize,
     x: &[f32],
     dst: &mut [f32],
-    start: crate::kernels::packed_gemm::Start,
+    start: crate::kernels::Start,
 ) -> Result<()> {
     let (k, n) = p.dims();
     if x.len() < m * k || dst.len() < m * n {
@@ -327,7 +321,7 @@ fn rec_matmul_t_fwd(rw: &RecWeight, s1: &CpuStorage, l1: &Layout) -> Result<(Cpu
             b,
             slice::<f32>(s1, l1)?,
             k,
-            crate::kernels::packed_gemm::Start::Zero,
+            crate::kernels::Start::Zero,
             gemm_threads(),
         );
         return Ok((CpuStorage::F32(y), Shape::from((b, n))));

@@ -13,7 +13,7 @@
 //! - AVX-512 VNNI ([`Kernel::Vnni`], chosen where the CPU has it): one `vpdpbusd` sums four byte products
 //!   into each of sixteen 32-bit lanes, 6 rows × 64 columns (four panels) per call.
 
-use crate::kernels::packed_gemm::SendPtr;
+use crate::kernels::gemm_common::SendPtr;
 use rayon::prelude::*;
 
 /// Columns per panel (two 256-bit registers of eight 32-bit sums).
@@ -155,10 +155,10 @@ impl QPacked {
         lda: usize,
         dst: *mut f32,
         ldc: usize,
-        start: crate::kernels::packed_gemm::Start,
+        start: crate::kernels::gemm_common::Start,
         threads: usize,
     ) {
-        use crate::kernels::packed_gemm::Start;
+        use crate::kernels::gemm_common::Start;
         let (k, n, kernel) = (self.k, self.n, self.kernel);
         if let Start::Row(bias) = start {
             assert!(bias.len() >= n, "int8 GEMM: bias shorter than the columns");
@@ -456,7 +456,7 @@ unsafe fn tile_vnni<const R: usize>(_t: &Tile) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::packed_gemm::Start;
+    use crate::kernels::gemm_common::Start;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
     /// `start + a · B` into a new `[m, ldc]` buffer that starts as `fill`.

@@ -59,8 +59,8 @@ impl Attention {
     }
 
     /// The attention's part of the fused decoder op's weights: `B` and `v`.
-    pub fn sequence_weights(&self) -> crate::model::decoder_sequence::AttentionWeights<'_> {
-        crate::model::decoder_sequence::AttentionWeights {
+    pub fn sequence_weights(&self) -> AttentionWeights<'_> {
+        AttentionWeights {
             b: &self.b,
             v: &self.v,
         }
@@ -866,4 +866,11 @@ impl CustomOp3 for SoftmaxContextGrad {
             l3
         )
     }
+}
+
+/// The attention weights the fused decoder sequence reads ([`crate::model::decoder_sequence`]).
+/// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
+pub struct AttentionWeights<'a> {
+    pub b: &'a Tensor,
+    pub v: &'a Tensor,
 }

@@ -49,7 +49,7 @@ impl Coverage {
     pub fn sequence_inputs<'a>(
         &'a self,
         ann: &crate::kernels::Shared,
-    ) -> Result<crate::model::decoder_sequence::CoverageInputs<'a>> {
+    ) -> Result<CoverageInputs<'a>> {
         use crate::kernels::{product_shared, Input, Shared};
         let (pre, fertility): (Input, Option<f64>) = match (self.kind, &self.w_c, &self.u_f) {
             (CoverageKind::Neural, Some(w_c), _) => (product_shared(ann, w_c)?.into(), None),
@@ -60,7 +60,7 @@ impl Coverage {
                 (Shared::new(&ones)?.into(), None)
             }
         };
-        Ok(crate::model::decoder_sequence::CoverageInputs {
+        Ok(CoverageInputs {
             neural: self.kind == CoverageKind::Neural,
             gated: self.gated,
             v_cov: &self.v_cov,
@@ -468,3 +468,20 @@ fn scores_grad_row_g<T: crate::kernels::Real>(
 }
 crate::kernels::simd_dispatch!(scores_row, scores_row_avx, scores_row_g, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], e: &mut [T]));
 crate::kernels::simd_dispatch!(scores_grad_row, scores_grad_row_avx, scores_grad_row_g, (ah: &[T], c: &[T], v_cov: &[T], q: &[T], v: &[T], de: &[T], dah: &mut [T], dq: &mut [T], dv: &mut [T], dc: &mut [T], dv_cov: &mut [T]));
+
+/// Coverage (model-spec §5) inside the recurrence: `V_cov` `[d, Ad]`, the per-position precomputed input
+/// `pre` (`1/Φ_j` `[B, S, 1]` for linguistic coverage — or `h_j U_f` when `fertility` is `Some(N)`, and the op
+/// forms `1/Φ_j = 1/(N σ(h_j U_f))` itself — and `h_j W_c` `[B, S, k·d]` for neural), and the neural update's
+/// `W_h` `[H, k·d]`, `p` `[k·d]`, `U` `[d, d]` and (gated) `U_ru` `[d, 2d]`, as in
+/// [`crate::model::coverage::Coverage`].
+pub struct CoverageInputs<'a> {
+    pub neural: bool,
+    pub gated: bool,
+    pub v_cov: &'a Tensor,
+    pub pre: crate::kernels::Input<'a>,
+    pub fertility: Option<f64>,
+    pub w_h: Option<&'a Tensor>,
+    pub p: Option<&'a Tensor>,
+    pub u: Option<&'a Tensor>,
+    pub u_ru: Option<&'a Tensor>,
+}

@@ -98,8 +98,7 @@ impl DecoderCell {
 
     /// The transition's part of the fused decoder op's weights: `C`, `U_ru`, `U` and the form; for the
     /// cGRU, its context GRU's (the op's transition) and its word GRU's recurrent weights.
-    pub fn sequence_weights(&self) -> crate::model::decoder_sequence::TransitionWeights<'_> {
-        use crate::model::decoder_sequence::{CgruWeights, TransitionWeights};
+    pub fn sequence_weights(&self) -> TransitionWeights<'_> {
         let paper_form = self.form == GateForm::Paper;
         match &self.cgru {
             Some((word, ctx)) => TransitionWeights {
@@ -334,4 +333,31 @@ fn dropped(x: &Tensor, drop: Option<&Tensor>) -> Result<Tensor> {
         Some(d) => x * d,
         None => Ok(x.clone()),
     }
+}
+
+/// The transition's weights.
+pub struct TransitionWeights<'a> {
+    /// `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1), `U` `[H, H]`.
+    /// (cGRU: the context GRU's.)
+    pub c: &'a Tensor,
+    pub u_ru: Option<&'a Tensor>,
+    pub u: &'a Tensor,
+    /// The paper-literal form: the target scale `T` multiplies the recurrent products `U_ru t`, `U(r∘t)` (or
+    /// `U t`) after them, and the GRU interpolates with the unscaled state (see [`crate::model::decoder_cell`]).
+    pub paper_form: bool,
+    /// The conditional GRU (cGRU): the transition above is its context GRU (no word input), and a word GRU
+    /// follows it at every step.
+    pub cgru: Option<CgruWeights<'a>>,
+}
+
+/// The cGRU's weights beyond the context GRU's `C`, `U_ru`, `U` (see [`crate::model::decoder_cell::DecoderCell`]):
+/// the context GRU's candidate bias `b` `[H]` (with the context's term, under the source scale), and the
+/// word GRU's `U_ru` `[H, 2H]` and `U` `[H, H]` (its input projections `W e + b` are the op's `wp`).
+/// Step `i` then runs attention from the intermediate state `t'_i` (`t'_0 = t_0`), the gate (reading
+/// `e(y_{i−1})`, `t'_i`, `s_i`) and the context GRU `t_i = GRU_ctx(s_i, t'_i)` under its scales, and, before
+/// the last step, the word GRU `t'_{i+1} = GRU_word(e(y_i), t_i)`; the output row `(b, i)` is `[t_i | s_i]`.
+pub struct CgruWeights<'a> {
+    pub b: &'a Tensor,
+    pub u_ru: &'a Tensor,
+    pub u: &'a Tensor,
 }

@@ -220,8 +220,7 @@ impl Gate {
     /// The gate's part of the fused decoder op's weights: a context gate's `U_z`, `C_z` (each present when
     /// the gate reads the state / the context), or the gating scalar's `w_β`, `b_β`, or static
     /// interpolation's `θ` as the op's one gate term.
-    pub fn sequence_weights(&self) -> crate::model::decoder_sequence::GateWeights<'_> {
-        use crate::model::decoder_sequence::{GateWeights, ZPre};
+    pub fn sequence_weights(&self) -> GateWeights<'_> {
         let (u_z, c_z, z_pre) = match self {
             Gate::None => (None, None, None),
             Gate::Context { u_z, c_z, .. } => (u_z.as_ref(), c_z.as_ref(), None),
@@ -525,4 +524,21 @@ impl CustomOp3 for MixGrad {
     ) -> Result<(CpuStorage, Shape)> {
         by_dtype!(s1, mix_grad, self, s1, l1, s2, l2, s3, l3)
     }
+}
+
+/// The gate's recurrent weights: `U_z` `[H, H]` and `C_z` `[2H, H]` (when a context gate reads the state /
+/// the context), and the gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
+/// (Its word term `W_z e` is an input of the op, formed for all steps at once.)
+pub struct GateWeights<'a> {
+    pub u_z: Option<&'a Tensor>,
+    pub c_z: Option<&'a Tensor>,
+    pub z_pre: Option<ZPre<'a>>,
+}
+
+/// A gate value that is not a context gate's: Xu et al.'s gating scalar `β = σ(w_βᵀ t_{i−1} + b_β)` (`w_β`
+/// `[H, 1]`, `b_β` `[1]`; with the *source* scales) or static interpolation's `z = σ(θ)` (`θ` `[H]`; with the
+/// *both* scales). In the op they are the gate's one term: `w_βᵀ t + b_β` repeated over `H`, or `θ`.
+pub enum ZPre<'a> {
+    Scalar { w: &'a Tensor, b: &'a Tensor },
+    Static { theta: &'a Tensor },
 }

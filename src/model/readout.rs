@@ -173,7 +173,7 @@ impl Readout {
         let x = x.contiguous()?;
         let (xs, xl) = x.storage_and_layout();
         let xv = crate::kernels::storage_slice::<f32>(&xs, xl)?;
-        let start = crate::kernels::packed_gemm::Start::Row(&bias);
+        let start = crate::kernels::Start::Row(&bias);
         let packed = match words {
             Some(o) => match &o.packed {
                 Some(p) => {

@@ -20,7 +20,10 @@
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 
 use crate::kernels::{storage_slice, Input, Oriented, Real, Shared};
-use crate::model::gate::GateKinds;
+use crate::model::attention::AttentionWeights;
+use crate::model::coverage::CoverageInputs;
+use crate::model::decoder_cell::TransitionWeights;
+use crate::model::gate::{GateKinds, GateWeights, ZPre};
 
 mod backward;
 mod forward;
@@ -34,73 +37,6 @@ pub struct DecoderWeights<'a> {
     pub attention: AttentionWeights<'a>,
     pub transition: TransitionWeights<'a>,
     pub gate: GateWeights<'a>,
-}
-
-/// Attention `B` `[H, Ad]` and `v` `[Ad, 1]`.
-pub struct AttentionWeights<'a> {
-    pub b: &'a Tensor,
-    pub v: &'a Tensor,
-}
-
-/// The transition's weights.
-pub struct TransitionWeights<'a> {
-    /// `C` `[2H, kH]`, `U_ru` `[H, 2H]` (GRU: k = 3; `None` for the vanilla tanh unit, k = 1), `U` `[H, H]`.
-    /// (cGRU: the context GRU's.)
-    pub c: &'a Tensor,
-    pub u_ru: Option<&'a Tensor>,
-    pub u: &'a Tensor,
-    /// The paper-literal form: the target scale `T` multiplies the recurrent products `U_ru t`, `U(r∘t)` (or
-    /// `U t`) after them, and the GRU interpolates with the unscaled state (see [`crate::model::decoder_cell`]).
-    pub paper_form: bool,
-    /// The conditional GRU (cGRU): the transition above is its context GRU (no word input), and a word GRU
-    /// follows it at every step.
-    pub cgru: Option<CgruWeights<'a>>,
-}
-
-/// The gate's recurrent weights: `U_z` `[H, H]` and `C_z` `[2H, H]` (when a context gate reads the state /
-/// the context), and the gate's pre-activation when it is not a context gate's sum of terms (model-spec §4).
-/// (Its word term `W_z e` is an input of the op, formed for all steps at once.)
-pub struct GateWeights<'a> {
-    pub u_z: Option<&'a Tensor>,
-    pub c_z: Option<&'a Tensor>,
-    pub z_pre: Option<ZPre<'a>>,
-}
-
-/// The cGRU's weights beyond the context GRU's `C`, `U_ru`, `U` (see [`crate::model::decoder_cell::DecoderCell`]):
-/// the context GRU's candidate bias `b` `[H]` (with the context's term, under the source scale), and the
-/// word GRU's `U_ru` `[H, 2H]` and `U` `[H, H]` (its input projections `W e + b` are the op's `wp`).
-/// Step `i` then runs attention from the intermediate state `t'_i` (`t'_0 = t_0`), the gate (reading
-/// `e(y_{i−1})`, `t'_i`, `s_i`) and the context GRU `t_i = GRU_ctx(s_i, t'_i)` under its scales, and, before
-/// the last step, the word GRU `t'_{i+1} = GRU_word(e(y_i), t_i)`; the output row `(b, i)` is `[t_i | s_i]`.
-pub struct CgruWeights<'a> {
-    pub b: &'a Tensor,
-    pub u_ru: &'a Tensor,
-    pub u: &'a Tensor,
-}
-
-/// A gate value that is not a context gate's: Xu et al.'s gating scalar `β = σ(w_βᵀ t_{i−1} + b_β)` (`w_β`
-/// `[H, 1]`, `b_β` `[1]`; with the *source* scales) or static interpolation's `z = σ(θ)` (`θ` `[H]`; with the
-/// *both* scales). In the op they are the gate's one term: `w_βᵀ t + b_β` repeated over `H`, or `θ`.
-pub enum ZPre<'a> {
-    Scalar { w: &'a Tensor, b: &'a Tensor },
-    Static { theta: &'a Tensor },
-}
-
-/// Coverage (model-spec §5) inside the recurrence: `V_cov` `[d, Ad]`, the per-position precomputed input
-/// `pre` (`1/Φ_j` `[B, S, 1]` for linguistic coverage — or `h_j U_f` when `fertility` is `Some(N)`, and the op
-/// forms `1/Φ_j = 1/(N σ(h_j U_f))` itself — and `h_j W_c` `[B, S, k·d]` for neural), and the neural update's
-/// `W_h` `[H, k·d]`, `p` `[k·d]`, `U` `[d, d]` and (gated) `U_ru` `[d, 2d]`, as in
-/// [`crate::model::coverage::Coverage`].
-pub struct CoverageInputs<'a> {
-    pub neural: bool,
-    pub gated: bool,
-    pub v_cov: &'a Tensor,
-    pub pre: Input<'a>,
-    pub fertility: Option<f64>,
-    pub w_h: Option<&'a Tensor>,
-    pub p: Option<&'a Tensor>,
-    pub u: Option<&'a Tensor>,
-    pub u_ru: Option<&'a Tensor>,
 }
 
 /// The target side of a batch for [`decoder_sequence_fused`].
