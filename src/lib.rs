@@ -9,6 +9,7 @@
 //! `cgnmt-eval`. What each part computes: `docs/model-spec.md`.
 
 pub mod atomic_file;
+pub mod cluster;
 pub mod cmd;
 pub mod config;
 pub mod decode;

@@ -82,10 +82,22 @@ fn main() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
     Kernels::set_process_default(cli.kernels);
+    // Under `mpiexec` (a build with --features mpi), `translate` decodes a share of the lines on each rank.
+    let name = std::env::args()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .unwrap_or_default();
+    let cluster = match cgnmt::cluster::Cluster::init(&name, matches!(cli.cmd, Cmd::Translate(_))) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    };
     let r = match cli.cmd {
         Cmd::Prepare(a) => cgnmt_data::prepare::run_prepare(&a),
         Cmd::Train(a) => cgnmt::cmd::train::run(a),
-        Cmd::Translate(a) => cgnmt::cmd::translate::run(a),
+        Cmd::Translate(a) => cgnmt::cmd::translate::run(a, &cluster),
         Cmd::Info(a) => cgnmt::cmd::info::run(a),
         Cmd::Demo(a) => cgnmt::cmd::demo::run(a),
         Cmd::Reproduce(a) => {
@@ -109,6 +121,9 @@ fn main() {
         Cmd::Plot(a) => cgnmt_eval::cli::run_plot(&a),
     };
     if let Err(e) = r {
+        if cluster.size() > 1 {
+            cluster.fail(&e);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

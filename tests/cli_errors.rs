@@ -391,3 +391,25 @@ fn resume_without_checkpoint_is_an_error() {
         &["checkpoint"],
     );
 }
+
+/// A binary built without MPI that `mpiexec` starts as one of several processes says so and stops, instead of
+/// running N copies that each do all the work (the launcher's variables are set by hand here: no MPI needed).
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_build_without_mpi_refuses_to_run_as_one_of_several_processes() {
+    for (var, n) in [("PMI_SIZE", "2"), ("OMPI_COMM_WORLD_SIZE", "4")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+            .args(["info"])
+            .env(var, n)
+            .output()
+            .unwrap();
+        fails_with(&out, &[&format!("one of {n} MPI processes"), "--features mpi"]);
+    }
+    // One process is fine.
+    let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args(["info"])
+        .env("PMI_SIZE", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

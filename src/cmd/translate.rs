@@ -136,7 +136,7 @@ fn read_input(path: Option<&Path>) -> Result<Vec<String>> {
     }
 }
 
-pub fn run(a: TranslateArgs) -> Result<()> {
+pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
     let dir = checkpoint::resolve_model_dir(&a.model[0]);
     let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
     let mut members = Vec::new();
@@ -145,7 +145,15 @@ pub fn run(a: TranslateArgs) -> Result<()> {
         lm.check_ensemble(&other)?;
         members.push(other);
     }
-    let lines = read_input(a.input.as_deref())?;
+    let all_lines = read_input(a.input.as_deref())?;
+    // Under MPI each rank decodes every size-th line; rank 0 writes them all back in input order.
+    let total = all_lines.len();
+    let mine = cluster.share(total);
+    let lines: Vec<String> = if cluster.size() > 1 {
+        mine.iter().map(|&i| all_lines[i].clone()).collect()
+    } else {
+        all_lines
+    };
     let mut opts = DecodeOptions {
         beam: a.beam,
         length_norm: a.length_norm,
@@ -195,15 +203,19 @@ pub fn run(a: TranslateArgs) -> Result<()> {
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut tr = Translator::of(&model, &lm);
     tr.others = others.iter().collect();
-    let pb = if a.quiet || lines.len() < 50 {
+    let pb = if a.quiet || lines.len() < 50 || cluster.rank() > 0 {
         indicatif::ProgressBar::hidden()
     } else {
         indicatif::ProgressBar::new(lines.len() as u64)
     };
     // -o and --dump appear whole when decoding is done, or not at all (an error removes what was written).
+    // Sharded: each sentence's output lines and dump record, by input line, gathered at rank 0 at the end
+    // (whose files are made only then: a job that fails leaves nothing behind).
+    let sharded = cluster.size() > 1;
+    let writes = !sharded;
     let mut file_out = match &a.output {
-        Some(p) => Some(AtomicFile::create(p)?),
-        None => None,
+        Some(p) if writes => Some(AtomicFile::create(p)?),
+        _ => None,
     };
     let mut stdout_out = std::io::BufWriter::new(std::io::stdout().lock());
     let sink: &mut dyn Write = match file_out.as_mut() {
@@ -215,9 +227,11 @@ pub fn run(a: TranslateArgs) -> Result<()> {
         None => "the standard output".into(),
     };
     let mut dump = match &a.dump {
-        Some(p) => Some(AtomicFile::create(p)?),
-        None => None,
+        Some(p) if writes => Some(AtomicFile::create(p)?),
+        _ => None,
     };
+    let mut shard: Vec<(usize, String, String)> = vec![];
+    let global = |k: usize| if sharded { mine[k] } else { k };
     // Decode in chunks so output streams while keeping batches full.
     let chunk = 1024usize.max(4 * a.batch);
     let started = std::time::Instant::now();
@@ -249,27 +263,30 @@ pub fn run(a: TranslateArgs) -> Result<()> {
                         .as_ref()
                         .map(|p| format!("{}: ", p.display()))
                         .unwrap_or_default(),
-                    base + l.index + 1,
+                    global(base + l.index) + 1,
                     l.words,
                     a.max_input_words
                 )
             });
         }
         for (k, t) in out.iter().enumerate() {
+            let id = global(base + k);
+            let mut text = String::new();
             if a.nbest > 1 {
                 for h in &t.hyps {
-                    let text = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
-                    writeln!(sink, "{} ||| {} ||| {:.4}", base + k, text, h.score)
-                        .with_context(|| format!("writing {out_name}"))?;
+                    let words = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
+                    text += &format!("{id} ||| {words} ||| {:.4}\n", h.score);
                 }
             } else {
-                writeln!(sink, "{}", t.text).with_context(|| format!("writing {out_name}"))?;
+                text += &t.text;
+                text.push('\n');
             }
-            if let Some(d) = dump.as_mut() {
+            let mut record = String::new();
+            if a.dump.is_some() {
                 let best = t.hyps.first();
                 let eos = || std::iter::once("</s>".to_string());
                 let rec = cgnmt_eval::analysis::DumpRecord::<f32> {
-                    id: Some(base + k),
+                    id: Some(id),
                     src: t.src_tokens.iter().cloned().chain(eos()).collect(),
                     hyp: t.tokens.iter().cloned().chain(eos()).collect(),
                     score: best.map(|b| b.score),
@@ -277,7 +294,16 @@ pub fn run(a: TranslateArgs) -> Result<()> {
                     gates: best.map(|b| b.gates.clone()).unwrap_or_default(),
                     coverage: best.map(|b| b.coverage.clone()).unwrap_or_default(),
                 };
-                writeln!(d, "{}", serde_json::to_string(&rec)?).with_context(|| {
+                record = serde_json::to_string(&rec)? + "\n";
+            }
+            if sharded {
+                shard.push((id, text, record));
+                continue;
+            }
+            sink.write_all(text.as_bytes())
+                .with_context(|| format!("writing {out_name}"))?;
+            if let Some(d) = dump.as_mut() {
+                d.write_all(record.as_bytes()).with_context(|| {
                     format!(
                         "writing {}",
                         a.dump.as_deref().unwrap_or(Path::new("")).display()
@@ -290,6 +316,50 @@ pub fn run(a: TranslateArgs) -> Result<()> {
         base += part.len();
     }
     pb.finish_and_clear();
+    if sharded {
+        if std::env::var("CGNMT_INJECT_FAIL_RANK").ok() == Some(cluster.rank().to_string()) {
+            bail!("injected failure (CGNMT_INJECT_FAIL_RANK) after decoding this rank's share");
+        }
+        let bytes = serde_json::to_vec(&shard)?;
+        if let Some(all) = cluster.gather(bytes) {
+            let mut merged: Vec<(usize, String, String)> = vec![];
+            for (r, b) in all.iter().enumerate() {
+                let part: Vec<(usize, String, String)> = serde_json::from_slice(b)
+                    .with_context(|| format!("rank {r}'s translations are not readable"))?;
+                merged.extend(part);
+            }
+            merged.sort_by_key(|m| m.0);
+            if merged.len() != total || merged.iter().enumerate().any(|(i, m)| m.0 != i) {
+                bail!("the ranks' translations do not cover the input's lines once each");
+            }
+            let mut file = match &a.output {
+                Some(p) => Some(AtomicFile::create(p)?),
+                None => None,
+            };
+            let out: &mut dyn Write = match file.as_mut() {
+                Some(f) => f,
+                None => sink,
+            };
+            let mut dump = match &a.dump {
+                Some(p) => Some(AtomicFile::create(p)?),
+                None => None,
+            };
+            for (_, text, record) in &merged {
+                out.write_all(text.as_bytes())
+                    .with_context(|| format!("writing {out_name}"))?;
+                if let Some(d) = dump.as_mut() {
+                    d.write_all(record.as_bytes())?;
+                }
+            }
+            out.flush().with_context(|| format!("writing {out_name}"))?;
+            if let Some(d) = dump {
+                d.commit()?;
+            }
+            if let Some(f) = file {
+                f.commit()?;
+            }
+        }
+    }
     if let Some(d) = dump {
         d.commit()?;
     }
@@ -302,10 +372,15 @@ pub fn run(a: TranslateArgs) -> Result<()> {
             .load(std::sync::atomic::Ordering::Relaxed)
             - steps_before;
         eprintln!(
-            "translated {} lines in {secs:.1} s ({:.1} sentences/s, beam {}, {steps} hypothesis steps)",
+            "translated {} lines in {secs:.1} s ({:.1} sentences/s, beam {}, {steps} hypothesis steps){}",
             lines.len(),
             lines.len() as f64 / secs.max(1e-9),
             opts.beam,
+            if sharded {
+                format!(" on rank {} of {}", cluster.rank(), cluster.size())
+            } else {
+                String::new()
+            }
         );
     }
     Ok(())

@@ -1,0 +1,172 @@
+//! Running as one of several processes of an MPI job (`mpiexec -n N cgnmt translate …`, a build with
+//! `--features mpi`). Each process learns its rank and the job's size here; `translate` decodes its share of the
+//! lines and rank 0 writes the whole output ([`Cluster::gather`]). A process that fails ends the whole job at
+//! once: a panic or an error on any rank prints the rank and the cause and aborts the communicator, so no rank
+//! waits forever for a peer that is gone.
+//!
+//! Without the feature the toolkit needs no MPI library: a job of one process is the whole story, and a binary
+//! started by `mpiexec` with more than one process says that it was built without MPI and stops, instead of
+//! running N copies that each do all the work.
+
+use anyhow::Result;
+
+/// This process's place in the job.
+pub struct Cluster {
+    rank: usize,
+    size: usize,
+    #[cfg(feature = "mpi")]
+    _universe: Option<mpi::environment::Universe>,
+}
+
+/// The job's size as the launcher tells it (MPICH's and Open MPI's variables), without MPI itself.
+fn launched_size() -> usize {
+    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+impl Cluster {
+    /// A job of one process (tests, and commands that never run under `mpiexec`).
+    pub fn single() -> Cluster {
+        Cluster {
+            rank: 0,
+            size: 1,
+            #[cfg(feature = "mpi")]
+            _universe: None,
+        }
+    }
+
+    /// Join the job this process was started in. `command` names the subcommand; `shards` says whether it
+    /// runs on several processes (others are refused with a clear error when the job has more than one).
+    pub fn init(command: &str, shards: bool) -> Result<Cluster> {
+        let launched = launched_size();
+        #[cfg(not(feature = "mpi"))]
+        {
+            if launched > 1 {
+                anyhow::bail!(
+                    "started as one of {launched} MPI processes, but this cgnmt was built without MPI: build it \
+                     with `cargo build --release --features mpi` (see the README), or run one process"
+                );
+            }
+            let _ = (command, shards);
+            Ok(Cluster::single())
+        }
+        #[cfg(feature = "mpi")]
+        {
+            use mpi::traits::Communicator;
+            if launched <= 1 {
+                // Not under a launcher: no MPI initialisation at all.
+                return Ok(Cluster::single());
+            }
+            let universe = mpi::initialize()
+                .ok_or_else(|| anyhow::anyhow!("MPI was initialised twice in this process"))?;
+            let world = universe.world();
+            let (rank, size) = (world.rank() as usize, world.size() as usize);
+            let c = Cluster {
+                rank,
+                size,
+                _universe: Some(universe),
+            };
+            if size > 1 {
+                install_abort_on_panic(rank, size);
+                if !shards {
+                    c.fail(&anyhow::anyhow!(
+                        "cgnmt {command} does not run as several MPI processes (translate does); run it as one"
+                    ));
+                }
+            }
+            Ok(c)
+        }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The indices of `n` items this rank takes: every `size`-th, starting at its rank (interleaved, so that a
+    /// file sorted by length gives each rank a like share).
+    pub fn share(&self, n: usize) -> Vec<usize> {
+        (self.rank..n).step_by(self.size).collect()
+    }
+
+    /// Every rank's bytes, in rank order, at rank 0 (`None` on the other ranks); `mine` is this rank's.
+    pub fn gather(&self, mine: Vec<u8>) -> Option<Vec<Vec<u8>>> {
+        if self.size == 1 {
+            return Some(vec![mine]);
+        }
+        #[cfg(feature = "mpi")]
+        {
+            use mpi::point_to_point::{Destination, Source};
+            use mpi::traits::Communicator;
+            let world = mpi::topology::SimpleCommunicator::world();
+            if self.rank == 0 {
+                let mut all = vec![mine];
+                for r in 1..self.size {
+                    let (v, _) = world.process_at_rank(r as i32).receive_vec::<u8>();
+                    all.push(v);
+                }
+                Some(all)
+            } else {
+                world.process_at_rank(0).send(&mine[..]);
+                None
+            }
+        }
+        #[cfg(not(feature = "mpi"))]
+        unreachable!("a job of several processes needs the mpi feature")
+    }
+
+    /// Report an error of this rank and end the job: every rank stops (a job of one process just returns the
+    /// error to its caller, which reports it).
+    pub fn fail(&self, e: &anyhow::Error) -> ! {
+        eprintln!("error (rank {} of {}): {e:#}", self.rank, self.size);
+        self.abort(1)
+    }
+
+    fn abort(&self, code: i32) -> ! {
+        #[cfg(feature = "mpi")]
+        if self.size > 1 {
+            use mpi::traits::Communicator;
+            mpi::topology::SimpleCommunicator::world().abort(code);
+        }
+        std::process::exit(code)
+    }
+}
+
+/// A panic on any rank ends the job: the usual message, the rank, then `MPI_Abort`.
+#[cfg(feature = "mpi")]
+fn install_abort_on_panic(rank: usize, size: usize) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        eprintln!("error (rank {rank} of {size}): panicked; aborting the MPI job");
+        use mpi::traits::Communicator;
+        mpi::topology::SimpleCommunicator::world().abort(101);
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_interleave_and_cover_every_line_once() {
+        let mut seen = vec![];
+        for rank in 0..3 {
+            let c = Cluster {
+                rank,
+                size: 3,
+                #[cfg(feature = "mpi")]
+                _universe: None,
+            };
+            seen.extend(c.share(10));
+        }
+        seen.sort();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        assert_eq!(Cluster::single().share(4), vec![0, 1, 2, 3]);
+    }
+}
