@@ -72,7 +72,7 @@ impl Cluster {
                 install_abort_on_panic(rank, size);
                 if !shards {
                     c.fail(&anyhow::anyhow!(
-                        "cgnmt {command} does not run as several MPI processes (translate does); run it as one"
+                        "cgnmt {command} does not run as several MPI processes (translate and train do); run it as one"
                     ));
                 }
             }
@@ -117,6 +117,60 @@ impl Cluster {
             }
         }
         #[cfg(not(feature = "mpi"))]
+        unreachable!("a job of several processes needs the mpi feature")
+    }
+
+    /// Sum `buf` over the ranks, leaving the same bits on every rank: reduced to rank 0, then broadcast from
+    /// it (an all-reduce may add in another order on each rank).
+    pub fn sum_f32(&self, buf: &mut [f32]) {
+        if self.size > 1 {
+            self.sum_everywhere(buf);
+        }
+    }
+
+    /// [`Cluster::sum_f32`] for f64 (losses, token counts, checksums).
+    pub fn sum_f64(&self, buf: &mut [f64]) {
+        if self.size > 1 {
+            self.sum_everywhere(buf);
+        }
+    }
+
+    /// Rank 0's `buf` on every rank.
+    pub fn broadcast_f32(&self, buf: &mut [f32]) {
+        if self.size > 1 {
+            #[cfg(feature = "mpi")]
+            {
+                use mpi::collective::Root;
+                use mpi::traits::Communicator;
+                let world = mpi::topology::SimpleCommunicator::world();
+                world.process_at_rank(0).broadcast_into(buf);
+            }
+            #[cfg(not(feature = "mpi"))]
+            {
+                let _ = buf;
+                unreachable!("a job of several processes needs the mpi feature");
+            }
+        }
+    }
+
+    #[cfg(feature = "mpi")]
+    fn sum_everywhere<T: mpi::datatype::Equivalence + Copy + Default>(&self, buf: &mut [T]) {
+        use mpi::collective::{Root, SystemOperation};
+        use mpi::traits::Communicator;
+        let world = mpi::topology::SimpleCommunicator::world();
+        let root = world.process_at_rank(0);
+        if self.rank == 0 {
+            let mut out = vec![T::default(); buf.len()];
+            root.reduce_into_root(&buf[..], &mut out[..], SystemOperation::sum());
+            buf.copy_from_slice(&out);
+        } else {
+            root.reduce_into(&buf[..], SystemOperation::sum());
+        }
+        root.broadcast_into(buf);
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn sum_everywhere<T>(&self, _buf: &mut [T]) {
         unreachable!("a job of several processes needs the mpi feature")
     }
 

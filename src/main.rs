@@ -82,12 +82,14 @@ fn main() {
         std::env::set_var("CANDLE_NUM_THREADS", "1");
     }
     Kernels::set_process_default(cli.kernels);
-    // Under `mpiexec` (a build with --features mpi), `translate` decodes a share of the lines on each rank.
+    // Under `mpiexec` (a build with --features mpi), `translate` decodes a share of the lines on each rank and
+    // `train` computes each update's gradient on a share of the batch.
     let name = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .unwrap_or_default();
-    let cluster = match cgnmt::cluster::Cluster::init(&name, matches!(cli.cmd, Cmd::Translate(_))) {
+    let shards = matches!(cli.cmd, Cmd::Translate(_) | Cmd::Train(_));
+    let cluster = match cgnmt::cluster::Cluster::init(&name, shards) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -96,7 +98,7 @@ fn main() {
     };
     let r = match cli.cmd {
         Cmd::Prepare(a) => cgnmt_data::prepare::run_prepare(&a),
-        Cmd::Train(a) => cgnmt::cmd::train::run(a),
+        Cmd::Train(a) => cgnmt::cmd::train::run(a, &cluster),
         Cmd::Translate(a) => cgnmt::cmd::translate::run(a, &cluster),
         Cmd::Info(a) => cgnmt::cmd::info::run(a),
         Cmd::Demo(a) => cgnmt::cmd::demo::run(a),

@@ -403,7 +403,10 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_processes() {
             .env(var, n)
             .output()
             .unwrap();
-        fails_with(&out, &[&format!("one of {n} MPI processes"), "--features mpi"]);
+        fails_with(
+            &out,
+            &[&format!("one of {n} MPI processes"), "--features mpi"],
+        );
     }
     // One process is fine.
     let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
@@ -411,5 +414,9 @@ fn a_build_without_mpi_refuses_to_run_as_one_of_several_processes() {
         .env("PMI_SIZE", "1")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

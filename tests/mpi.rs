@@ -201,3 +201,256 @@ fn a_failing_rank_ends_the_job_fast_and_leaves_nothing() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The step losses a run logged (`{"step": N, "loss_per_token": …}` lines, in order).
+fn refs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+fn logged_losses(run: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("train.log"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("step").is_some())
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap(),
+                v["loss_per_token"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn two_ranks_train_like_one_process_at_the_same_global_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    common::prepare(&prepared, 400);
+    let s = |p: &Path| p.display().to_string();
+    for (name, variant) in [
+        (
+            "gru + both",
+            &["model.decoder=gru", "model.context_gate=both"][..],
+        ),
+        (
+            "cgru + both",
+            &["model.decoder=cgru", "model.context_gate=both"][..],
+        ),
+        (
+            "gru + coverage + both",
+            &[
+                "model.decoder=gru",
+                "model.coverage=neural",
+                "model.context_gate=both",
+            ][..],
+        ),
+    ] {
+        let mut args: Vec<String> = vec!["train".into(), "--quiet".into()];
+        for kv in [
+            format!("data.prepared={:?}", s(&prepared)),
+            "model.embedding_dim=16".into(),
+            "model.hidden_dim=24".into(),
+            "model.attention_dim=16".into(),
+            "train.batch_size=16".into(),
+            "train.max_steps=30".into(),
+            "train.eval_every=10".into(),
+            "train.eval_max_sentences=16".into(),
+            "train.eval_beam=2".into(),
+            "train.threads=1".into(),
+        ]
+        .into_iter()
+        .chain(variant.iter().map(|v| v.to_string()))
+        {
+            args.push("--set".into());
+            args.push(kv);
+        }
+        let (one, two) = (
+            tmp.path().join(format!("{name}-1")),
+            tmp.path().join(format!("{name}-2")),
+        );
+        let mut a1 = args.clone();
+        a1.extend(["--out".into(), s(&one)]);
+        common::run_ok(&a1.iter().map(String::as_str).collect::<Vec<_>>());
+        let mut a2 = args.clone();
+        a2.extend(["--out".into(), s(&two)]);
+        let (out, _) = mpiexec(2, &a2.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The same losses, up to the order of the sums.
+        let (l1, l2) = (logged_losses(&one), logged_losses(&two));
+        assert_eq!(l1.len(), 3, "{name}: {l1:?}");
+        assert_eq!(l1.len(), l2.len(), "{name}: rank 0 alone logs ({l2:?})");
+        for ((s1, x), (s2, y)) in l1.iter().zip(&l2) {
+            assert_eq!(s1, s2);
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs(),
+                "{name}, update {s1}: {x} against {y}"
+            );
+        }
+        // The same parameters, within what summation order does to 30 Adam updates.
+        let p1 = candle_core::safetensors::load(
+            one.join("last/model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let p2 = candle_core::safetensors::load(
+            two.join("last/model.safetensors"),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(p1.len(), p2.len());
+        let mut worst = 0f32;
+        for (k, x) in &p1 {
+            let d = (x - &p2[k])
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            worst = worst.max(d);
+        }
+        eprintln!(
+            "{name}: largest parameter difference after 30 updates, 2 ranks against 1: {worst:e}"
+        );
+        assert!(worst < 1e-5, "{name}: {worst}");
+        // The ranks' parameters were the same bits at every evaluation and at the end.
+        let agreed = std::fs::read_to_string(two.join("train.log"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"ranks_agree\""))
+            .count();
+        assert_eq!(agreed, 4, "{name}");
+        // Over TCP on 127.0.0.1 the job is the same bits as over shared memory (the same sums at rank 0).
+        let tcp = tmp.path().join(format!("{name}-tcp"));
+        let mut a3 = args.clone();
+        a3.extend(["--out".into(), s(&tcp)]);
+        let (out, _) = mpiexec(2, &refs(&a3), TRANSPORTS[1].1);
+        assert!(
+            out.status.success(),
+            "{name}, tcp: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            std::fs::read(tcp.join("last/model.safetensors")).unwrap()
+                == std::fs::read(two.join("last/model.safetensors")).unwrap(),
+            "{name}: tcp and shared memory differ"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_panics_in_training_ends_the_job_and_the_resume_equals_the_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    common::prepare(&prepared, 400);
+    let s = |p: &Path| p.display().to_string();
+    let args = |out: &Path| -> Vec<String> {
+        let mut a: Vec<String> = vec!["train".into(), "--quiet".into(), "--out".into(), s(out)];
+        for kv in [
+            format!("data.prepared={:?}", s(&prepared)),
+            "model.embedding_dim=16".into(),
+            "model.hidden_dim=24".into(),
+            "model.attention_dim=16".into(),
+            "train.batch_size=16".into(),
+            "train.max_steps=30".into(),
+            "train.eval_every=10".into(),
+            "train.save_every=5".into(),
+            "train.eval_max_sentences=16".into(),
+            "train.eval_beam=2".into(),
+            "train.threads=1".into(),
+        ] {
+            a.push("--set".into());
+            a.push(kv);
+        }
+        a
+    };
+    // Uninterrupted, on 2 ranks.
+    let whole = tmp.path().join("whole");
+    let a = args(&whole);
+    let (out, _) = mpiexec(2, &refs(&a), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Rank 1 panics after update 17: the job ends at once, non-zero, naming the rank.
+    let cut = tmp.path().join("cut");
+    let a = args(&cut);
+    let (out, took) = mpiexec(
+        2,
+        &refs(&a),
+        &[
+            ("CGNMT_INJECT_PANIC_AT", "17"),
+            ("CGNMT_INJECT_FAIL_RANK", "1"),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && out.status.code() != Some(124),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    assert!(
+        err.contains("rank 1 of 2") && err.contains("injected panic after update 17"),
+        "{err}"
+    );
+    // The last checkpoint is whole (update 15), and no half-written one is left.
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cut.join("last/train_state.json")).unwrap())
+            .unwrap();
+    assert_eq!(state["step"].as_u64(), Some(15));
+    assert!(!cut.join("last.tmp").exists());
+    // Resumed on 2 ranks: the uninterrupted run's parameters, bit for bit.
+    let (out, _) = mpiexec(2, &["train", "--quiet", "--resume", &s(&cut)], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let w = std::fs::read(whole.join("last/model.safetensors")).unwrap();
+    assert!(
+        std::fs::read(cut.join("last/model.safetensors")).unwrap() == w,
+        "2-rank resume differs"
+    );
+    // The data position is global: the run also resumes on another number of ranks (here one process), at
+    // the same global batch, equal up to the order of the sums.
+    let cut1 = tmp.path().join("cut1");
+    let a = args(&cut1);
+    let (out, _) = mpiexec(
+        2,
+        &refs(&a),
+        &[
+            ("CGNMT_INJECT_PANIC_AT", "17"),
+            ("CGNMT_INJECT_FAIL_RANK", "0"),
+        ],
+    );
+    assert!(!out.status.success());
+    common::run_ok(&["train", "--quiet", "--resume", &s(&cut1)]);
+    let p1 = candle_core::safetensors::load(
+        cut1.join("last/model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let p2 = candle_core::safetensors::load(
+        whole.join("last/model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    for (k, x) in &p1 {
+        let d = (x - &p2[k])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(d < 1e-5, "{k}: {d}");
+    }
+}

@@ -29,7 +29,7 @@ pub struct TrainArgs {
     quiet: bool,
 }
 
-pub fn run(a: TrainArgs) -> Result<()> {
+pub fn run(a: TrainArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
     let (run_dir, resume) = match &a.resume {
         Some(p) if !p.as_os_str().is_empty() => (p.clone(), true),
         Some(_) => (a.out.clone(), true),
@@ -54,6 +54,6 @@ pub fn run(a: TrainArgs) -> Result<()> {
         return Ok(());
     }
     crate::kernels::set_threads(cfg.train.threads);
-    crate::train::train(cfg, &run_dir, resume, a.quiet)?;
+    crate::train::train_on(cfg, &run_dir, resume, a.quiet, cluster)?;
     Ok(())
 }

@@ -19,6 +19,7 @@ use cgnmt_data::preprocess::Preprocessor;
 use cgnmt_data::vocab::{Vocab, WordCounts};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::decode::beam_search::DecodeOptions;
 use crate::decode::translate::Translator;
@@ -27,6 +28,103 @@ use crate::model::{Batch, Model};
 use crate::train::batcher::{epoch_batches, Corpus};
 use crate::train::checkpoint::{EvalRecord, SaveRequest, TrainState};
 use crate::train::optim::Optimizer;
+
+/// Every parameter, in `vars`' order, as one f32 vector.
+fn flatten(vars: &[(String, Var)]) -> Result<Vec<f32>> {
+    let mut flat = vec![];
+    for (_, v) in vars {
+        flat.extend(
+            v.as_tensor()
+                .flatten_all()?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()?,
+        );
+    }
+    Ok(flat)
+}
+
+/// Set every parameter from [`flatten`]'s vector.
+fn unflatten(vars: &[(String, Var)], flat: &[f32]) -> Result<()> {
+    let mut at = 0;
+    for (_, v) in vars {
+        let n = v.elem_count();
+        let t = candle_core::Tensor::from_slice(&flat[at..at + n], v.shape(), v.device())?
+            .to_dtype(v.dtype())?;
+        v.set(&t)?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// The global batch's gradient on every rank: each rank's gradients times its share of the batch, summed
+/// over the ranks (the same bits everywhere). A parameter gets a gradient when any rank's share gave it one
+/// (a rank with an empty share adds zeros).
+fn sum_gradients(
+    vars: &[(String, Var)],
+    grads: Option<candle_core::backprop::GradStore>,
+    weight: f32,
+    cluster: &Cluster,
+) -> Result<candle_core::backprop::GradStore> {
+    let total: usize = vars.iter().map(|(_, v)| v.elem_count()).sum();
+    // The gradients, then one presence flag per parameter.
+    let mut flat = Vec::with_capacity(total + vars.len());
+    for (_, v) in vars {
+        match grads.as_ref().and_then(|g| g.get(v.as_tensor())) {
+            Some(g) => flat.extend(
+                g.flatten_all()?
+                    .to_dtype(DType::F32)?
+                    .to_vec1::<f32>()?
+                    .into_iter()
+                    .map(|x| x * weight),
+            ),
+            None => flat.extend(std::iter::repeat_n(0f32, v.elem_count())),
+        }
+    }
+    for (_, v) in vars {
+        let present = grads
+            .as_ref()
+            .is_some_and(|g| g.get(v.as_tensor()).is_some());
+        flat.push(if present { 1.0 } else { 0.0 });
+    }
+    cluster.sum_f32(&mut flat);
+    // This rank's store with the sums put in (a rank with an empty share starts from an empty store).
+    let mut out = match grads {
+        Some(g) => g,
+        None => candle_core::Tensor::zeros((), DType::F32, &Device::Cpu)?.backward()?,
+    };
+    let mut at = 0;
+    for (k, (_, v)) in vars.iter().enumerate() {
+        let n = v.elem_count();
+        if flat[total + k] > 0.0 {
+            let t = candle_core::Tensor::from_slice(&flat[at..at + n], v.shape(), v.device())?
+                .to_dtype(v.dtype())?;
+            out.insert(v.as_tensor(), t);
+        } else {
+            out.remove(v.as_tensor());
+        }
+        at += n;
+    }
+    Ok(out)
+}
+
+/// Every rank's parameters are the same bits: each rank's checksum (the sum of its parameters' bits as
+/// integers, in f64) is gathered on all ranks and compared; a difference is an error naming the update.
+fn check_in_step(vars: &[(String, Var)], cluster: &Cluster, step: u64) -> Result<f64> {
+    let mut sum: u64 = 0;
+    for x in flatten(vars)? {
+        sum = sum.wrapping_add(x.to_bits() as u64);
+    }
+    let mut all = vec![0f64; cluster.size()];
+    all[cluster.rank()] = (sum % (1u64 << 52)) as f64;
+    cluster.sum_f64(&mut all);
+    if all.iter().any(|&c| c != all[0]) {
+        return Err(NmtError::Data(format!(
+            "the ranks' parameters differ at update {step} (checksums {all:?}): the data-parallel replicas \
+             drifted apart"
+        )));
+    }
+    Ok(all[0])
+}
 
 /// The run's subdirectory with the parameters' moving average (`train.exponential_smoothing`).
 pub const SMOOTHED_DIR: &str = "smoothed";
@@ -44,6 +142,14 @@ fn injected_nan(step: u64) -> bool {
         .and_then(|v| v.parse::<u64>().ok())
         == Some(step)
         && !DONE.swap(true, Ordering::Relaxed)
+}
+
+/// Test hook: `CGNMT_INJECT_PANIC_AT=N` panics after update N on rank `CGNMT_INJECT_FAIL_RANK` (0 by default):
+/// how a failing rank of an MPI job is tested.
+fn injected_panic(rank: usize, step: u64) -> bool {
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    var("CGNMT_INJECT_PANIC_AT") == Some(step)
+        && var("CGNMT_INJECT_FAIL_RANK").unwrap_or(0) == rank as u64
 }
 
 /// Tokenised sentences of a prepared-data file (one per line, tokens separated by spaces).
@@ -299,6 +405,25 @@ pub struct TrainSummary {
 /// Train into `run_dir`. With `resume`, continue from `run_dir/last` (configuration, weights, optimiser state,
 /// data position) with the given overrides applied to its configuration.
 pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<TrainSummary> {
+    train_on(cfg, run_dir, resume, quiet, &Cluster::single())
+}
+
+/// [`train`] as one rank of an MPI job (`mpiexec -n N cgnmt train …`): synchronous data parallelism. Rank 0's
+/// initial parameters go to every rank; each update, every rank computes the gradient of its share of the
+/// global batch (`train.batch_size` stays the global batch: every N-th sentence of it, by position), the shares'
+/// gradients (weighted by their share of the batch), losses and token counts are summed over the ranks, and
+/// every rank takes the same optimiser step. Every evaluation compares a checksum of every rank's parameters
+/// (a difference is an error naming the update). Rank 0 alone writes the log and the checkpoints; every rank
+/// evaluates dev itself (the same decisions). The data position is global, so a run resumes at any N.
+pub fn train_on(
+    cfg: Config,
+    run_dir: &Path,
+    resume: bool,
+    quiet: bool,
+    cluster: &Cluster,
+) -> Result<TrainSummary> {
+    let quiet = quiet || cluster.rank() > 0;
+    let writer = cluster.rank() == 0;
     let dev = Device::Cpu;
     let dtype = DType::F32;
     let last_dir = run_dir.join("last");
@@ -353,6 +478,13 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
+    if cluster.size() > 1 {
+        // Every rank has passed its checks of the run directory before rank 0 writes anything.
+        cluster.sum_f64(&mut [0.0]);
+        let mut flat = flatten(&vars)?;
+        cluster.broadcast_f32(&mut flat);
+        unflatten(&vars, &flat)?;
+    }
     let params = crate::model::init::count(&varmap);
     if !quiet {
         eprintln!(
@@ -361,11 +493,17 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
         );
     }
     let log_path = run_dir.join("train.log");
+    // Ranks other than 0 log nowhere.
+    let log_file = if writer {
+        log_path.clone()
+    } else {
+        PathBuf::from("/dev/null")
+    };
     let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
-        .map_err(|e| NmtError::io(&log_path, e))?;
+        .open(&log_file)
+        .map_err(|e| NmtError::io(&log_file, e))?;
     let tc = cfg.train.clone();
     let batches_per_epoch =
         epoch_batches(&data.corpus, tc.batch_size, tc.sort_batches, tc.seed, 0).len() as u64;
@@ -398,6 +536,9 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
     let mut tok_acc = (0usize, Instant::now());
     let mut last_loss = state.last_train_loss.unwrap_or(f64::NAN);
     let save = |state: &TrainState, opt: &Optimizer, dir: &Path, with_train: bool| -> Result<()> {
+        if !writer {
+            return Ok(());
+        }
         let request = |with_train: bool| SaveRequest {
             config: &cfg,
             varmap: &varmap,
@@ -436,22 +577,43 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             state.epoch,
         );
         while (state.batch_in_epoch as usize) < batches.len() {
-            let idx = &batches[state.batch_in_epoch as usize];
+            let all = &batches[state.batch_in_epoch as usize];
+            // This rank's share of the global batch (all of it in one process).
+            let idx: Vec<usize> = cluster.share(all.len()).iter().map(|&k| all[k]).collect();
+            let weight = idx.len() as f64 / all.len() as f64;
             let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
             let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
-            let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), dtype, &dev)?;
-            let loss = model.loss_with(
-                &batch,
-                &crate::model::LossOptions::of(&cfg.train, state.step),
-            )?;
-            let mut lv = loss.to_scalar::<f32>()? as f64;
+            let (loss, mut lv, mut tokens) = if idx.is_empty() {
+                (None, 0.0, 0.0)
+            } else {
+                let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), dtype, &dev)?;
+                let loss = model.loss_with(
+                    &batch,
+                    &crate::model::LossOptions::of(&cfg.train, state.step),
+                )?;
+                let lv = loss.to_scalar::<f32>()? as f64;
+                (Some(loss), lv, batch.tgt_tokens as f64)
+            };
+            if cluster.size() > 1 {
+                let mut sums = [lv * weight, tokens];
+                cluster.sum_f64(&mut sums);
+                (lv, tokens) = (sums[0], sums[1]);
+            }
             if injected_nan(state.step + 1) {
                 lv = f64::NAN;
             }
             let diverged = if !lv.is_finite() {
                 Some(format!("loss {lv}"))
             } else {
-                let grads = model.backward(&loss)?;
+                let grads = match &loss {
+                    Some(l) => Some(model.backward(l)?),
+                    None => None,
+                };
+                let grads = if cluster.size() > 1 {
+                    sum_gradients(&vars, grads, weight as f32, cluster)?
+                } else {
+                    grads.expect("one process has the whole batch")
+                };
                 let norm = opt.step(&vars, &grads)?;
                 (!norm.is_finite()).then(|| format!("gradient norm {norm}"))
             };
@@ -517,10 +679,13 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             }
             state.step += 1;
             state.batch_in_epoch += 1;
+            if injected_panic(cluster.rank(), state.step) {
+                panic!("injected panic after update {}", state.step);
+            }
             state.seconds = base_seconds + start.elapsed().as_secs_f64();
-            loss_acc.0 += lv * idx.len() as f64;
-            loss_acc.1 += batch.tgt_tokens;
-            tok_acc.0 += batch.tgt_tokens;
+            loss_acc.0 += lv * all.len() as f64;
+            loss_acc.1 += tokens as usize;
+            tok_acc.0 += tokens as usize;
             pb.inc(1);
             if state.step % 10 == 0 {
                 let el = tok_acc.1.elapsed().as_secs_f64();
@@ -544,6 +709,11 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             state.last_train_loss = last_loss.is_finite().then_some(last_loss);
             let at_limit = (tc.max_steps > 0 && state.step >= tc.max_steps as u64)
                 || (tc.max_seconds > 0.0 && state.seconds >= tc.max_seconds);
+            if cluster.size() > 1 && tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 {
+                let c = check_in_step(&vars, cluster, state.step)?;
+                writeln!(log, "{}", serde_json::json!({"ranks_agree": state.step, "ranks": cluster.size(), "parameter_checksum": c}))
+                    .map_err(|e| NmtError::io(&log_path, e))?;
+            }
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {
                 if eval_and_keep(
                     &model.frozen(&varmap)?,
@@ -605,12 +775,17 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
             quiet,
         )?;
     }
+    if cluster.size() > 1 {
+        let c = check_in_step(&vars, cluster, state.step)?;
+        writeln!(log, "{}", serde_json::json!({"ranks_agree": state.step, "ranks": cluster.size(), "parameter_checksum": c}))
+            .map_err(|e| NmtError::io(&log_path, e))?;
+    }
     state.finished = true;
     save(&state, &opt, &last_dir, true)?;
     if !best_dir.exists() {
         save(&state, &opt, &best_dir, false)?;
     }
-    if !opt.smoothed.is_empty() {
+    if writer && !opt.smoothed.is_empty() {
         // The parameters' moving average as a model of its own, a candidate for selection on dev.
         let smoothed = candle_nn::VarMap::new();
         {
