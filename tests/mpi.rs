@@ -454,3 +454,115 @@ fn a_rank_that_panics_in_training_ends_the_job_and_the_resume_equals_the_uninter
         assert!(d < 1e-5, "{k}: {d}");
     }
 }
+
+/// The processes whose command line holds `needle` and whose environment says `PMI_RANK=rank`.
+fn rank_pids(needle: &str, rank: usize) -> Vec<u32> {
+    let mut pids = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let has = |hay: &[u8], s: &str| hay.windows(s.len()).any(|w| w == s.as_bytes());
+        if has(&cmd, needle)
+            && has(&cmd, "cgnmt")
+            && env
+                .split(|&b| b == 0)
+                .any(|v| v == format!("PMI_RANK={rank}").as_bytes())
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_within_seconds_and_the_resume_equals_the_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    common::prepare(&prepared, 400);
+    let s = |p: &Path| p.display().to_string();
+    let args = |out: &Path| -> Vec<String> {
+        let mut a: Vec<String> = vec!["train".into(), "--quiet".into(), "--out".into(), s(out)];
+        for kv in [
+            format!("data.prepared={:?}", s(&prepared)),
+            "model.embedding_dim=32".into(),
+            "model.hidden_dim=64".into(),
+            "model.attention_dim=32".into(),
+            "train.batch_size=16".into(),
+            "train.max_steps=400".into(),
+            "train.eval_every=0".into(),
+            "train.save_every=10".into(),
+            "train.eval_max_sentences=16".into(),
+            "train.eval_beam=2".into(),
+            "train.threads=1".into(),
+        ] {
+            a.push("--set".into());
+            a.push(kv);
+        }
+        a
+    };
+    let whole = tmp.path().join("whole");
+    let (out, _) = mpiexec(2, &refs(&args(&whole)), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same run, SIGKILL to rank 1 once a checkpoint exists.
+    let cut = tmp.path().join("cut");
+    let mut job = Command::new("timeout")
+        .args(["120", "mpiexec", "-n", "2"])
+        .arg(env!("CARGO_BIN_EXE_cgnmt"))
+        .args(args(&cut))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !cut.join("last/COMPLETE").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no checkpoint appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victims = rank_pids(&s(&cut), 1);
+    assert_eq!(victims.len(), 1, "rank 1's process: {victims:?}");
+    let killed = Instant::now();
+    Command::new("kill")
+        .args(["-9", &victims[0].to_string()])
+        .status()
+        .unwrap();
+    let status = job.wait().unwrap();
+    let took = killed.elapsed();
+    let mut err = String::new();
+    std::io::Read::read_to_string(job.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        !status.success() && status.code() != Some(124),
+        "{status:?}: {err}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "the job took {took:?} to end: {err}"
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cut.join("last/train_state.json")).unwrap())
+            .unwrap();
+    assert!(
+        state["step"].as_u64().unwrap() < 400,
+        "killed too late to test: {state}"
+    );
+    // Resumed on 2 ranks: the uninterrupted run, bit for bit.
+    let (out, _) = mpiexec(2, &["train", "--quiet", "--resume", &s(&cut)], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read(cut.join("last/model.safetensors")).unwrap()
+            == std::fs::read(whole.join("last/model.safetensors")).unwrap(),
+        "the resumed run differs from the uninterrupted one"
+    );
+}
