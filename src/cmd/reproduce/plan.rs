@@ -476,7 +476,12 @@ mod tests {
     #[test]
     fn bundled_plans_load() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        for p in ["tatoeba.toml", "hansards.toml", "recipes.toml", "gates-modern.toml"] {
+        for p in [
+            "tatoeba.toml",
+            "hansards.toml",
+            "recipes.toml",
+            "gates-modern.toml",
+        ] {
             let plan = Plan::load(&root.join("configs/reproduce").join(p)).unwrap();
             assert!(plan.systems.len() >= 3, "{p}");
             let slugs: BTreeSet<String> = plan.systems.iter().map(|s| slug(&s.name)).collect();
