@@ -203,6 +203,32 @@ fn a_failing_rank_ends_the_job_fast_and_leaves_nothing() {
 }
 
 /// The step losses a run logged (`{"step": N, "loss_per_token": …}` lines, in order).
+/// `cgnmt train --quiet --out OUT` of a tiny model (E 16 / H 24, batches of 16, one thread per rank) on
+/// `prepared`, with further `section.key=value` settings (later ones win).
+fn train_args(prepared: &Path, out: &Path, sets: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "train".into(),
+        "--quiet".into(),
+        "--out".into(),
+        out.display().to_string(),
+    ];
+    let base = [
+        format!("data.prepared={:?}", prepared.display().to_string()),
+        "model.embedding_dim=16".into(),
+        "model.hidden_dim=24".into(),
+        "model.attention_dim=16".into(),
+        "train.batch_size=16".into(),
+        "train.eval_max_sentences=16".into(),
+        "train.eval_beam=2".into(),
+        "train.threads=1".into(),
+    ];
+    for kv in base.into_iter().chain(sets.iter().map(|s| s.to_string())) {
+        a.push("--set".into());
+        a.push(kv);
+    }
+    a
+}
+
 fn refs(a: &[String]) -> Vec<&str> {
     a.iter().map(String::as_str).collect()
 }
@@ -227,7 +253,6 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
     common::prepare(&prepared, 400);
-    let s = |p: &Path| p.display().to_string();
     for (name, variant) in [
         (
             "gru + both",
@@ -246,35 +271,16 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
             ][..],
         ),
     ] {
-        let mut args: Vec<String> = vec!["train".into(), "--quiet".into()];
-        for kv in [
-            format!("data.prepared={:?}", s(&prepared)),
-            "model.embedding_dim=16".into(),
-            "model.hidden_dim=24".into(),
-            "model.attention_dim=16".into(),
-            "train.batch_size=16".into(),
-            "train.max_steps=30".into(),
-            "train.eval_every=10".into(),
-            "train.eval_max_sentences=16".into(),
-            "train.eval_beam=2".into(),
-            "train.threads=1".into(),
-        ]
-        .into_iter()
-        .chain(variant.iter().map(|v| v.to_string()))
-        {
-            args.push("--set".into());
-            args.push(kv);
-        }
         let (one, two) = (
             tmp.path().join(format!("{name}-1")),
             tmp.path().join(format!("{name}-2")),
         );
-        let mut a1 = args.clone();
-        a1.extend(["--out".into(), s(&one)]);
-        common::run_ok(&a1.iter().map(String::as_str).collect::<Vec<_>>());
-        let mut a2 = args.clone();
-        a2.extend(["--out".into(), s(&two)]);
-        let (out, _) = mpiexec(2, &a2.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        let sets: Vec<&str> = ["train.max_steps=30", "train.eval_every=10"]
+            .into_iter()
+            .chain(variant.iter().copied())
+            .collect();
+        common::run_ok(&refs(&train_args(&prepared, &one, &sets)));
+        let (out, _) = mpiexec(2, &refs(&train_args(&prepared, &two, &sets)), &[]);
         assert!(
             out.status.success(),
             "{name}: {}",
@@ -328,9 +334,11 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
         assert_eq!(agreed, 4, "{name}");
         // Over TCP on 127.0.0.1 the job is the same bits as over shared memory (the same sums at rank 0).
         let tcp = tmp.path().join(format!("{name}-tcp"));
-        let mut a3 = args.clone();
-        a3.extend(["--out".into(), s(&tcp)]);
-        let (out, _) = mpiexec(2, &refs(&a3), TRANSPORTS[1].1);
+        let (out, _) = mpiexec(
+            2,
+            &refs(&train_args(&prepared, &tcp, &sets)),
+            TRANSPORTS[1].1,
+        );
         assert!(
             out.status.success(),
             "{name}, tcp: {}",
@@ -350,25 +358,16 @@ fn a_rank_that_panics_in_training_ends_the_job_and_the_resume_equals_the_uninter
     let prepared = tmp.path().join("prep");
     common::prepare(&prepared, 400);
     let s = |p: &Path| p.display().to_string();
-    let args = |out: &Path| -> Vec<String> {
-        let mut a: Vec<String> = vec!["train".into(), "--quiet".into(), "--out".into(), s(out)];
-        for kv in [
-            format!("data.prepared={:?}", s(&prepared)),
-            "model.embedding_dim=16".into(),
-            "model.hidden_dim=24".into(),
-            "model.attention_dim=16".into(),
-            "train.batch_size=16".into(),
-            "train.max_steps=30".into(),
-            "train.eval_every=10".into(),
-            "train.save_every=5".into(),
-            "train.eval_max_sentences=16".into(),
-            "train.eval_beam=2".into(),
-            "train.threads=1".into(),
-        ] {
-            a.push("--set".into());
-            a.push(kv);
-        }
-        a
+    let args = |out: &Path| {
+        train_args(
+            &prepared,
+            out,
+            &[
+                "train.max_steps=30",
+                "train.eval_every=10",
+                "train.save_every=5",
+            ],
+        )
     };
     // Uninterrupted, on 2 ranks.
     let whole = tmp.path().join("whole");
@@ -483,25 +482,19 @@ fn a_killed_rank_ends_the_job_within_seconds_and_the_resume_equals_the_uninterru
     let prepared = tmp.path().join("prep");
     common::prepare(&prepared, 400);
     let s = |p: &Path| p.display().to_string();
-    let args = |out: &Path| -> Vec<String> {
-        let mut a: Vec<String> = vec!["train".into(), "--quiet".into(), "--out".into(), s(out)];
-        for kv in [
-            format!("data.prepared={:?}", s(&prepared)),
-            "model.embedding_dim=32".into(),
-            "model.hidden_dim=64".into(),
-            "model.attention_dim=32".into(),
-            "train.batch_size=16".into(),
-            "train.max_steps=400".into(),
-            "train.eval_every=0".into(),
-            "train.save_every=10".into(),
-            "train.eval_max_sentences=16".into(),
-            "train.eval_beam=2".into(),
-            "train.threads=1".into(),
-        ] {
-            a.push("--set".into());
-            a.push(kv);
-        }
-        a
+    let args = |out: &Path| {
+        train_args(
+            &prepared,
+            out,
+            &[
+                "model.embedding_dim=32",
+                "model.hidden_dim=64",
+                "model.attention_dim=32",
+                "train.max_steps=400",
+                "train.eval_every=0",
+                "train.save_every=10",
+            ],
+        )
     };
     let whole = tmp.path().join("whole");
     let (out, _) = mpiexec(2, &refs(&args(&whole)), &[]);
