@@ -85,7 +85,13 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
         let mut args = vec!["--dump", path.to_str().unwrap()];
         args.extend_from_slice(extra);
         let out = tr(&args);
-        (out, cgnmt_eval::analysis::read_dump(&path).unwrap())
+        let dump = cgnmt_eval::analysis::read_dump(&path).unwrap();
+        // One attention row per output token, EOS included only when the search emitted it (a hypothesis
+        // cut at the length limit has none).
+        for d in &dump {
+            assert_eq!(d.attention.len(), d.hyp.len(), "{:?}: {:?}", d.id, d.hyp);
+        }
+        (out, dump)
     };
     let (plain_out, plain_dump) = dumped(&[], "plain.jsonl");
     assert_eq!(plain_out, plain);

@@ -285,10 +285,19 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
             if a.dump.is_some() {
                 let best = t.hyps.first();
                 let eos = || std::iter::once("</s>".to_string());
+                // The output's EOS has an attention row only when the search emitted it (a hypothesis cut
+                // at the length limit has none).
+                let rows = best.map_or(0, |b| b.attention.len());
+                let hyp_eos = rows != t.tokens.len();
                 let rec = cgnmt_eval::analysis::DumpRecord::<f32> {
                     id: Some(id),
                     src: t.src_tokens.iter().cloned().chain(eos()).collect(),
-                    hyp: t.tokens.iter().cloned().chain(eos()).collect(),
+                    hyp: t
+                        .tokens
+                        .iter()
+                        .cloned()
+                        .chain(eos().filter(|_| hyp_eos))
+                        .collect(),
                     score: best.map(|b| b.score),
                     attention: best.map(|b| b.attention.clone()).unwrap_or_default(),
                     gates: best.map(|b| b.gates.clone()).unwrap_or_default(),

@@ -485,9 +485,9 @@ fn prepare_corpus(
     ];
     pargs.extend(d.prepare.iter().cloned());
     if args.quick {
-        pargs.extend(plan.quick.prepare.iter().cloned());
+        overriding(&mut pargs, &plan.quick.prepare);
     }
-    pargs.extend(extra.iter().cloned());
+    overriding(&mut pargs, extra);
     // The fingerprint leaves out where the data directory is, so a moved checkout keeps its runs.
     let fp = plan::fingerprint(
         &pargs
@@ -1322,7 +1322,8 @@ fn run_task(
     };
     // The models that decode: the run's best (or its average), or every ensemble member's.
     let models: Vec<PathBuf> = if t.members.is_empty() {
-        vec![if t.system.average > 0 {
+        // (A row that chooses on dev considers the kept checkpoints itself, as many as the run kept.)
+        vec![if t.system.average > 0 && !t.system.choose {
             averaged(&run, t.dir.join("run").join("averaged"))?
         } else {
             best_of(&run)
@@ -1456,6 +1457,29 @@ fn run_task(
     Ok(r)
 }
 
+/// Append `later` to the `prepare` arguments `args`, a flag of `later` replacing the same flag (and its value)
+/// in `args`: the quick settings' `--limit` wins over the plan's own.
+fn overriding(args: &mut Vec<String>, later: &[String]) {
+    let flags: Vec<&String> = later.iter().filter(|a| a.starts_with("--")).collect();
+    let mut kept = Vec::with_capacity(args.len() + later.len());
+    let mut i = 0;
+    while i < args.len() {
+        if flags.contains(&&args[i]) {
+            // Drop the flag and its value, if it has one.
+            i += if args.get(i + 1).is_some_and(|v| !v.starts_with("--")) {
+                2
+            } else {
+                1
+            };
+            continue;
+        }
+        kept.push(args[i].clone());
+        i += 1;
+    }
+    kept.extend(later.iter().cloned());
+    *args = kept;
+}
+
 /// The run's translation dump: compressed (a plain one, from earlier versions, is compressed first).
 pub fn compress_dump(dir: &Path) -> Result<PathBuf> {
     let gz = dir.join(DUMP_GZ);
@@ -1491,6 +1515,36 @@ pub fn append_line(p: &Path, line: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn later_prepare_flags_replace_earlier_ones() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut a = v(&[
+            "--src",
+            "s",
+            "--limit",
+            "100000",
+            "--max-len",
+            "50",
+            "--force",
+        ]);
+        super::overriding(&mut a, &v(&["--limit", "1500", "--force"]));
+        assert_eq!(
+            a,
+            v(&[
+                "--src",
+                "s",
+                "--max-len",
+                "50",
+                "--limit",
+                "1500",
+                "--force"
+            ])
+        );
+        let mut b = v(&["--src", "s"]);
+        super::overriding(&mut b, &v(&["--bpe-src", "6000"]));
+        assert_eq!(b, v(&["--src", "s", "--bpe-src", "6000"]));
+    }
+
     use super::*;
 
     fn task(dir: &Path, sets: &[&str]) -> Task {

@@ -481,6 +481,7 @@ mod tests {
             "hansards.toml",
             "recipes.toml",
             "gates-modern.toml",
+            "gates-modern-hansards.toml",
         ] {
             let plan = Plan::load(&root.join("configs/reproduce").join(p)).unwrap();
             assert!(plan.systems.len() >= 3, "{p}");
