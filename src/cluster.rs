@@ -10,12 +10,28 @@
 
 use anyhow::Result;
 
+/// Sums of at least this many values per rank are split into one block per rank ([`Cluster::sum_f32`]);
+/// shorter ones go through rank 0.
+#[cfg(feature = "mpi")]
+const SPLIT_SUM_FROM: usize = 1024;
+
+/// `CGNMT_MPI_SUM=root` sends every sum through rank 0 (a reduce and a broadcast), whatever its length: for
+/// comparing the two ways in `cgnmt bench` (both leave the same bits on every rank).
+#[cfg(feature = "mpi")]
+fn sum_through_root() -> bool {
+    static ROOT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ROOT.get_or_init(|| std::env::var("CGNMT_MPI_SUM").is_ok_and(|v| v == "root"))
+}
+
 /// This process's place in the job.
 pub struct Cluster {
     rank: usize,
     size: usize,
     #[cfg(feature = "mpi")]
     _universe: Option<mpi::environment::Universe>,
+    /// This rank's block of a split sum, kept from call to call (fresh pages cost a fault each).
+    #[cfg(feature = "mpi")]
+    block: std::cell::RefCell<Vec<f32>>,
 }
 
 /// The job's size as the launcher tells it (MPICH's and Open MPI's variables), without MPI itself.
@@ -34,6 +50,8 @@ impl Cluster {
             size: 1,
             #[cfg(feature = "mpi")]
             _universe: None,
+            #[cfg(feature = "mpi")]
+            block: Default::default(),
         }
     }
 
@@ -67,12 +85,13 @@ impl Cluster {
                 rank,
                 size,
                 _universe: Some(universe),
+                block: Default::default(),
             };
             if size > 1 {
                 install_abort_on_panic(rank, size);
                 if !shards {
                     c.fail(&anyhow::anyhow!(
-                        "cgnmt {command} does not run as several MPI processes (translate and train do); run it as one"
+                        "cgnmt {command} does not run as several MPI processes (train, translate, align and bench do); run it as one"
                     ));
                 }
             }
@@ -120,44 +139,97 @@ impl Cluster {
         unreachable!("a job of several processes needs the mpi feature")
     }
 
-    /// Sum `buf` over the ranks, leaving the same bits on every rank: reduced to rank 0, then broadcast from
-    /// it (an all-reduce may add in another order on each rank).
+    /// Sum `buf` over the ranks, leaving the same bits on every rank (an all-reduce may add in another order
+    /// on each rank): a long vector is summed block by block, each block at one rank, then gathered by all
+    /// (a reduce-scatter and an all-gather); a short one is reduced to rank 0, then broadcast from it.
     pub fn sum_f32(&self, buf: &mut [f32]) {
         if self.size > 1 {
-            self.sum_everywhere(buf);
+            #[cfg(feature = "mpi")]
+            {
+                let mut block = self.block.borrow_mut();
+                self.sum_everywhere(buf, &mut block);
+            }
+            #[cfg(not(feature = "mpi"))]
+            self.sum_everywhere(buf, &mut vec![]);
         }
     }
 
     /// [`Cluster::sum_f32`] for f64 (losses, token counts, checksums).
     pub fn sum_f64(&self, buf: &mut [f64]) {
         if self.size > 1 {
-            self.sum_everywhere(buf);
+            self.sum_everywhere(buf, &mut vec![]);
         }
     }
 
     /// Rank 0's `buf` on every rank.
     pub fn broadcast_f32(&self, buf: &mut [f32]) {
+        self.broadcast(buf)
+    }
+
+    /// Rank 0's `buf` on every rank.
+    pub fn broadcast_f64(&self, buf: &mut [f64]) {
+        self.broadcast(buf)
+    }
+
+    /// Wait until every rank has come here.
+    pub fn barrier(&self) {
         if self.size > 1 {
             #[cfg(feature = "mpi")]
             {
-                use mpi::collective::Root;
-                use mpi::traits::Communicator;
-                let world = mpi::topology::SimpleCommunicator::world();
-                world.process_at_rank(0).broadcast_into(buf);
+                use mpi::collective::CommunicatorCollectives;
+                mpi::topology::SimpleCommunicator::world().barrier();
             }
             #[cfg(not(feature = "mpi"))]
-            {
-                let _ = buf;
-                unreachable!("a job of several processes needs the mpi feature");
-            }
+            unreachable!("a job of several processes needs the mpi feature");
         }
     }
 
     #[cfg(feature = "mpi")]
-    fn sum_everywhere<T: mpi::datatype::Equivalence + Copy + Default>(&self, buf: &mut [T]) {
-        use mpi::collective::{Root, SystemOperation};
+    fn broadcast<T: mpi::datatype::Equivalence>(&self, buf: &mut [T]) {
+        if self.size > 1 {
+            use mpi::collective::Root;
+            use mpi::traits::Communicator;
+            let world = mpi::topology::SimpleCommunicator::world();
+            world.process_at_rank(0).broadcast_into(buf);
+        }
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    fn broadcast<T>(&self, _buf: &mut [T]) {
+        if self.size > 1 {
+            unreachable!("a job of several processes needs the mpi feature");
+        }
+    }
+
+    /// (`mine`: room for this rank's block, reused.)
+    #[cfg(feature = "mpi")]
+    fn sum_everywhere<T: mpi::datatype::Equivalence + Copy + Default>(
+        &self,
+        buf: &mut [T],
+        mine: &mut Vec<T>,
+    ) {
+        use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
         use mpi::traits::Communicator;
         let world = mpi::topology::SimpleCommunicator::world();
+        let p = self.size;
+        if buf.len() >= SPLIT_SUM_FROM * p && !sum_through_root() {
+            // Each rank sums one block of the ranks' vectors, then every rank gathers every block: each value
+            // is added up by one rank only (so every rank gets its bits), and each rank sends and receives
+            // about 2(N−1)/N of the vector, half of what a reduce followed by a broadcast moves.
+            let block = buf.len().div_ceil(p);
+            mine.resize(block, T::default());
+            if buf.len() == block * p {
+                world.reduce_scatter_block_into(&buf[..], &mut mine[..], SystemOperation::sum());
+                world.all_gather_into(&mine[..], buf);
+            } else {
+                let mut whole = vec![T::default(); block * p];
+                whole[..buf.len()].copy_from_slice(buf);
+                world.reduce_scatter_block_into(&whole[..], &mut mine[..], SystemOperation::sum());
+                world.all_gather_into(&mine[..], &mut whole[..]);
+                buf.copy_from_slice(&whole[..buf.len()]);
+            }
+            return;
+        }
         let root = world.process_at_rank(0);
         if self.rank == 0 {
             let mut out = vec![T::default(); buf.len()];
@@ -170,14 +242,14 @@ impl Cluster {
     }
 
     #[cfg(not(feature = "mpi"))]
-    fn sum_everywhere<T>(&self, _buf: &mut [T]) {
+    fn sum_everywhere<T>(&self, _buf: &mut [T], _mine: &mut Vec<T>) {
         unreachable!("a job of several processes needs the mpi feature")
     }
 
     /// Report an error of this rank and end the job: every rank stops (a job of one process just returns the
     /// error to its caller, which reports it).
     pub fn fail(&self, e: &anyhow::Error) -> ! {
-        eprintln!("error (rank {} of {}): {e:#}", self.rank, self.size);
+        say(&format!("error (rank {} of {}): {e:#}\n", self.rank, self.size));
         self.abort(1)
     }
 
@@ -185,10 +257,27 @@ impl Cluster {
         #[cfg(feature = "mpi")]
         if self.size > 1 {
             use mpi::traits::Communicator;
+            before_abort();
             mpi::topology::SimpleCommunicator::world().abort(code);
         }
         std::process::exit(code)
     }
+}
+
+/// A message on standard error in one write (the launcher forwards it whole, not cut after its first piece
+/// when the job is torn down).
+fn say(message: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(message.as_bytes());
+    let _ = err.flush();
+}
+
+/// A moment for the launcher to forward what this rank printed before `MPI_Abort` tears the job down (its
+/// forwarding is asynchronous: without the pause the message's tail was lost now and then).
+#[cfg(feature = "mpi")]
+fn before_abort() {
+    std::thread::sleep(std::time::Duration::from_millis(300));
 }
 
 /// A panic on any rank ends the job: the usual message, the rank, then `MPI_Abort`.
@@ -197,7 +286,8 @@ fn install_abort_on_panic(rank: usize, size: usize) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        eprintln!("error (rank {rank} of {size}): panicked; aborting the MPI job");
+        say(&format!("error (rank {rank} of {size}): panicked; aborting the MPI job\n"));
+        before_abort();
         use mpi::traits::Communicator;
         mpi::topology::SimpleCommunicator::world().abort(101);
     }));
@@ -216,6 +306,8 @@ mod tests {
                 size: 3,
                 #[cfg(feature = "mpi")]
                 _universe: None,
+                #[cfg(feature = "mpi")]
+                block: Default::default(),
             };
             seen.extend(c.share(10));
         }

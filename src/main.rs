@@ -83,12 +83,12 @@ fn main() {
     }
     Kernels::set_process_default(cli.kernels);
     // Under `mpiexec` (a build with --features mpi), `translate` decodes a share of the lines on each rank and
-    // `train` computes each update's gradient on a share of the batch.
+    // `train` computes each update's gradient on a share of the batch; `bench` measures the data-parallel update.
     let name = std::env::args()
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .unwrap_or_default();
-    let shards = matches!(cli.cmd, Cmd::Translate(_) | Cmd::Train(_));
+    let shards = matches!(cli.cmd, Cmd::Translate(_) | Cmd::Train(_) | Cmd::Bench(_) | Cmd::Align(_));
     let cluster = match cgnmt::cluster::Cluster::init(&name, shards) {
         Ok(c) => c,
         Err(e) => {
@@ -113,9 +113,9 @@ fn main() {
         Cmd::Average(a) => cgnmt::cmd::average::run(a),
         Cmd::Select(a) => cgnmt::cmd::select::run(a),
         Cmd::Rescore(a) => cgnmt::decode::rescore::run(a),
-        Cmd::Align(a) => cgnmt::cmd::align::run(a),
+        Cmd::Align(a) => cgnmt::cmd::align::run(a, &cluster),
         Cmd::Shortlist(a) => cgnmt::cmd::shortlist::run(a),
-        Cmd::Bench(a) => cgnmt::cmd::bench::run(a),
+        Cmd::Bench(a) => cgnmt::cmd::bench::run(a, &cluster),
         Cmd::Score(a) => cgnmt_eval::cli::run_score(&a),
         Cmd::Compare(a) => cgnmt_eval::cli::run_compare(&a),
         Cmd::Aer(a) => cgnmt_eval::cli::run_aer(&a),

@@ -1,4 +1,6 @@
-//! `cgnmt align`: word alignments from attention for AER/SAER.
+//! `cgnmt align`: word alignments from attention for AER/SAER. Under `mpiexec -n N` (a build with
+//! `--features mpi`) each rank force-decodes every N-th pair and rank 0 writes both files in input order, all or
+//! nothing, byte for byte what one process writes.
 
 use std::path::PathBuf;
 
@@ -32,7 +34,7 @@ pub struct AlignArgs {
     batch: usize,
 }
 
-pub fn run(a: AlignArgs) -> Result<()> {
+pub fn run(a: AlignArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
     use cgnmt_data::bpe::word_index_of_subwords;
     let dir = checkpoint::resolve_model_dir(&a.model);
     let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
@@ -40,8 +42,10 @@ pub fn run(a: AlignArgs) -> Result<()> {
     // Tokens as given; BPE (if the model has it) applied word by word and mapped back afterwards.
     let words = |l: &String| -> Vec<String> { l.split_whitespace().map(str::to_string).collect() };
     let (mut sids, mut tids, mut smap, mut tmap) = (vec![], vec![], vec![], vec![]);
-    for (s, t) in src.iter().zip(&tgt) {
-        let (sw, tw) = (words(s), words(t));
+    // This rank's pairs (all of them in one process).
+    let mine = cluster.share(src.len());
+    for &i in &mine {
+        let (sw, tw) = (words(&src[i]), words(&tgt[i]));
         let st = lm.preprocess.src_bpe_apply(&sw);
         let tt = lm.preprocess.tgt_bpe_apply(&tw);
         smap.push(word_index_of_subwords(&st));
@@ -56,8 +60,8 @@ pub fn run(a: AlignArgs) -> Result<()> {
         lm.tgt_vocab.eos(),
         a.batch,
     )?;
-    let mut hard = String::new();
-    let mut soft = String::new();
+    // Each pair's links line and attention record, in this rank's order.
+    let mut lines: Vec<(String, String)> = Vec::with_capacity(res.len());
     for (k, (att, gates)) in res.iter().enumerate() {
         let m = crate::decode::alignment::to_words(att, &smap[k], &tmap[k]);
         let links: Vec<String> = crate::decode::alignment::argmax_links(&m)
@@ -70,10 +74,37 @@ pub fn run(a: AlignArgs) -> Result<()> {
                 }
             })
             .collect();
-        hard += &links.join(" ");
+        let record = if a.soft.is_some() {
+            serde_json::json!({"id": mine[k], "attention": m, "gates": gates}).to_string()
+        } else {
+            String::new()
+        };
+        lines.push((links.join(" "), record));
+    }
+    if std::env::var("CGNMT_INJECT_FAIL_RANK").ok() == Some(cluster.rank().to_string()) {
+        anyhow::bail!("injected failure (CGNMT_INJECT_FAIL_RANK) after aligning this rank's share");
+    }
+    let lines = if cluster.size() > 1 {
+        // Rank r aligned pairs r, r + N, r + 2N, …: put them back in input order at rank 0.
+        let Some(all) = cluster.gather(serde_json::to_vec(&lines)?) else {
+            return Ok(());
+        };
+        let parts: Vec<Vec<(String, String)>> = all
+            .iter()
+            .map(|b| serde_json::from_slice(b))
+            .collect::<serde_json::Result<_>>()?;
+        (0..src.len())
+            .map(|i| parts[i % cluster.size()][i / cluster.size()].clone())
+            .collect()
+    } else {
+        lines
+    };
+    let (mut hard, mut soft) = (String::new(), String::new());
+    for (links, record) in &lines {
+        hard += links;
         hard.push('\n');
         if a.soft.is_some() {
-            soft += &serde_json::json!({"id": k, "attention": m, "gates": gates}).to_string();
+            soft += record;
             soft.push('\n');
         }
     }
@@ -83,7 +114,7 @@ pub fn run(a: AlignArgs) -> Result<()> {
     }
     eprintln!(
         "aligned {} sentence pairs → {}",
-        res.len(),
+        lines.len(),
         a.output.display()
     );
     Ok(())

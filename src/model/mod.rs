@@ -264,6 +264,17 @@ impl Model {
         self.kernels = k;
     }
 
+    /// The parameters whose gradient has non-zero rows only for the words of the batch: the word-embedding
+    /// tables looked up by id (the source's, and the target's unless it is also the output layer, whose
+    /// gradient is dense). The data-parallel exchange sends only their touched rows.
+    pub fn row_sparse_parameters(&self) -> Vec<String> {
+        let mut names = vec!["encoder.E".to_string()];
+        if !self.cfg.tied_output_embeddings {
+            names.push("decoder.E".into());
+        }
+        names
+    }
+
     /// The inference-only twin of this model: the same parameter storage (so it sees every optimiser
     /// update) as plain tensors rather than variables, so decoding builds no autodiff graph.
     pub fn frozen(&self, varmap: &VarMap) -> Result<Model> {

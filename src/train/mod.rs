@@ -7,6 +7,7 @@
 pub mod averaging;
 pub mod batcher;
 pub mod checkpoint;
+pub mod data_parallel;
 pub mod optim;
 pub mod selection;
 
@@ -28,103 +29,6 @@ use crate::model::{Batch, Model};
 use crate::train::batcher::{epoch_batches, Corpus};
 use crate::train::checkpoint::{EvalRecord, SaveRequest, TrainState};
 use crate::train::optim::Optimizer;
-
-/// Every parameter, in `vars`' order, as one f32 vector.
-fn flatten(vars: &[(String, Var)]) -> Result<Vec<f32>> {
-    let mut flat = vec![];
-    for (_, v) in vars {
-        flat.extend(
-            v.as_tensor()
-                .flatten_all()?
-                .to_dtype(DType::F32)?
-                .to_vec1::<f32>()?,
-        );
-    }
-    Ok(flat)
-}
-
-/// Set every parameter from [`flatten`]'s vector.
-fn unflatten(vars: &[(String, Var)], flat: &[f32]) -> Result<()> {
-    let mut at = 0;
-    for (_, v) in vars {
-        let n = v.elem_count();
-        let t = candle_core::Tensor::from_slice(&flat[at..at + n], v.shape(), v.device())?
-            .to_dtype(v.dtype())?;
-        v.set(&t)?;
-        at += n;
-    }
-    Ok(())
-}
-
-/// The global batch's gradient on every rank: each rank's gradients times its share of the batch, summed
-/// over the ranks (the same bits everywhere). A parameter gets a gradient when any rank's share gave it one
-/// (a rank with an empty share adds zeros).
-fn sum_gradients(
-    vars: &[(String, Var)],
-    grads: Option<candle_core::backprop::GradStore>,
-    weight: f32,
-    cluster: &Cluster,
-) -> Result<candle_core::backprop::GradStore> {
-    let total: usize = vars.iter().map(|(_, v)| v.elem_count()).sum();
-    // The gradients, then one presence flag per parameter.
-    let mut flat = Vec::with_capacity(total + vars.len());
-    for (_, v) in vars {
-        match grads.as_ref().and_then(|g| g.get(v.as_tensor())) {
-            Some(g) => flat.extend(
-                g.flatten_all()?
-                    .to_dtype(DType::F32)?
-                    .to_vec1::<f32>()?
-                    .into_iter()
-                    .map(|x| x * weight),
-            ),
-            None => flat.extend(std::iter::repeat_n(0f32, v.elem_count())),
-        }
-    }
-    for (_, v) in vars {
-        let present = grads
-            .as_ref()
-            .is_some_and(|g| g.get(v.as_tensor()).is_some());
-        flat.push(if present { 1.0 } else { 0.0 });
-    }
-    cluster.sum_f32(&mut flat);
-    // This rank's store with the sums put in (a rank with an empty share starts from an empty store).
-    let mut out = match grads {
-        Some(g) => g,
-        None => candle_core::Tensor::zeros((), DType::F32, &Device::Cpu)?.backward()?,
-    };
-    let mut at = 0;
-    for (k, (_, v)) in vars.iter().enumerate() {
-        let n = v.elem_count();
-        if flat[total + k] > 0.0 {
-            let t = candle_core::Tensor::from_slice(&flat[at..at + n], v.shape(), v.device())?
-                .to_dtype(v.dtype())?;
-            out.insert(v.as_tensor(), t);
-        } else {
-            out.remove(v.as_tensor());
-        }
-        at += n;
-    }
-    Ok(out)
-}
-
-/// Every rank's parameters are the same bits: each rank's checksum (the sum of its parameters' bits as
-/// integers, in f64) is gathered on all ranks and compared; a difference is an error naming the update.
-fn check_in_step(vars: &[(String, Var)], cluster: &Cluster, step: u64) -> Result<f64> {
-    let mut sum: u64 = 0;
-    for x in flatten(vars)? {
-        sum = sum.wrapping_add(x.to_bits() as u64);
-    }
-    let mut all = vec![0f64; cluster.size()];
-    all[cluster.rank()] = (sum % (1u64 << 52)) as f64;
-    cluster.sum_f64(&mut all);
-    if all.iter().any(|&c| c != all[0]) {
-        return Err(NmtError::Data(format!(
-            "the ranks' parameters differ at update {step} (checksums {all:?}): the data-parallel replicas \
-             drifted apart"
-        )));
-    }
-    Ok(all[0])
-}
 
 /// The run's subdirectory with the parameters' moving average (`train.exponential_smoothing`).
 pub const SMOOTHED_DIR: &str = "smoothed";
@@ -350,6 +254,22 @@ pub fn evaluate(
     dev_ref: &[String],
     beam: usize,
 ) -> Result<DevScores> {
+    evaluate_on(model, src_vocab, tgt_vocab, pre, dev_src, dev_ref, beam, &Cluster::single())
+}
+
+/// [`evaluate`] sharded over the ranks of a job: each rank decodes every N-th sentence, rank 0 scores the
+/// whole set and every rank gets its scores (the same decisions everywhere).
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate_on(
+    model: &Model,
+    src_vocab: &Vocab,
+    tgt_vocab: &Vocab,
+    pre: &Preprocessor,
+    dev_src: &[String],
+    dev_ref: &[String],
+    beam: usize,
+    cluster: &Cluster,
+) -> Result<DevScores> {
     let tr = Translator {
         model,
         others: vec![],
@@ -361,18 +281,44 @@ pub fn evaluate(
         beam,
         ..Default::default()
     };
-    let out = tr.translate(dev_src, &opts, 32, true, |_| {})?;
+    let mine = cluster.share(dev_src.len());
+    let lines: Vec<String> = mine.iter().map(|&i| dev_src[i].clone()).collect();
+    let out = tr.translate(&lines, &opts, 32, true, |_| {})?;
     let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
-    Ok(DevScores::of(&hyps, dev_ref))
+    if cluster.size() == 1 {
+        return Ok(DevScores::of(&hyps, dev_ref));
+    }
+    let mut scores = [0f64; 3];
+    if let Some(all) = cluster.gather(hyps.join("\n").into_bytes()) {
+        // Rank r decoded lines r, r + N, r + 2N, …
+        let mut whole = vec![String::new(); dev_src.len()];
+        for (r, bytes) in all.iter().enumerate() {
+            let text = String::from_utf8_lossy(bytes);
+            let theirs: Vec<&str> = if text.is_empty() { vec![] } else { text.split('\n').collect() };
+            for (k, h) in theirs.into_iter().enumerate() {
+                whole[r + k * cluster.size()] = h.to_string();
+            }
+        }
+        let s = DevScores::of(&whole, dev_ref);
+        scores = [s.bleu, s.bleu_smoothed, s.chrf];
+    }
+    cluster.broadcast_f64(&mut scores);
+    Ok(DevScores {
+        bleu: scores[0],
+        bleu_smoothed: scores[1],
+        chrf: scores[2],
+    })
 }
 
-/// Mean per-token loss (EOS included) on tokenised pairs.
+/// Mean per-token loss (EOS included) on tokenised pairs; over the ranks of a job, each computes every N-th
+/// batch of 64.
 pub fn corpus_loss(
     model: &Model,
     src_vocab: &Vocab,
     tgt_vocab: &Vocab,
     src: &[String],
     tgt: &[String],
+    cluster: &Cluster,
 ) -> Result<f64> {
     let (mut total, mut tokens) = (0.0f64, 0usize);
     let enc = |v: &Vocab, l: &String| v.encode(&l.split_whitespace().collect::<Vec<_>>());
@@ -382,15 +328,20 @@ pub fn corpus_loss(
         .map(|(s, t)| (enc(src_vocab, s), enc(tgt_vocab, t)))
         .filter(|(s, t)| !s.is_empty() && !t.is_empty())
         .collect();
-    for chunk in pairs.chunks(64) {
+    let chunks: Vec<&[(Vec<u32>, Vec<u32>)]> = pairs.chunks(64).collect();
+    for k in cluster.share(chunks.len()) {
+        let chunk = chunks[k];
         let s: Vec<Vec<u32>> = chunk.iter().map(|p| p.0.clone()).collect();
         let t: Vec<Vec<u32>> = chunk.iter().map(|p| p.1.clone()).collect();
         let b = Batch::new(&s, &t, tgt_vocab.eos(), DType::F32, &Device::Cpu)?;
         total += model.loss(&b)?.to_scalar::<f32>()? as f64 * s.len() as f64;
         tokens += b.tgt_tokens;
     }
-    Ok(if tokens > 0 {
-        total / tokens as f64
+    let mut sums = [total, tokens as f64];
+    cluster.sum_f64(&mut sums);
+    let (total, tokens) = (sums[0], sums[1]);
+    Ok(if tokens > 0.0 {
+        total / tokens
     } else {
         f64::NAN
     })
@@ -413,8 +364,9 @@ pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<T
 /// global batch (`train.batch_size` stays the global batch: every N-th sentence of it, by position), the shares'
 /// gradients (weighted by their share of the batch), losses and token counts are summed over the ranks, and
 /// every rank takes the same optimiser step. Every evaluation compares a checksum of every rank's parameters
-/// (a difference is an error naming the update). Rank 0 alone writes the log and the checkpoints; every rank
-/// evaluates dev itself (the same decisions). The data position is global, so a run resumes at any N.
+/// (a difference is an error naming the update). Rank 0 alone writes the log and the checkpoints; each rank
+/// decodes a share of dev and all get rank 0's scores (the same decisions everywhere). The data position is
+/// global, so a run resumes at any N (see [`data_parallel`]).
 pub fn train_on(
     cfg: Config,
     run_dir: &Path,
@@ -478,13 +430,9 @@ pub fn train_on(
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     vars.sort_by(|a, b| a.0.cmp(&b.0));
-    if cluster.size() > 1 {
-        // Every rank has passed its checks of the run directory before rank 0 writes anything.
-        cluster.sum_f64(&mut [0.0]);
-        let mut flat = flatten(&vars)?;
-        cluster.broadcast_f32(&mut flat);
-        unflatten(&vars, &flat)?;
-    }
+    // Every rank has passed its checks of the run directory before rank 0 writes anything.
+    data_parallel::start_from_rank_0(&vars, cluster)?;
+    let mut exchange = data_parallel::Exchange::new(&vars, &model.row_sparse_parameters());
     let params = crate::model::init::count(&varmap);
     if !quiet {
         eprintln!(
@@ -583,6 +531,7 @@ pub fn train_on(
             let weight = idx.len() as f64 / all.len() as f64;
             let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
             let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
+            let computing = Instant::now();
             let (loss, mut lv, mut tokens) = if idx.is_empty() {
                 (None, 0.0, 0.0)
             } else {
@@ -594,10 +543,14 @@ pub fn train_on(
                 let lv = loss.to_scalar::<f32>()? as f64;
                 (Some(loss), lv, batch.tgt_tokens as f64)
             };
+            exchange.stats.compute_s += computing.elapsed().as_secs_f64();
             if cluster.size() > 1 {
+                // (Mostly waiting for the slowest rank's forward pass: the sum is two numbers.)
+                let waiting = Instant::now();
                 let mut sums = [lv * weight, tokens];
                 cluster.sum_f64(&mut sums);
                 (lv, tokens) = (sums[0], sums[1]);
+                exchange.stats.wait_s += waiting.elapsed().as_secs_f64();
             }
             if injected_nan(state.step + 1) {
                 lv = f64::NAN;
@@ -605,12 +558,15 @@ pub fn train_on(
             let diverged = if !lv.is_finite() {
                 Some(format!("loss {lv}"))
             } else {
+                let computing = Instant::now();
                 let grads = match &loss {
                     Some(l) => Some(model.backward(l)?),
                     None => None,
                 };
+                exchange.stats.compute_s += computing.elapsed().as_secs_f64();
                 let grads = if cluster.size() > 1 {
-                    sum_gradients(&vars, grads, weight as f32, cluster)?
+                    exchange.wait_for_all(cluster);
+                    exchange.sum_gradients(&vars, grads, weight as f32, cluster)?
                 } else {
                     grads.expect("one process has the whole batch")
                 };
@@ -695,12 +651,13 @@ pub fn train_on(
                     "loss/token {last_loss:.3} | {tps:.0} tgt tok/s | epoch {}",
                     state.epoch + 1
                 ));
-                writeln!(
-                    log,
-                    "{}",
-                    serde_json::json!({"step": state.step, "epoch": state.epoch, "seconds": state.seconds,
-                        "loss_per_token": last_loss, "tgt_tok_per_s": tps})
-                )
+                let mut line = serde_json::json!({"step": state.step, "epoch": state.epoch,
+                    "seconds": state.seconds, "loss_per_token": last_loss, "tgt_tok_per_s": tps});
+                if cluster.size() > 1 {
+                    // Rank 0's seconds per update in its own work, waiting and exchanging.
+                    line["data_parallel"] = exchange.stats.take().per_update_json().into();
+                }
+                writeln!(log, "{line}")
                 .map_err(|e| NmtError::io(&log_path, e))?;
                 loss_acc = (0.0, 0);
                 tok_acc = (0, Instant::now());
@@ -710,7 +667,7 @@ pub fn train_on(
             let at_limit = (tc.max_steps > 0 && state.step >= tc.max_steps as u64)
                 || (tc.max_seconds > 0.0 && state.seconds >= tc.max_seconds);
             if cluster.size() > 1 && tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 {
-                let c = check_in_step(&vars, cluster, state.step)?;
+                let c = data_parallel::check_in_step(&vars, cluster, state.step)?;
                 writeln!(log, "{}", serde_json::json!({"ranks_agree": state.step, "ranks": cluster.size(), "parameter_checksum": c}))
                     .map_err(|e| NmtError::io(&log_path, e))?;
             }
@@ -728,6 +685,7 @@ pub fn train_on(
                     &save,
                     &opt,
                     quiet,
+                    cluster,
                 )? {
                     stop_reason = format!("no dev BLEU improvement in {} evaluations", tc.patience);
                     break 'outer;
@@ -773,10 +731,11 @@ pub fn train_on(
             &save,
             &opt,
             quiet,
+            cluster,
         )?;
     }
     if cluster.size() > 1 {
-        let c = check_in_step(&vars, cluster, state.step)?;
+        let c = data_parallel::check_in_step(&vars, cluster, state.step)?;
         writeln!(log, "{}", serde_json::json!({"ranks_agree": state.step, "ranks": cluster.size(), "parameter_checksum": c}))
             .map_err(|e| NmtError::io(&log_path, e))?;
     }
@@ -843,6 +802,7 @@ fn eval_and_keep(
     save: &dyn Fn(&TrainState, &Optimizer, &Path, bool) -> Result<()>,
     opt: &Optimizer,
     quiet: bool,
+    cluster: &Cluster,
 ) -> Result<bool> {
     if data.dev_src.is_empty() {
         return Ok(false);
@@ -851,7 +811,7 @@ fn eval_and_keep(
         "evaluating dev BLEU on {} sentences",
         data.dev_src.len()
     ));
-    let scores = evaluate(
+    let scores = evaluate_on(
         model,
         &data.src_vocab,
         &data.tgt_vocab,
@@ -859,6 +819,7 @@ fn eval_and_keep(
         &data.dev_src,
         &data.dev_ref,
         tc.eval_beam,
+        cluster,
     )?;
     let bleu = scores.bleu;
     let dev_loss = if data.dev_tgt.is_empty() {
@@ -870,6 +831,7 @@ fn eval_and_keep(
             &data.tgt_vocab,
             &data.dev_src,
             &data.dev_tgt,
+            cluster,
         )?)
     };
     let rec = EvalRecord {

@@ -1,6 +1,8 @@
 //! `cgnmt bench`: training and decoding throughput on real sentences with fixed shapes, peak memory, model
 //! FLOP rate from an analytic count, and a large SGEMM measured just before as the machine's reference.
 
+pub mod data_parallel;
+
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -348,6 +350,44 @@ pub struct BenchOptions {
     pub profile_ops: bool,
 }
 
+/// Real sentence pairs of the benchmark's shape (`bsz` × `steps` for training, then `decode_sentences`), as ids
+/// below `v` from a vocabulary built on them.
+#[allow(clippy::type_complexity)]
+fn training_pairs(
+    data: &Path,
+    opts: &BenchOptions,
+    v: usize,
+    bsz: usize,
+    tlen: usize,
+) -> Result<(cgnmt_data::vocab::Vocab, Vec<(Vec<u32>, Vec<u32>)>)> {
+    let pairs = if opts.reference_lengths {
+        let per_batch = reference_lengths(bsz, tlen);
+        let mut lengths: Vec<(usize, usize)> = (0..opts.steps.max(1))
+            .flat_map(|_| per_batch.iter().copied())
+            .collect();
+        lengths.extend(std::iter::repeat_n((tlen, tlen), opts.decode_sentences));
+        pairs_of_lengths(data, &lengths)?
+    } else {
+        fixed_length_pairs(
+            data,
+            bsz * opts.steps.max(1) + opts.decode_sentences,
+            tlen,
+            tlen,
+        )?
+    };
+    let mut counts = cgnmt_data::vocab::WordCounts::new();
+    for (s, t) in &pairs {
+        counts.add_sentence(s);
+        counts.add_sentence(t);
+    }
+    let vocab = cgnmt_data::vocab::Vocab::build(&counts, v - 2);
+    let ids: Vec<(Vec<u32>, Vec<u32>)> = pairs
+        .iter()
+        .map(|(s, t)| (vocab.encode(s), vocab.encode(t)))
+        .collect();
+    Ok((vocab, ids))
+}
+
 /// Run the benchmark; prints a human summary to stderr and returns the JSON record.
 pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_json::Value> {
     let (_, _, v, bsz, tlen) = size_preset(&opts.size)
@@ -379,32 +419,7 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
     });
     eprintln!("GEMM GFLOP/s at the model's shapes: {step_gemm}");
-    // Real sentences of the benchmark's shape, mapped to ids below V by a vocabulary built on them.
-    let pairs = if opts.reference_lengths {
-        let per_batch = reference_lengths(bsz, tlen);
-        let mut lengths: Vec<(usize, usize)> = (0..opts.steps.max(1))
-            .flat_map(|_| per_batch.iter().copied())
-            .collect();
-        lengths.extend(std::iter::repeat_n((tlen, tlen), opts.decode_sentences));
-        pairs_of_lengths(data, &lengths)?
-    } else {
-        fixed_length_pairs(
-            data,
-            bsz * opts.steps.max(1) + opts.decode_sentences,
-            tlen,
-            tlen,
-        )?
-    };
-    let mut counts = cgnmt_data::vocab::WordCounts::new();
-    for (s, t) in &pairs {
-        counts.add_sentence(s);
-        counts.add_sentence(t);
-    }
-    let vocab = cgnmt_data::vocab::Vocab::build(&counts, v - 2);
-    let ids: Vec<(Vec<u32>, Vec<u32>)> = pairs
-        .iter()
-        .map(|(s, t)| (vocab.encode(s), vocab.encode(t)))
-        .collect();
+    let (vocab, ids) = training_pairs(data, opts, v, bsz, tlen)?;
     let (model, varmap) = Model::build(&cfg.model, v, v, cfg.train.seed, DType::F32, &dev)?;
     let mut vars: Vec<(String, Var)> = varmap
         .data()
@@ -805,6 +820,12 @@ pub struct BenchArgs {
     /// per-step means (the JSON gets `op_profile`); adds a clock read per op call.
     #[arg(long)]
     profile_ops: bool,
+    /// Measure synchronous data-parallel training updates (forward, loss sum, backward, waiting, gradient
+    /// exchange, optimiser) instead of the single-process benchmark. Implied under `mpiexec -n N` with N > 1
+    /// (a build with `--features mpi`), where it also times the all-reduce by message size; in one process
+    /// it gives the same loop's figures to compare with.
+    #[arg(long)]
+    data_parallel: bool,
     /// Model/training overrides (e.g. model.context_gate=none, model.coverage=neural).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
@@ -814,7 +835,7 @@ pub struct BenchArgs {
 }
 
 /// `cgnmt bench`: the named size's configuration with the `--set`s, measured; the JSON record is printed.
-pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+pub fn run(a: BenchArgs, cluster: &crate::cluster::Cluster) -> anyhow::Result<()> {
     use anyhow::Context;
     let (e, h, v, b, _) = size_preset(&a.size)
         .with_context(|| format!("unknown --size {:?} (small, paper or tiny)", a.size))?;
@@ -840,11 +861,18 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         compare_target_padding: a.compare_target_padding,
         profile_ops: a.profile_ops,
     };
-    let rec = measure(
-        &cfg,
-        &crate::cmd::datasets::DataDir::resolve(a.data).root,
-        &opts,
-    )?;
+    let data = crate::cmd::datasets::DataDir::resolve(a.data).root;
+    if a.data_parallel || cluster.size() > 1 {
+        let rec = match data_parallel::measure(&cfg, &data, &opts, cluster) {
+            Ok(r) => r,
+            Err(e) => cluster.fail(&e.into()),
+        };
+        if cluster.rank() == 0 {
+            println!("{rec}");
+        }
+        return Ok(());
+    }
+    let rec = measure(&cfg, &data, &opts)?;
     println!("{rec}");
     Ok(())
 }
