@@ -6,7 +6,7 @@
 //! and within a time bound (each case is timed against a limit far above its normal milliseconds).
 //!
 //! CI runs 1,000 cases per property; `PROPTEST_CASES=100000 cargo test --release --test fuzz` is the long run
-//! (see docs/reliability/README.md for what it found).
+//! (see results/reliability/README.md for what it found).
 
 mod common;
 

@@ -45,7 +45,7 @@ pub struct DemoArgs {
 /// 2-core AVX2 machine, the whole demo under 15 minutes.
 pub const DEFAULT_UPDATES: usize = 3000;
 
-/// The demo's recipes (compared in `docs/recipes/tatoeba`, the plan `configs/reproduce/recipes.toml`).
+/// The demo's recipes (compared in `results/recipes/tatoeba`, the plan `configs/reproduce/recipes.toml`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Recipe {
     /// The paper's: maximum likelihood, separate output embeddings, beam search ranked by total

@@ -95,12 +95,15 @@ def main():
         row["t_o"] = med([p["optimizer_s"] for p in pr])
         sizes[size] = row
     print()
+    print("Two ranks against one process, each round's runs taken one after the other (the machine's speed drifts")
+    print("between rounds, so the ratio of a round's pair is the measure; the median over the rounds):\n")
     for size, row in sizes.items():
         t = row["tps"]
         for k, name in [("shm", "shared memory"), ("tcp", "TCP on 127.0.0.1")]:
             if k in t:
-                print(f"- {size}: 2 ranks × 1 thread over {name} reach **{t[k] / t['one']:.2f}** of one process × 2 threads "
-                      f"({t[k]:.0f} against {t['one']:.0f} target tok/s).")
+                pairs = [b["train_tgt_tok_per_s"] / a["train_tgt_tok_per_s"] for a, b in zip(row["one"], row[k])]
+                print(f"- {size}: 2 ranks × 1 thread over {name} reach **{med(pairs):.2f}** of one process × 2 threads "
+                      f"(rounds: {', '.join(f'{x:.2f}' for x in pairs)}; medians {t[k]:.0f} against {t['one']:.0f} target tok/s).")
     print()
     # The all-reduce's latency and bandwidth by transport.
     print("## The all-reduce by message size (2 ranks; median seconds over the repeats)\n")
