@@ -193,8 +193,8 @@ impl Coverage {
 
 /// Coverage inside the fused decoder sequence ([`crate::model::decoder_sequence`]): one sentence's rows at a time,
 /// the same computation as [`Coverage::attention_term`] and [`Coverage::update`], with hand-derived backward
-/// passes (tied to the composed ops by the whole-model comparison in `tests/kernels.rs` and by finite
-/// differences in `tests/gradcheck.rs`).
+/// passes (tied to the composed ops by the whole-model comparison in `tests/it/kernels/` and by finite
+/// differences in `tests/it/gradcheck.rs`).
 pub(crate) struct CovRows<'a, T> {
     /// Neural coverage (else linguistic), gated (neural only), coverage dimension `d`.
     pub neural: bool,

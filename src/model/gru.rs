@@ -3,7 +3,7 @@
 //! step's forward and backward passes ([`gru_step_forward`], [`GruStep::backward`]) that the encoder's two
 //! directions (`encoder::bigru_fused`) and the decoder's fused recurrence (`decoder_sequence`) both run.
 //! The decoder's readable step (`decoder_cell`) uses [`Gru`] and [`gru_update`]; the gradient checks that tie
-//! each fused form to its reference are in `tests/kernels.rs`.
+//! each fused form to its reference are in `tests/it/kernels/`.
 
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use candle_nn::VarBuilder;

@@ -11,7 +11,7 @@
 //! neural gated or not; `coverage::CovRows` per sentence row, the state's term `t W_h` stacked into the query
 //! product), and the cGRU (its context GRU as the gated transition with no word term, its word GRU after it,
 //! see [`CgruWeights`]). Tested against the
-//! step-by-step composition (`tests/kernels.rs`) and by finite differences (`tests/gradcheck.rs`).
+//! step-by-step composition (`tests/it/kernels/`) and by finite differences (`tests/it/gradcheck.rs`).
 //!
 //! Here: the op's inputs, state and helpers; `forward` and `backward`, its two passes; `gate_mix`, the gate
 //! and the mix of the word and context terms per sentence row; `transition`, the vanilla unit's and the

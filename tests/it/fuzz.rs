@@ -8,7 +8,7 @@
 //! CI runs 1,000 cases per property; `PROPTEST_CASES=100000 cargo test --release --test fuzz` is the long run
 //! (see results/reliability/README.md for what it found).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Model selection by another dev score (`train.select_by`): every evaluation logs mteval BLEU, smoothed
 //! BLEU and chrF; `best/` is the evaluation with the highest score of the chosen kind.
 
-mod common;
+use crate::common;
 
 use common::prepare;
 

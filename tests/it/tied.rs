@@ -2,7 +2,7 @@
 //! matrix (through the embedding lookups and the output layer) against finite differences; a real training run
 //! whose checkpoint holds no `W_2`, whose loss falls, and whose loaded model decodes with `W_2 = E_yᵀ`.
 
-mod common;
+use crate::common;
 
 use candle_core::{DType, Device};
 use common::*;

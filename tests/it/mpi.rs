@@ -4,7 +4,7 @@
 //! Every `mpiexec` runs under a timeout.
 #![cfg(feature = "mpi")]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

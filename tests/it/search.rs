@@ -5,7 +5,7 @@
 //! `cgnmt rescore` of `translate --nbest` picks translate's output with the default weights, and follows
 //! a weighted length or an external feature file.
 
-mod common;
+use crate::common;
 
 use common::{prepare, run_ok};
 

@@ -1,7 +1,7 @@
 //! Gradients of the whole model against central finite differences (f64), for the baseline and every decoder
 //! variant; and, on a normal-size model, a non-zero gradient for every parameter.
 
-mod common;
+use crate::common;
 
 use candle_core::{DType, Device};
 use cgnmt::config::{Config, TrainConfig};

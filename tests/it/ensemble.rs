@@ -3,7 +3,7 @@
 //! scores each hypothesis with the mean of the two models' log-probabilities (checked on the hypotheses the
 //! three n-best lists share); models of different vocabularies are refused, naming the model.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

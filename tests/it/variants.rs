@@ -1,7 +1,7 @@
 //! The decoder variants of the paper (Tables 2 and 5) and the coverage models: parameter counts, identities that
 //! pin the semantics of the gates and of context scaling, and a loss that goes down on real data.
 
-mod common;
+use crate::common;
 
 use candle_core::{DType, Device, Tensor};
 use cgnmt::config::{Config, ModelConfig, OptimizerKind, TrainConfig};

@@ -2,7 +2,7 @@
 //! for byte), two checkpoints average element-wise, checkpoints of different models are refused, and
 //! `train.keep_checkpoints` keeps the last saves to average.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! `cgnmt bench` runs end to end on real data with either kernel set and reports what the issue asks for
 //! (a functional check: speed itself is measured by running the command, never asserted in tests).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

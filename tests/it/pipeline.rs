@@ -2,7 +2,7 @@
 //! equals beam 1; batched beam search equals one sentence at a time; save → load → translate is byte-identical;
 //! a training run killed with SIGKILL and resumed ends with the same parameters as an uninterrupted one.
 
-mod common;
+use crate::common;
 
 use common::{prepare, run_ok};
 

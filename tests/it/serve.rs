@@ -3,7 +3,7 @@
 //! requests get 4xx with a JSON message naming the problem (never a panic), a full queue answers 429 with
 //! Retry-After, and SIGTERM lets the request in flight finish.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

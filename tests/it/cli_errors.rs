@@ -1,7 +1,7 @@
 //! Bad input gives a clear message naming the file (and line), a non-zero exit, no panic and nothing
 //! half-written.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

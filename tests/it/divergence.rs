@@ -2,7 +2,7 @@
 //! and leaves its last checkpoint intact and resumable; with `train.on_divergence = "rollback"` it goes back
 //! to that checkpoint with half the learning rate and finishes.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};

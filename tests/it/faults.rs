@@ -7,7 +7,7 @@
 //! `CGNMT_KILL_SOAK_PAUSE_MS=MS` the pause after each file a save writes (4 by default: most kills then land in
 //! a save; 0: most land in training steps) and `CGNMT_KILL_SOAK_REPORT=FILE` writes its figures as JSON.
 
-mod common;
+use crate::common;
 
 use common::{prepare, run_ok};
 

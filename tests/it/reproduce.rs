@@ -4,7 +4,7 @@
 //! row again, a plan that no longer matches a finished run is refused, and the records kept under version
 //! control (no checkpoints) write the same report again.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
