@@ -249,7 +249,10 @@ impl Cluster {
     /// Report an error of this rank and end the job: every rank stops (a job of one process just returns the
     /// error to its caller, which reports it).
     pub fn fail(&self, e: &anyhow::Error) -> ! {
-        say(&format!("error (rank {} of {}): {e:#}\n", self.rank, self.size));
+        say(&format!(
+            "error (rank {} of {}): {e:#}\n",
+            self.rank, self.size
+        ));
         self.abort(1)
     }
 
@@ -286,7 +289,9 @@ fn install_abort_on_panic(rank: usize, size: usize) {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
-        say(&format!("error (rank {rank} of {size}): panicked; aborting the MPI job\n"));
+        say(&format!(
+            "error (rank {rank} of {size}): panicked; aborting the MPI job\n"
+        ));
         before_abort();
         use mpi::traits::Communicator;
         mpi::topology::SimpleCommunicator::world().abort(101);

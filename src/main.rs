@@ -88,7 +88,10 @@ fn main() {
         .skip(1)
         .find(|a| !a.starts_with('-'))
         .unwrap_or_default();
-    let shards = matches!(cli.cmd, Cmd::Translate(_) | Cmd::Train(_) | Cmd::Bench(_) | Cmd::Align(_));
+    let shards = matches!(
+        cli.cmd,
+        Cmd::Translate(_) | Cmd::Train(_) | Cmd::Bench(_) | Cmd::Align(_)
+    );
     let cluster = match cgnmt::cluster::Cluster::init(&name, shards) {
         Ok(c) => c,
         Err(e) => {
@@ -129,6 +132,9 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+    // Every rank finishes together: a rank that reached MPI_Finalize while rank 0 was still writing the
+    // gathered output made MPICH over TCP hang there now and then (sharded `align`, whose message is large).
+    cluster.barrier();
 }
 
 /// candle asks for the thread count on every matmul and, without `RAYON_NUM_THREADS`, counts the physical

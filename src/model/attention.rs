@@ -116,7 +116,13 @@ pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result
     let a2 = keys.annotations.dim(2)?;
     let n = rows.len();
     if bt.dims2()? != (n, ad) || rows.iter().any(|&r| r as usize >= nsent) {
-        candle_core::bail!("attention over sentence rows: shape mismatch");
+        candle_core::bail!(
+            "attention over sentence rows: the query is {:?}, it must be [N {n}, A {ad}] for keys {:?}; rows \
+             must index the {nsent} sentences (largest {:?})",
+            bt.dims(),
+            keys.ah.dims(),
+            rows.iter().max()
+        );
     }
     let dev = bt.device().clone();
     let (ah, ann, mask, bt, v) = (
@@ -292,7 +298,11 @@ fn weighted_rows(alpha: &Tensor, rows: &[u32], p: &Tensor) -> Result<Tensor> {
     let (n, s) = alpha.dims2()?;
     let (nsent, s2, w) = p.dims3()?;
     if n != rows.len() || s != s2 || rows.iter().any(|&r| r as usize >= nsent) {
-        candle_core::bail!("context products: shape mismatch");
+        candle_core::bail!(
+            "context products: α is [N {n}, S {s}] for {} rows and the products are [B {nsent}, S {s2}, {w}]: N \
+             must equal the rows, S must agree, and rows must index the {nsent} sentences",
+            rows.len()
+        );
     }
     let p = p.contiguous()?;
     fn run<T: Real>(
@@ -425,7 +435,15 @@ fn score_fwd<T: Real>(
     let v = slice::<T>(s3, l3)?;
     let run = |pre: &[T], (b, s, ad): (usize, usize, usize)| -> Result<(CpuStorage, Shape)> {
         if bt.len() != b * ad || v.len() != ad || pre.len() != b * s * ad {
-            candle_core::bail!("fused attention scores: shape mismatch");
+            candle_core::bail!(
+                "fused attention scores: for B {b} × S {s} × A {ad}, the query must hold B·A = {} values (has \
+                 {}), v A (has {}) and the keys' terms B·S·A = {} (has {})",
+                b * ad,
+                bt.len(),
+                v.len(),
+                b * s * ad,
+                pre.len()
+            );
         }
         let mut out = vec![T::zero(); b * s];
         out.par_chunks_mut(s.max(1)).enumerate().for_each(|(i, o)| {
@@ -728,7 +746,10 @@ fn softmax_context_fwd<T: Real>(
     let e = slice::<T>(s1, l1)?;
     let run = |h: &[T], (b2, s2_, a2): (usize, usize, usize)| -> Result<(CpuStorage, Shape)> {
         if b != b2 || s != s2_ {
-            candle_core::bail!("fused attention context: shape mismatch");
+            candle_core::bail!(
+                "fused attention context: α is [B {b}, S {s}] and the annotations [B {b2}, S {s2_}, {a2}]: B and S \
+                 must agree"
+            );
         }
         let w = s + a2;
         let mut out = vec![T::zero(); b * w];

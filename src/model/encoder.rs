@@ -218,7 +218,11 @@ impl BiGru {
         let b = batch;
         let s = if b > 0 { rows / b } else { 0 };
         if rows != b * s || mask.len() != s * b {
-            candle_core::bail!("fused bidirectional GRU: shape mismatch");
+            candle_core::bail!(
+                "fused bidirectional GRU: {rows} input rows and a mask of {} for batch {b}: the rows must be B·S \
+                 and the mask S·B (S {s})",
+                mask.len()
+            );
         }
         let order = RowOrder::new(&mask, s, b);
         BiGru::build(x, (b, s), order, None, fwd, bwd, drop)
@@ -258,7 +262,16 @@ impl BiGru {
                 .as_ref()
                 .is_none_or(|d| d.iter().all(|d| d.len() == b * h));
         if !ok {
-            candle_core::bail!("fused bidirectional GRU: shape mismatch");
+            candle_core::bail!(
+                "fused bidirectional GRU: for B {b} × S {s} × H {h}, the inputs are [{rows}, {h6}] (rows: B·S or the \
+                 words' rows, width 6H), the forward weights {:?} and {:?}, the backward {:?} and {:?} (each \
+                 [H, 2H] and [H, H]), the dropout masks {:?} values (B·H each)",
+                fwd.0.dims(),
+                fwd.1.dims(),
+                bwd.0.dims(),
+                bwd.1.dims(),
+                drop.as_ref().map(|d| [d[0].len(), d[1].len()])
+            );
         }
         let sh = Shared::new;
         let mut op = BiGru {

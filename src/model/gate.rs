@@ -419,7 +419,14 @@ fn mix_fwd<T: Real>(
         slice::<T>(s3, l3)?,
     );
     if b.len() != n * kh || z.len() != n * h || kh % h != 0 {
-        candle_core::bail!("fused gate mix: shape mismatch");
+        candle_core::bail!(
+            "fused gate mix: the inputs are [N {n}, kH {kh}], the second must hold N·kH = {} values (has {}) and \
+             the gate N·H = {} (has {}) for H {h}, and kH must be a multiple of H",
+            n * kh,
+            b.len(),
+            n * h,
+            z.len()
+        );
     }
     let mut out = vec![T::zero(); n * kh];
     out.chunks_mut(kh).enumerate().for_each(|(i, o)| {

@@ -195,7 +195,15 @@ fn gru_update_fwd<T: Real>(
     let pc = slice::<T>(s2, l2)?;
     let base = slice::<T>(s3, l3)?;
     if ru.len() != 2 * b * h || pc.len() != b * h || mask.as_ref().is_some_and(|m| m.len() != b) {
-        candle_core::bail!("fused GRU update: shape mismatch");
+        candle_core::bail!(
+            "fused GRU update: for B {b} × H {h}, [r | u] must hold 2·B·H = {} values (has {}), the candidate's \
+             input B·H = {} (has {}) and the mask B (has {:?})",
+            2 * b * h,
+            ru.len(),
+            b * h,
+            pc.len(),
+            mask.as_ref().map(|m| m.len())
+        );
     }
     let mut out = vec![T::zero(); b * h];
     let row = |i: usize, o: &mut [T]| {

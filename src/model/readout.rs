@@ -562,7 +562,12 @@ fn output_nll_fwd<T: Real>(
     let (e2, v) = l2.shape().dims2()?;
     let b = slice::<T>(s3, l3)?;
     if e != e2 || b.len() != v || op.targets.len() != n {
-        candle_core::bail!("fused output layer: shape mismatch");
+        candle_core::bail!(
+            "fused output layer: the rows are [N {n}, E {e}] and the weight [E {e2}, V {v}]: E must agree, the bias \
+             hold V values (has {}) and the targets N (has {})",
+            b.len(),
+            op.targets.len()
+        );
     }
     check_targets(&op.targets, v)?;
     // The logits `[N, V]` into the kept buffer (or a fresh one filled on both cores), overwritten by the GEMM.
@@ -780,7 +785,17 @@ pub fn hidden_rows_fused<'a>(
         && ro.w_1.dims2()? == (h / 2, ed)
         && lengths.is_none_or(|l| l.len() * t_len == n && l.iter().all(|&x| x <= t_len));
     if !ok {
-        candle_core::bail!("fused readout: shape mismatch");
+        candle_core::bail!(
+            "fused readout: the state rows are [N {n}, {h3}] (3H for H {h}, H even) and the embeddings [{n2}, E \
+             {ed}] (N rows, a multiple of T {t_len}); U_o {:?} must be [H, H], W_o {:?} [2H, H], V_o {:?} [E, H], \
+             b_o {:?} [H], W_1 {:?} [H/2, E]; lengths {:?} (B of them, each ≤ T)",
+            ro.u_o.dims(),
+            ro.w_o.dims(),
+            ro.v_o.dims(),
+            ro.b_o.dims(),
+            ro.w_1.dims(),
+            lengths.map(|l| l.len())
+        );
     }
     // The rows computed: every row, or the words' rows (`None` when that is every row too).
     let rows = lengths.and_then(|l| {

@@ -44,7 +44,8 @@ pub fn unflatten(vars: &[(String, Var)], flat: &[f32]) -> Result<()> {
     let mut at = 0;
     for (_, v) in vars {
         let n = v.elem_count();
-        let t = Tensor::from_slice(&flat[at..at + n], v.shape(), v.device())?.to_dtype(v.dtype())?;
+        let t =
+            Tensor::from_slice(&flat[at..at + n], v.shape(), v.device())?.to_dtype(v.dtype())?;
         v.set(&t)?;
         at += n;
     }
@@ -136,7 +137,8 @@ impl Exchange {
         let sparse = vars
             .iter()
             .map(|(name, v)| {
-                (row_sparse.contains(name) && v.rank() == 2 && v.elem_count() > 0).then(|| v.dims()[0])
+                (row_sparse.contains(name) && v.rank() == 2 && v.elem_count() > 0)
+                    .then(|| v.dims()[0])
             })
             .collect();
         Exchange {
@@ -169,7 +171,8 @@ impl Exchange {
         // 1. The header: presence flags, then each row-sparse table's rows that are non-zero here.
         self.header.clear();
         for (_, v) in vars {
-            self.header.push(if grad_of(v).is_some() { 1.0 } else { 0.0 });
+            self.header
+                .push(if grad_of(v).is_some() { 1.0 } else { 0.0 });
         }
         for ((_, v), rows) in vars.iter().zip(&self.sparse) {
             let Some(rows) = *rows else { continue };
@@ -177,8 +180,11 @@ impl Exchange {
             match grad_of(v) {
                 Some(g) => with_f32(g, |x| {
                     for row in x.chunks(width) {
-                        self.header
-                            .push(if row.iter().any(|&a| a != 0.0) { 1.0 } else { 0.0 });
+                        self.header.push(if row.iter().any(|&a| a != 0.0) {
+                            1.0
+                        } else {
+                            0.0
+                        });
                     }
                 })?,
                 None => self.header.extend(std::iter::repeat_n(0.0, rows)),
@@ -192,11 +198,16 @@ impl Exchange {
         let mut kept: Vec<Option<Vec<bool>>> = Vec::with_capacity(vars.len());
         for ((_, v), rows) in vars.iter().zip(&self.sparse) {
             let keep: Option<Vec<bool>> = rows.map(|r| {
-                let k = self.header[counts..counts + r].iter().map(|&c| c > 0.0).collect();
+                let k = self.header[counts..counts + r]
+                    .iter()
+                    .map(|&c| c > 0.0)
+                    .collect();
                 counts += r;
                 k
             });
-            let width = keep.as_ref().map_or(v.elem_count(), |k| v.elem_count() / k.len());
+            let width = keep
+                .as_ref()
+                .map_or(v.elem_count(), |k| v.elem_count() / k.len());
             let body = &mut self.body;
             match grad_of(v) {
                 Some(g) => with_f32(g, |x| {
@@ -207,9 +218,9 @@ impl Exchange {
                     }
                 })?,
                 None => {
-                    let n = keep.as_ref().map_or(v.elem_count(), |k| {
-                        k.iter().filter(|&&b| b).count() * width
-                    });
+                    let n = keep
+                        .as_ref()
+                        .map_or(v.elem_count(), |k| k.iter().filter(|&&b| b).count() * width);
                     body.extend(std::iter::repeat_n(0f32, n));
                 }
             }

@@ -254,7 +254,16 @@ pub fn evaluate(
     dev_ref: &[String],
     beam: usize,
 ) -> Result<DevScores> {
-    evaluate_on(model, src_vocab, tgt_vocab, pre, dev_src, dev_ref, beam, &Cluster::single())
+    evaluate_on(
+        model,
+        src_vocab,
+        tgt_vocab,
+        pre,
+        dev_src,
+        dev_ref,
+        beam,
+        &Cluster::single(),
+    )
 }
 
 /// [`evaluate`] sharded over the ranks of a job: each rank decodes every N-th sentence, rank 0 scores the
@@ -294,7 +303,11 @@ pub fn evaluate_on(
         let mut whole = vec![String::new(); dev_src.len()];
         for (r, bytes) in all.iter().enumerate() {
             let text = String::from_utf8_lossy(bytes);
-            let theirs: Vec<&str> = if text.is_empty() { vec![] } else { text.split('\n').collect() };
+            let theirs: Vec<&str> = if text.is_empty() {
+                vec![]
+            } else {
+                text.split('\n').collect()
+            };
             for (k, h) in theirs.into_iter().enumerate() {
                 whole[r + k * cluster.size()] = h.to_string();
             }
@@ -657,8 +670,7 @@ pub fn train_on(
                     // Rank 0's seconds per update in its own work, waiting and exchanging.
                     line["data_parallel"] = exchange.stats.take().per_update_json().into();
                 }
-                writeln!(log, "{line}")
-                .map_err(|e| NmtError::io(&log_path, e))?;
+                writeln!(log, "{line}").map_err(|e| NmtError::io(&log_path, e))?;
                 loss_acc = (0.0, 0);
                 tok_acc = (0, Instant::now());
             }

@@ -211,3 +211,29 @@ fn bench_profiles_the_fused_ops() {
     // Without the flag the timers stay off.
     assert!(bench("fused", &[])["op_profile"].is_null());
 }
+
+/// `--data-parallel` in one process times the data-parallel update's phases (the figures 2 ranks are compared
+/// with): no exchange, no waiting, and the global batch's tokens per second.
+#[test]
+fn bench_times_the_data_parallel_update_in_one_process() {
+    if common::data_set_or_skip("hansards-en-fr", "bench_times_the_data_parallel_update").is_none()
+    {
+        return;
+    }
+    let r = bench("fused", &["--data-parallel"]);
+    assert_eq!(r["ranks"].as_u64(), Some(1));
+    assert_eq!(r["updates"].as_u64(), Some(2));
+    let p = &r["per_rank"][0];
+    for k in ["forward_s", "backward_s", "optimizer_s", "update_s"] {
+        assert!(p[k].as_f64().unwrap() > 0.0, "{k}: {p}");
+    }
+    assert_eq!(p["exchange_s"].as_f64(), Some(0.0));
+    assert_eq!(p["mb_sent"].as_f64(), Some(0.0));
+    let sum: f64 = ["forward_s", "backward_s", "optimizer_s"]
+        .iter()
+        .map(|k| p[k].as_f64().unwrap())
+        .sum();
+    assert!(sum <= p["update_s"].as_f64().unwrap() * 1.5, "{p}");
+    assert!(r["train_tgt_tok_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["allreduce_by_size"].as_array().unwrap().is_empty());
+}

@@ -3,11 +3,11 @@
 //! `cargo test --release --test it kernels::`; the MPI tests (`mpi`, built with `--features mpi`) run with
 //! `cargo test --release --features mpi --test it mpi:: -- --test-threads=1`.
 
-mod common;
 mod average;
 mod bench_cli;
 mod bundled_data;
 mod cli_errors;
+mod common;
 mod data_get;
 mod divergence;
 mod ensemble;

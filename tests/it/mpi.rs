@@ -150,32 +150,68 @@ fn sharded_align_is_byte_identical_to_one_process() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());
     let s = |p: &Path| p.display().to_string();
-    let (src, tgt) = (tmp.path().join("prep/dev.src"), tmp.path().join("prep/dev.tgt"));
+    let (src, tgt) = (
+        tmp.path().join("prep/dev.src"),
+        tmp.path().join("prep/dev.tgt"),
+    );
     let args = |hard: &Path, soft: &Path| -> Vec<String> {
-        ["align", "-m", &s(&model), "--src", &s(&src), "--tgt", &s(&tgt), "-o", &s(hard), "--soft", &s(soft)]
-            .iter()
-            .map(|x| x.to_string())
-            .collect()
+        [
+            "align",
+            "-m",
+            &s(&model),
+            "--src",
+            &s(&src),
+            "--tgt",
+            &s(&tgt),
+            "-o",
+            &s(hard),
+            "--soft",
+            &s(soft),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
     };
-    let (hard, soft) = (tmp.path().join("one.links"), tmp.path().join("one.soft.jsonl"));
+    let (hard, soft) = (
+        tmp.path().join("one.links"),
+        tmp.path().join("one.soft.jsonl"),
+    );
     common::run_ok(&refs(&args(&hard, &soft)));
     let (expect, expect_soft) = (std::fs::read(&hard).unwrap(), std::fs::read(&soft).unwrap());
     assert!(expect_soft.len() > 1000 && expect.iter().filter(|&&b| b == b'\n').count() > 20);
     for (name, env) in TRANSPORTS {
         let ranks: &[usize] = if env.is_empty() { &[2, 3] } else { &[2] };
         for &n in ranks {
-            let (h, f) = (tmp.path().join(format!("{n}.links")), tmp.path().join(format!("{n}.soft")));
-            let (out, _) = mpiexec(n, &refs(&args(&h, &f)), env);
-            assert!(out.status.success(), "{name}, {n}: {}", String::from_utf8_lossy(&out.stderr));
-            assert!(std::fs::read(&h).unwrap() == expect, "{name}, {n} ranks: links differ");
-            assert!(std::fs::read(&f).unwrap() == expect_soft, "{name}, {n} ranks: attention differs");
+            let (h, f) = (
+                tmp.path().join(format!("{n}.links")),
+                tmp.path().join(format!("{n}.soft")),
+            );
+            let (out, took) = mpiexec(n, &refs(&args(&h, &f)), env);
+            assert!(
+                out.status.success(),
+                "{name}, {n}: {:?} after {took:?}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                std::fs::read(&h).unwrap() == expect,
+                "{name}, {n} ranks: links differ"
+            );
+            assert!(
+                std::fs::read(&f).unwrap() == expect_soft,
+                "{name}, {n} ranks: attention differs"
+            );
         }
     }
     // A rank that fails leaves neither file.
     let (h, f) = (tmp.path().join("cut.links"), tmp.path().join("cut.soft"));
     let (out, _) = mpiexec(2, &refs(&args(&h, &f)), &[("CGNMT_INJECT_FAIL_RANK", "1")]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("rank 1 of 2"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("rank 1 of 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!h.exists() && !f.exists());
 }
 
@@ -392,7 +428,10 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
                 let x = w[k].as_f64().unwrap();
                 assert!(x >= 0.0 && x < 10.0, "{name}: {k} {x}");
             }
-            let (sent, dense) = (w["mb_sent"].as_f64().unwrap(), w["dense_mb"].as_f64().unwrap());
+            let (sent, dense) = (
+                w["mb_sent"].as_f64().unwrap(),
+                w["dense_mb"].as_f64().unwrap(),
+            );
             assert!(w["compute_s"].as_f64().unwrap() > 0.0, "{name}: {w}");
             assert!(sent > 0.0 && sent < dense, "{name}: {w}");
         }
@@ -406,7 +445,11 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
             let mut again = train_args(&prepared, &half, &sets);
             again[2] = "--resume".into(); // in place of --out
             let (out, _) = mpiexec(2, &refs(&again), &[]);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let p3 = candle_core::safetensors::load(
                 half.join("last/model.safetensors"),
                 &candle_core::Device::Cpu,
@@ -644,4 +687,50 @@ fn a_killed_rank_ends_the_job_within_seconds_and_the_resume_equals_the_uninterru
             == std::fs::read(whole.join("last/model.safetensors")).unwrap(),
         "the resumed run differs from the uninterrupted one"
     );
+}
+
+#[test]
+fn bench_under_mpiexec_reports_every_ranks_phases_and_the_allreduce_by_size() {
+    let data = common::data_dir().display().to_string();
+    let (out, _) = mpiexec(
+        2,
+        &[
+            "bench",
+            "--size",
+            "tiny",
+            "--steps",
+            "2",
+            "--set",
+            "train.threads=1",
+            "--data",
+            &data,
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    // Rank 0 alone prints the record.
+    assert_eq!(text.lines().count(), 1, "{text}");
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["ranks"].as_u64(), Some(2));
+    let ranks = r["per_rank"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2);
+    let dense = r["dense_mb_per_update"].as_f64().unwrap();
+    for p in ranks {
+        assert!(p["exchange_s"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["forward_s"].as_f64().unwrap() > 0.0, "{p}");
+        let sent = p["mb_sent"].as_f64().unwrap();
+        assert!(sent > 0.0 && sent < dense, "{p}: dense {dense}");
+    }
+    let sizes = r["allreduce_by_size"].as_array().unwrap();
+    assert_eq!(sizes.len(), 13);
+    assert_eq!(sizes[0]["floats"].as_u64(), Some(1));
+    assert_eq!(sizes[12]["floats"].as_u64(), Some(1 << 24));
+    // Larger messages take longer (the largest against the smallest, far beyond noise).
+    assert!(sizes[12]["seconds"].as_f64().unwrap() > 10.0 * sizes[0]["seconds"].as_f64().unwrap());
+    assert!(r["allreduce_fit"]["beta_bytes_per_s"].as_f64().unwrap() > 0.0);
 }

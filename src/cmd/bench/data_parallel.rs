@@ -53,10 +53,11 @@ fn allreduce_sweep(cluster: &Cluster, budget_s: f64) -> Vec<(usize, f64)> {
         let n = 4usize.pow(k);
         let mut buf = vec![1.0f32; n];
         cluster.sum_f32(&mut buf); // warm-up (and the buffer's pages)
-        // Rank 0 times one call and says how many to make.
+                                   // Rank 0 times one call and says how many to make.
         let t = Instant::now();
         cluster.sum_f32(&mut buf);
-        let mut reps = [((budget_s / t.elapsed().as_secs_f64().max(1e-7)) as f64).clamp(3.0, 2000.0)];
+        let mut reps =
+            [((budget_s / t.elapsed().as_secs_f64().max(1e-7)) as f64).clamp(3.0, 2000.0)];
         cluster.broadcast_f64(&mut reps);
         let mut times = vec![];
         for _ in 0..reps[0] as usize {
@@ -191,7 +192,11 @@ pub fn measure(
     for (j, p) in phases.iter_mut().enumerate() {
         table[rank * width + j] = median(p);
     }
-    table[rank * width + PHASES.len()] = if sent.is_empty() { 0.0 } else { median(&mut sent) };
+    table[rank * width + PHASES.len()] = if sent.is_empty() {
+        0.0
+    } else {
+        median(&mut sent)
+    };
     cluster.sum_f64(&mut table);
     let per_rank: Vec<serde_json::Value> = (0..size)
         .map(|r| {

@@ -533,38 +533,56 @@ fn source_lengths<T: Real>(mask: &[T], b: usize, s: usize) -> Vec<usize> {
 /// Sizes of one run, and the widths both passes derive from them.
 #[derive(Clone, Copy)]
 struct Dims {
+    /// `T`: target positions of the run (the previous-word inputs, BOS first).
     tl: usize,
+    /// `B`: sentences in the batch.
     b: usize,
+    /// `H`: the decoder state's width.
     h: usize,
     /// Blocks of the transition's inputs: 3 (GRU: `[r | u | t~]`) or 1 (vanilla).
     k: usize,
+    /// `S`: source positions (the annotations' length, padding included).
     s: usize,
+    /// `A`: the attention's hidden width (`W_a`, `U_a`, `v_a`).
     ad: usize,
-    /// `2H`, the output rows' `3H`, the transition's `k·H` inputs, the `[α | s]` row width `S + 2H`.
+    /// `2H`: an annotation's width (the two encoder directions).
     a2: usize,
+    /// `3H`: the width of a position's row `[t_{i−1} | c_i]` (the state `H`, the context `2H`) the readout
+    /// reads, and of its gradient.
     h3: usize,
+    /// `k·H`: the transition's input width (`[r | u | t~]` or the vanilla unit's one block).
     kh: usize,
+    /// `S + 2H`: the per-step row `[α | c]` (the attention weights, then the context).
     w_ac: usize,
+    /// The transition is a GRU (`k` = 3), not the vanilla unit.
     gru: bool,
-    /// `n = T − 1`; steps with a transition: `n`, or all `T` for the cGRU's context GRU (`nt`).
+    /// `n = T − 1`: steps with a transition.
     n: usize,
+    /// Steps with a transition of the context GRU: all `T` for the cGRU, else `n`.
     nt: usize,
+    /// A context gate (any strategy) scales the transition's inputs.
     gated: bool,
+    /// The paper's gate form (operand `d∘t`), not the reference form (`d∘(T∘t)`).
     paper: bool,
     /// Whether the gate reads the state (`U_z`) and the context (`C_z`).
     has_uz: bool,
     has_cz: bool,
-    /// Coverage: `d`, the widths of its pre-computed term, its `k·d` query part, its activations, its `U`
-    /// and `U_ru` (neural, gated), and `B·S·d`.
+    /// Coverage's width `d` (0 without coverage).
     cdim: usize,
+    /// The width of coverage's pre-computed per-position term.
     pw: usize,
+    /// The `k·d` part of the query rows that coverage reads.
     kd: usize,
+    /// The width of coverage's kept activations per position.
     aw: usize,
+    /// The sizes of neural coverage's recurrent weights `U` (`d·d`) and, gated, `U_ru` (`2·d·d`).
     uw: usize,
     uruw: usize,
+    /// `B·S·d`: the coverage vectors of one step.
     bsd: usize,
-    /// Where the query rows `t [B | U_z | W_h | w_β]` hold coverage's `t W_h` and the gating scalar's term.
+    /// Where the query rows `t [B | U_z | W_h | w_β]` hold coverage's `t W_h`.
     wh_off: usize,
+    /// Where they hold the gating scalar's term `t w_β`.
     wb_off: usize,
 }
 

@@ -2,7 +2,7 @@
 //! gradients equal (f32 to 1e-4, f64 to 1e-10), op by op and for the whole model in every decoder, gate and
 //! coverage variant; decoding gives the same translations with either kernel set.
 
-
+use crate::common::*;
 use candle_core::{DType, Device, Tensor, Var};
 use cgnmt::config::TargetPadding;
 use cgnmt::decode::beam_search::{beam_search, greedy, DecodeOptions};
@@ -16,7 +16,6 @@ use cgnmt::model::readout::{
     output_nll_reference,
 };
 use cgnmt::model::{Batch, Model};
-use crate::common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -1038,3 +1038,18 @@ fn select_rows_equals_index_select() {
         vec![vec![0.0; 3], vec![1.0; 3], vec![0.0; 3], vec![2.0; 3]]
     );
 }
+
+#[test]
+fn a_shape_error_names_the_sizes_it_expected_and_got() {
+    // B 2 × H 4: [r | u] must hold 16 values; give it 2 × 6.
+    let dev = Device::Cpu;
+    let ru = Tensor::zeros((2, 6), DType::F32, &dev).unwrap();
+    let pre = Tensor::zeros((2, 4), DType::F32, &dev).unwrap();
+    let base = Tensor::zeros((2, 4), DType::F32, &dev).unwrap();
+    let err = gru_update_fused(&ru, &pre, &base, None)
+        .unwrap_err()
+        .to_string();
+    for part in ["B 2", "H 4", "2·B·H = 16", "has 12"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+}
