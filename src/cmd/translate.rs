@@ -154,48 +154,7 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
     } else {
         all_lines
     };
-    let mut opts = DecodeOptions {
-        beam: a.beam,
-        length_norm: a.length_norm,
-        length_penalty: a.length_penalty,
-        coverage_penalty: a.coverage_penalty,
-        nbest: a.nbest,
-        context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
-        record: a.dump.is_some(),
-        settle: !a.full_beam,
-        word_table: !a.no_word_table,
-        shortlist: None,
-        int8: a.int8,
-    };
-    opts.validate(lm.tgt_vocab.len(), usize::MAX, |k| {
-        format!("--{}", k.replace('_', "-"))
-    })
-    .map_err(anyhow::Error::msg)?;
-    if a.int8 && !crate::kernels::quantized_gemm::available() && !a.quiet {
-        eprintln!("warning: --int8 needs a CPU with AVX2; decoding in f32");
-    }
-    if let Some(p) = &a.shortlist {
-        if a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
-            bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
-        }
-        let lex = crate::decode::shortlist::Lexicon::load(p)?;
-        let sl = crate::decode::shortlist::Shortlist::new(
-            &lex,
-            &lm.src_vocab,
-            &lm.tgt_vocab,
-            a.shortlist_frequent,
-            a.shortlist_per_word,
-        );
-        if sl.is_empty() && !a.quiet {
-            eprintln!(
-                "warning: no source word of {} is in the model's source vocabulary with a target word in its \
-                 target vocabulary: each batch decodes over the {} most frequent words only",
-                p.display(),
-                a.shortlist_frequent
-            );
-        }
-        opts.shortlist = Some(std::sync::Arc::new(sl));
-    }
+    let opts = decode_options(&a, &lm)?;
     let model = lm.model.frozen(&lm.varmap)?;
     let others = members
         .iter()
@@ -271,40 +230,7 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
         }
         for (k, t) in out.iter().enumerate() {
             let id = global(base + k);
-            let mut text = String::new();
-            if a.nbest > 1 {
-                for h in &t.hyps {
-                    let words = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
-                    text += &format!("{id} ||| {words} ||| {:.4}\n", h.score);
-                }
-            } else {
-                text += &t.text;
-                text.push('\n');
-            }
-            let mut record = String::new();
-            if a.dump.is_some() {
-                let best = t.hyps.first();
-                let eos = || std::iter::once("</s>".to_string());
-                // The output's EOS has an attention row only when the search emitted it (a hypothesis cut
-                // at the length limit has none).
-                let rows = best.map_or(0, |b| b.attention.len());
-                let hyp_eos = rows != t.tokens.len();
-                let rec = cgnmt_eval::analysis::DumpRecord::<f32> {
-                    id: Some(id),
-                    src: t.src_tokens.iter().cloned().chain(eos()).collect(),
-                    hyp: t
-                        .tokens
-                        .iter()
-                        .cloned()
-                        .chain(eos().filter(|_| hyp_eos))
-                        .collect(),
-                    score: best.map(|b| b.score),
-                    attention: best.map(|b| b.attention.clone()).unwrap_or_default(),
-                    gates: best.map(|b| b.gates.clone()).unwrap_or_default(),
-                    coverage: best.map(|b| b.coverage.clone()).unwrap_or_default(),
-                };
-                record = serde_json::to_string(&rec)? + "\n";
-            }
+            let (text, record) = output_of(&a, &tr, &lm, t, id)?;
             if sharded {
                 shard.push((id, text, record));
                 continue;
@@ -329,45 +255,7 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
         if std::env::var("CGNMT_INJECT_FAIL_RANK").ok() == Some(cluster.rank().to_string()) {
             bail!("injected failure (CGNMT_INJECT_FAIL_RANK) after decoding this rank's share");
         }
-        let bytes = serde_json::to_vec(&shard)?;
-        if let Some(all) = cluster.gather(bytes) {
-            let mut merged: Vec<(usize, String, String)> = vec![];
-            for (r, b) in all.iter().enumerate() {
-                let part: Vec<(usize, String, String)> = serde_json::from_slice(b)
-                    .with_context(|| format!("rank {r}'s translations are not readable"))?;
-                merged.extend(part);
-            }
-            merged.sort_by_key(|m| m.0);
-            if merged.len() != total || merged.iter().enumerate().any(|(i, m)| m.0 != i) {
-                bail!("the ranks' translations do not cover the input's lines once each");
-            }
-            let mut file = match &a.output {
-                Some(p) => Some(AtomicFile::create(p)?),
-                None => None,
-            };
-            let out: &mut dyn Write = match file.as_mut() {
-                Some(f) => f,
-                None => sink,
-            };
-            let mut dump = match &a.dump {
-                Some(p) => Some(AtomicFile::create(p)?),
-                None => None,
-            };
-            for (_, text, record) in &merged {
-                out.write_all(text.as_bytes())
-                    .with_context(|| format!("writing {out_name}"))?;
-                if let Some(d) = dump.as_mut() {
-                    d.write_all(record.as_bytes())?;
-                }
-            }
-            out.flush().with_context(|| format!("writing {out_name}"))?;
-            if let Some(d) = dump {
-                d.commit()?;
-            }
-            if let Some(f) = file {
-                f.commit()?;
-            }
-        }
+        write_gathered(&a, cluster, &shard, total, sink, &out_name)?;
     }
     if let Some(d) = dump {
         d.commit()?;
@@ -391,6 +279,150 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
                 String::new()
             }
         );
+    }
+    Ok(())
+}
+
+/// The search's settings from the arguments, checked (and the shortlist loaded when one is given).
+fn decode_options(a: &TranslateArgs, lm: &checkpoint::LoadedModel) -> Result<DecodeOptions> {
+    let mut opts = DecodeOptions {
+        beam: a.beam,
+        length_norm: a.length_norm,
+        length_penalty: a.length_penalty,
+        coverage_penalty: a.coverage_penalty,
+        nbest: a.nbest,
+        context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
+        record: a.dump.is_some(),
+        settle: !a.full_beam,
+        word_table: !a.no_word_table,
+        shortlist: None,
+        int8: a.int8,
+    };
+    opts.validate(lm.tgt_vocab.len(), usize::MAX, |k| {
+        format!("--{}", k.replace('_', "-"))
+    })
+    .map_err(anyhow::Error::msg)?;
+    if a.int8 && !crate::kernels::quantized_gemm::available() && !a.quiet {
+        eprintln!("warning: --int8 needs a CPU with AVX2; decoding in f32");
+    }
+    if let Some(p) = &a.shortlist {
+        if a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
+            bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
+        }
+        let lex = crate::decode::shortlist::Lexicon::load(p)?;
+        let sl = crate::decode::shortlist::Shortlist::new(
+            &lex,
+            &lm.src_vocab,
+            &lm.tgt_vocab,
+            a.shortlist_frequent,
+            a.shortlist_per_word,
+        );
+        if sl.is_empty() && !a.quiet {
+            eprintln!(
+                "warning: no source word of {} is in the model's source vocabulary with a target word in its \
+                 target vocabulary: each batch decodes over the {} most frequent words only",
+                p.display(),
+                a.shortlist_frequent
+            );
+        }
+        opts.shortlist = Some(std::sync::Arc::new(sl));
+    }
+    Ok(opts)
+}
+
+/// One sentence's output lines (its translation, or its n-best list) and its `--dump` record (empty without).
+fn output_of(
+    a: &TranslateArgs,
+    tr: &Translator,
+    lm: &checkpoint::LoadedModel,
+    t: &crate::decode::translate::Translation,
+    id: usize,
+) -> Result<(String, String)> {
+    let mut text = String::new();
+    if a.nbest > 1 {
+        for h in &t.hyps {
+            let words = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
+            text += &format!("{id} ||| {words} ||| {:.4}\n", h.score);
+        }
+    } else {
+        text += &t.text;
+        text.push('\n');
+    }
+    let mut record = String::new();
+    if a.dump.is_some() {
+        let best = t.hyps.first();
+        let eos = || std::iter::once("</s>".to_string());
+        // The output's EOS has an attention row only when the search emitted it (a hypothesis cut
+        // at the length limit has none).
+        let rows = best.map_or(0, |b| b.attention.len());
+        let hyp_eos = rows != t.tokens.len();
+        let rec = cgnmt_eval::analysis::DumpRecord::<f32> {
+            id: Some(id),
+            src: t.src_tokens.iter().cloned().chain(eos()).collect(),
+            hyp: t
+                .tokens
+                .iter()
+                .cloned()
+                .chain(eos().filter(|_| hyp_eos))
+                .collect(),
+            score: best.map(|b| b.score),
+            attention: best.map(|b| b.attention.clone()).unwrap_or_default(),
+            gates: best.map(|b| b.gates.clone()).unwrap_or_default(),
+            coverage: best.map(|b| b.coverage.clone()).unwrap_or_default(),
+        };
+        record = serde_json::to_string(&rec)? + "\n";
+    }
+    Ok((text, record))
+}
+
+/// Rank 0: every rank's lines (`(input line, output, dump record)`) in input order into `-o` (or `sink`) and
+/// `--dump`, whole or not at all; the other ranks send theirs.
+fn write_gathered(
+    a: &TranslateArgs,
+    cluster: &crate::cluster::Cluster,
+    shard: &[(usize, String, String)],
+    total: usize,
+    sink: &mut dyn Write,
+    out_name: &str,
+) -> Result<()> {
+    let bytes = serde_json::to_vec(&shard)?;
+    if let Some(all) = cluster.gather(bytes) {
+        let mut merged: Vec<(usize, String, String)> = vec![];
+        for (r, b) in all.iter().enumerate() {
+            let part: Vec<(usize, String, String)> = serde_json::from_slice(b)
+                .with_context(|| format!("rank {r}'s translations are not readable"))?;
+            merged.extend(part);
+        }
+        merged.sort_by_key(|m| m.0);
+        if merged.len() != total || merged.iter().enumerate().any(|(i, m)| m.0 != i) {
+            bail!("the ranks' translations do not cover the input's lines once each");
+        }
+        let mut file = match &a.output {
+            Some(p) => Some(AtomicFile::create(p)?),
+            None => None,
+        };
+        let out: &mut dyn Write = match file.as_mut() {
+            Some(f) => f,
+            None => sink,
+        };
+        let mut dump = match &a.dump {
+            Some(p) => Some(AtomicFile::create(p)?),
+            None => None,
+        };
+        for (_, text, record) in &merged {
+            out.write_all(text.as_bytes())
+                .with_context(|| format!("writing {out_name}"))?;
+            if let Some(d) = dump.as_mut() {
+                d.write_all(record.as_bytes())?;
+            }
+        }
+        out.flush().with_context(|| format!("writing {out_name}"))?;
+        if let Some(d) = dump {
+            d.commit()?;
+        }
+        if let Some(f) = file {
+            f.commit()?;
+        }
     }
     Ok(())
 }
