@@ -5,6 +5,8 @@
 
 use candle_core::{Device, IndexOp, Result, Tensor};
 
+use crate::decode::penalties::Ranking;
+use crate::kernels::top_k;
 use crate::model::readout::{log_normaliser, log_softmax};
 use crate::model::{pad, Model, WordTable};
 
@@ -112,6 +114,17 @@ impl DecodeOptions {
     }
 }
 
+impl DecodeOptions {
+    /// How these options rank finished hypotheses.
+    pub fn ranking(&self) -> Ranking {
+        Ranking {
+            length_norm: self.length_norm,
+            length_penalty: self.length_penalty,
+            coverage_penalty: self.coverage_penalty,
+        }
+    }
+}
+
 impl Default for DecodeOptions {
     fn default() -> Self {
         Self {
@@ -151,31 +164,6 @@ pub fn length_limits(n: usize) -> (usize, usize) {
     ((n + 1) / 2, 3 * (n + 1))
 }
 
-/// What finished hypotheses are ranked by: the total log-probability, per word (`length_norm`), or over
-/// GNMT's length penalty `((5 + |y|) / 6)^α` (`|y|` counting EOS); plus GNMT's coverage penalty where β ≠ 0.
-fn rank_key(h: &Hypothesis, opts: &DecodeOptions) -> f64 {
-    let words = (h.tokens.len() + 1) as f64;
-    let key = if opts.length_norm {
-        h.score / words
-    } else if opts.length_penalty != 0.0 {
-        h.score / ((5.0 + words) / 6.0).powf(opts.length_penalty)
-    } else {
-        h.score
-    };
-    if opts.coverage_penalty == 0.0 {
-        return key;
-    }
-    key + opts.coverage_penalty * coverage_penalty(&h.attention_mass)
-}
-
-/// `Σ_j log(min(m_j, 1))` of the attention mass `m_j` each source position received (≤ 0; 0 when every
-/// position received at least 1). A position that received none counts as the smallest positive mass.
-pub fn coverage_penalty(mass: &[f64]) -> f64 {
-    mass.iter()
-        .map(|&m| m.clamp(f64::MIN_POSITIVE, 1.0).ln())
-        .sum()
-}
-
 fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
     let t = t.to_dtype(candle_core::DType::F32)?;
     match t.rank() {
@@ -186,71 +174,6 @@ fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
         }
         _ => t.mean(1)?.to_vec1::<f32>(),
     }
-}
-
-/// The `k` best `(log-probability, word)` of a row, best first (ties: lower word id first); `skip` is a
-/// word that may not be chosen (EOS before the minimum length).
-fn top_k(lp: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
-    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
-    if k == 0 {
-        return top;
-    }
-    // Once `top` is full, a block whose largest value does not beat the k-th best holds no candidate: its
-    // maximum (a vectorised pass) is all that is read of it.
-    for (c, block) in lp.chunks(TOP_K_BLOCK).enumerate() {
-        if top.len() == k && block_max(block) <= top[k - 1].0 {
-            continue;
-        }
-        for (j, &x) in block.iter().enumerate() {
-            let w = (c * TOP_K_BLOCK + j) as u32;
-            if top.len() == k && x <= top[k - 1].0 {
-                continue;
-            }
-            if Some(w) == skip {
-                continue;
-            }
-            let pos = top.partition_point(|y| y.0 >= x);
-            top.insert(pos, (x, w));
-            top.truncate(k);
-        }
-    }
-    top
-}
-
-/// Words per block of [`top_k`]'s scan.
-const TOP_K_BLOCK: usize = 64;
-
-/// The largest value of a block (`-∞` for an empty one; NaN is never the largest).
-fn block_max(x: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if crate::kernels::has_avx2_fma() {
-        // SAFETY: the CPU supports AVX2 (checked at run time).
-        return unsafe { block_max_avx2(x) };
-    }
-    block_max_plain(x)
-}
-
-#[inline(always)]
-fn block_max_plain(x: &[f32]) -> f32 {
-    // Eight running maxima, so that the loop vectorises.
-    let mut m = [f32::NEG_INFINITY; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for (mi, &v) in m.iter_mut().zip(c) {
-            *mi = if v > *mi { v } else { *mi };
-        }
-    }
-    let mut best = f32::NEG_INFINITY;
-    for &v in m.iter().chain(chunks.remainder()) {
-        best = if v > best { v } else { best };
-    }
-    best
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_max_avx2(x: &[f32]) -> f32 {
-    block_max_plain(x)
 }
 
 struct Live {
@@ -319,63 +242,35 @@ struct MemberState<'a> {
     norm: Vec<f32>,
 }
 
-/// Beam search with an ensemble (model-spec §7 with several models): every member runs its own decoder over
-/// the same hypotheses, and a step's word scores are the members' log-probabilities averaged (a hypothesis's
-/// score is the sum of those averages). The members must share the source and target vocabularies. Recorded
-/// attention, and the attention mass of the coverage penalty, are the members' mean; recorded gates and
-/// coverage are the first member's. With one member this is [`beam_search_with`].
-pub fn beam_search_ensemble(
-    members: &[Member],
-    srcs: &[Vec<u32>],
-    eos: u32,
-    opts: &DecodeOptions,
-) -> Result<Vec<Vec<Hypothesis>>> {
-    let Some(first) = members.first() else {
-        candle_core::bail!("beam search needs at least one model");
-    };
-    let dev: Device = first.model.tgt_emb.device().clone();
-    let dtype = first.model.tgt_emb.dtype();
-    let nsent = srcs.len();
-    if nsent == 0 {
-        return Ok(vec![]);
-    }
-    let beam = opts.beam.max(1);
-    let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
-    let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, &dev)?;
-    // Int8 products need their weights quantised: prepare them for this call where the caller did not.
-    let mut owned: Vec<Option<crate::kernels::Prepared>> = Vec::with_capacity(members.len());
-    for m in members {
-        owned.push(match m.prepared {
-            None if opts.int8 => m.model.prepare_decoding_as(true)?,
-            _ => None,
-        });
-    }
-    let mut states: Vec<MemberState> = Vec::with_capacity(members.len());
-    for (m, own) in members.iter().zip(&owned) {
+impl<'a> MemberState<'a> {
+    /// Encode the batch with member `m` (its decoding weights `prepared`) and start one hypothesis per
+    /// sentence.
+    fn start(
+        m: Member<'a>,
+        srcs: &[Vec<u32>],
+        (src_ids, src_mask): (&Tensor, &Tensor),
+        eos: u32,
+        opts: &DecodeOptions,
+    ) -> Result<Self> {
         let model = m.model;
-        if model.tgt_vocab != first.model.tgt_vocab {
-            candle_core::bail!(
-                "ensemble: the members' target vocabularies differ ({} and {} words)",
-                first.model.tgt_vocab,
-                model.tgt_vocab
-            );
-        }
-        let prepared = m.prepared.or(own.as_ref());
-        let source = model.encode_prepared(&src_ids, &src_mask, prepared)?;
+        let (dev, dtype) = (src_ids.device(), model.tgt_emb.dtype());
+        let nsent = srcs.len();
+        let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, dev)?;
+        let source = model.encode_prepared(src_ids, src_mask, m.prepared)?;
         let products = model.context_products(&source)?;
         let cur = source.select(&idx0)?;
         let e_dim = model.tgt_emb.dim(1)?;
-        states.push(MemberState {
-            m: Member { prepared, ..*m },
+        Ok(MemberState {
+            m,
             products,
             // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur`
             // keeps one row per sentence); otherwise `cur` holds one row per live hypothesis.
-            row_keys: model.attends_by_rows(&dev),
+            row_keys: model.attends_by_rows(dev),
             t: cur.t0.clone(),
             cov: model.initial_coverage(&cur)?,
             cur,
             // The terms of the words fed to the next step (none yet: those of a zero embedding).
-            w_prev: model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, &dev)?)?,
+            w_prev: model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, dev)?)?,
             // With a shortlist, the batch's output layer covers its words only; rows then hold their
             // columns (the same ones for every member).
             words: match &opts.shortlist {
@@ -390,168 +285,212 @@ pub fn beam_search_ensemble(
             scores: Vec::new(),
             vocab: 0,
             norm: Vec::new(),
-        });
-    }
-    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
-    let src_lens: Vec<usize> = srcs.iter().map(|s| s.len() + 1).collect();
-
-    let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
-    let mut live: Vec<Live> = (0..nsent)
-        .map(|s| Live {
-            sent: s,
-            hyp: Hypothesis::default(),
         })
-        .collect();
+    }
 
-    let mut step = 0usize;
-    // Stop a sentence once its result is decided (see below): exact for the ranking by total log-probability.
-    let nbest = opts.nbest.clamp(1, beam);
-    let settle = opts.settle
-        && !opts.length_norm
-        && opts.length_penalty == 0.0
-        && opts.coverage_penalty == 0.0;
-    // EOS's column (a shortlist holds it).
-    let eos_column = match &states[0].words {
-        Some(o) => o.ids.binary_search(&eos).ok().map(|c| c as u32),
-        None => Some(eos),
-    };
-    // With fused kernels the rows stay logits: the top-k of a row are the same words, and only the chosen
-    // ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
-    let fused = first.model.kernels.fused_on(&dev) && members.len() == 1;
-    // An ensemble's averaged rows and normalisers.
-    let (mut mean, mut mean_norm): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
-    while !live.is_empty() {
-        DECODER_ROWS.fetch_add(
-            (live.len() * members.len()) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        // Each live hypothesis's sentence.
-        let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
-        let mut cond_gate = None;
-        for (i, st) in states.iter_mut().enumerate() {
-            let model = st.m.model;
-            let out = if st.row_keys {
-                model.attend_rows(&st.cur, &rows, &st.t)?
-            } else {
-                model.attend(&st.cur, &st.t, st.cov.as_ref())?
-            };
-            let ctx = model.step_context(&out, st.products.as_ref(), &rows)?;
-            let (t_read, cond) =
-                model.condition_term(&st.t, &ctx, st.w_prev.gate.as_ref(), opts.context_scale)?;
-            if i == 0 {
-                cond_gate = match cond.and_then(|c| c.gate) {
-                    Some(g) if opts.record => Some(mean_rows(&g)?),
-                    _ => None,
-                };
+    /// One step over the live hypotheses (`rows`: each one's sentence): attention, the context, the
+    /// conditional term and the output layer's rows into `scores` (logits with fused kernels, with their
+    /// normalisers in `norm` unless `single`, the search's only member; log-probabilities otherwise).
+    /// Returns the conditional term's gate values, where it has a gate.
+    fn step(
+        &mut self,
+        rows: &[u32],
+        opts: &DecodeOptions,
+        single: bool,
+        dev: &Device,
+    ) -> Result<Option<Tensor>> {
+        let model = self.m.model;
+        let out = if self.row_keys {
+            model.attend_rows(&self.cur, rows, &self.t)?
+        } else {
+            model.attend(&self.cur, &self.t, self.cov.as_ref())?
+        };
+        let ctx = model.step_context(&out, self.products.as_ref(), rows)?;
+        let (t_read, cond) =
+            model.condition_term(&self.t, &ctx, self.w_prev.gate.as_ref(), opts.context_scale)?;
+        self.t = t_read;
+        if model.kernels.fused_on(dev) {
+            self.vocab = model.readout.logit_rows_term(
+                model.kernels,
+                &ctx,
+                &self.t,
+                &self.w_prev.readout,
+                self.words.as_ref(),
+                &mut self.scores,
+            )?;
+            if !single {
+                // An ensemble member's rows' normalisers.
+                use rayon::prelude::*;
+                self.norm = self
+                    .scores
+                    .par_chunks(self.vocab.max(1))
+                    .map(log_normaliser)
+                    .collect();
             }
-            st.t = t_read;
-            if model.kernels.fused_on(&dev) {
-                st.vocab = model.readout.logit_rows_term(
-                    model.kernels,
-                    &ctx,
-                    &st.t,
-                    &st.w_prev.readout,
-                    st.words.as_ref(),
-                    &mut st.scores,
-                )?;
-                if !fused {
-                    // An ensemble member's rows' normalisers.
-                    use rayon::prelude::*;
-                    st.norm = st
-                        .scores
-                        .par_chunks(st.vocab.max(1))
-                        .map(log_normaliser)
-                        .collect();
-                }
-            } else {
-                let lp = log_softmax(&model.readout.logits_term(
-                    model.kernels,
-                    &ctx,
-                    &st.t,
-                    &st.w_prev.readout,
-                    st.words.as_ref(),
-                )?)?;
-                st.scores = lp
-                    .to_dtype(candle_core::DType::F32)?
-                    .flatten_all()?
-                    .to_vec1()?;
-                st.vocab = lp.dim(1)?;
-            }
-            st.step = Some((ctx, out));
+        } else {
+            let lp = log_softmax(&model.readout.logits_term(
+                model.kernels,
+                &ctx,
+                &self.t,
+                &self.w_prev.readout,
+                self.words.as_ref(),
+            )?)?;
+            self.scores = lp
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1()?;
+            self.vocab = lp.dim(1)?;
         }
-        let vocab = states[0].vocab;
-        // An ensemble's rows: the members' logits averaged, and their normalisers averaged (subtracted from
-        // the chosen words' below), which is averaging the log-probabilities; without fused kernels the
-        // members' log-probabilities averaged.
-        let scores: &[f32] = if members.len() == 1 {
-            &states[0].scores
-        } else {
-            mean_into(&mut mean, states.iter().map(|st| &st.scores[..]));
-            mean_into(&mut mean_norm, states.iter().map(|st| &st.norm[..]));
-            &mean
+        self.step = Some((ctx, out));
+        Ok(cond.and_then(|c| c.gate))
+    }
+
+    /// The step's attention weights, one row per live hypothesis.
+    fn attention(&self) -> Result<Vec<Vec<f32>>> {
+        self.step
+            .as_ref()
+            .expect("stepped")
+            .1
+            .alpha
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec2()
+    }
+
+    /// The transition of each continuing hypothesis: from its parent's row (`parents`) over its new word
+    /// (`words`). Returns the transition's gate values per row, when `gates` asks for them and there is a
+    /// gate.
+    fn advance(
+        &mut self,
+        parents: &Tensor,
+        words: &Tensor,
+        opts: &DecodeOptions,
+        gates: bool,
+    ) -> Result<Option<Vec<f32>>> {
+        let model = self.m.model;
+        let (ctx, out) = self.step.take().expect("stepped");
+        let w = match self.m.table {
+            Some(table) => table.rows(words)?,
+            None => model.word_terms(&model.embed(words)?)?,
         };
-        // Top-k words of every row, in parallel (k = the row's sentence's remaining beam).
-        let words = &states[0].words;
-        let row_top: Vec<Vec<(f32, u32)>> = {
-            use rayon::prelude::*;
-            scores
-                .par_chunks(vocab.max(1))
-                .enumerate()
-                .map(|(r, row)| {
-                    let s = live[r].sent;
-                    let k = beam.saturating_sub(finished[s].len());
-                    let eos_ok = step >= limits[s].0;
-                    let mut top = top_k(row, k, if eos_ok { None } else { eos_column });
-                    let lse = if fused {
-                        log_normaliser(row)
-                    } else {
-                        mean_norm.get(r).copied().unwrap_or(0.0)
-                    };
-                    if lse != 0.0 {
-                        for c in &mut top {
-                            c.0 -= lse;
-                        }
-                    }
-                    if let Some(o) = words {
-                        for c in &mut top {
-                            c.1 = o.ids[c.1 as usize];
-                        }
-                    }
-                    top
-                })
-                .collect()
+        let t_sel = crate::kernels::select_rows(&self.t, parents)?;
+        // The parents' rows of what the transition reads of the context.
+        let ctx_sel = ctx.select(parents, &model.transition_context_weights())?;
+        let (t_new, sc) = model.transition_projected(
+            &t_sel,
+            &w.proj,
+            w.gate.as_ref(),
+            &ctx_sel,
+            opts.context_scale,
+        )?;
+        let means = match &sc.gate {
+            Some(g) if gates => Some(mean_rows(g)?),
+            _ => None,
         };
-        let alpha: Option<Vec<Vec<f32>>> = if opts.record || opts.coverage_penalty != 0.0 {
-            let mut a: Vec<Vec<f32>> = Vec::new();
-            for (i, st) in states.iter().enumerate() {
-                let x: Vec<Vec<f32>> = st
-                    .step
-                    .as_ref()
-                    .expect("stepped")
-                    .1
-                    .alpha
-                    .to_dtype(candle_core::DType::F32)?
-                    .to_vec2()?;
-                if i == 0 {
-                    a = x;
+        self.cov = match &out.cov {
+            Some(c) => Some(crate::kernels::select_rows(c, parents)?),
+            None => None,
+        };
+        if !self.row_keys {
+            self.cur = self.cur.select(parents)?;
+        }
+        self.t = t_new;
+        self.w_prev = w;
+        Ok(means)
+    }
+
+    /// Keep the rows `keep` of the live hypotheses' state.
+    fn keep_rows(&mut self, keep: &Tensor) -> Result<()> {
+        self.t = crate::kernels::select_rows(&self.t, keep)?;
+        self.w_prev = self.w_prev.select(keep)?;
+        self.cov = match &self.cov {
+            Some(c) => Some(crate::kernels::select_rows(c, keep)?),
+            None => None,
+        };
+        if !self.row_keys {
+            self.cur = self.cur.select(keep)?;
+        }
+        Ok(())
+    }
+}
+
+/// What one search keeps beside the hypotheses: its options and each sentence's limits.
+struct Search<'o> {
+    opts: &'o DecodeOptions,
+    ranking: Ranking,
+    eos: u32,
+    beam: usize,
+    /// Stop a sentence once its result is decided: exact for the ranking by total log-probability.
+    settle: bool,
+    nbest: usize,
+    /// EOS's column in a row (a shortlist holds it).
+    eos_column: Option<u32>,
+    /// The rows are one model's logits (fused kernels): the top-k of a row are the same words, and only the
+    /// chosen ones are normalised (log p = logit − log Σ exp), so no [N, V] log-probabilities are written.
+    fused: bool,
+    /// Per sentence: (minimum words before EOS, maximum words), and the source length with EOS.
+    limits: Vec<(usize, usize)>,
+    src_lens: Vec<usize>,
+}
+
+/// The hypotheses a step's candidates make: the continuing ones (new rows), each one's parent row and word.
+struct Grown {
+    live: Vec<Live>,
+    parents: Vec<u32>,
+    words: Vec<u32>,
+}
+
+impl Search<'_> {
+    /// The `k` best words of every row (`k` = the row's sentence's remaining beam) as `(log-probability,
+    /// word)`, in parallel. `norms` are an ensemble's averaged normalisers (subtracted from the chosen
+    /// words' averaged logits); `words` maps a shortlist's columns to word ids.
+    fn row_top(
+        &self,
+        scores: &[f32],
+        vocab: usize,
+        live: &[Live],
+        finished: &[Vec<Hypothesis>],
+        step: usize,
+        norms: &[f32],
+        words: Option<&crate::model::readout::OutputWords>,
+    ) -> Vec<Vec<(f32, u32)>> {
+        use rayon::prelude::*;
+        scores
+            .par_chunks(vocab.max(1))
+            .enumerate()
+            .map(|(r, row)| {
+                let s = live[r].sent;
+                let k = self.beam.saturating_sub(finished[s].len());
+                let eos_ok = step >= self.limits[s].0;
+                let mut top = top_k(row, k, if eos_ok { None } else { self.eos_column });
+                let lse = if self.fused {
+                    log_normaliser(row)
                 } else {
-                    for (ra, rx) in a.iter_mut().zip(&x) {
-                        for (p, q) in ra.iter_mut().zip(rx) {
-                            *p += q;
-                        }
+                    norms.get(r).copied().unwrap_or(0.0)
+                };
+                if lse != 0.0 {
+                    for c in &mut top {
+                        c.0 -= lse;
                     }
                 }
-            }
-            if members.len() > 1 {
-                let k = members.len() as f32;
-                a.iter_mut().flatten().for_each(|p| *p /= k);
-            }
-            Some(a)
-        } else {
-            None
-        };
-        // Group live rows by sentence (rows of one sentence are contiguous).
-        let mut next: Vec<(usize, u32, f64)> = Vec::new(); // (parent row, word, score)
+                if let Some(o) = words {
+                    for c in &mut top {
+                        c.1 = o.ids[c.1 as usize];
+                    }
+                }
+                top
+            })
+            .collect()
+    }
+
+    /// Each sentence's best `k` continuations (`k` = its remaining beam) among its rows' candidates, as
+    /// `(parent row, word, score)` (rows of one sentence are contiguous).
+    fn best_per_sentence(
+        &self,
+        live: &[Live],
+        row_top: &[Vec<(f32, u32)>],
+        finished: &[Vec<Hypothesis>],
+    ) -> Vec<(usize, u32, f64)> {
+        let mut next = Vec::new();
         let mut row = 0;
         while row < live.len() {
             let s = live[row].sent;
@@ -559,7 +498,7 @@ pub fn beam_search_ensemble(
             while end < live.len() && live[end].sent == s {
                 end += 1;
             }
-            let k = beam.saturating_sub(finished[s].len());
+            let k = self.beam.saturating_sub(finished[s].len());
             // The rows' top-k candidates, merged.
             let mut cands: Vec<(f64, usize, u32)> = Vec::new();
             for r in row..end {
@@ -577,10 +516,27 @@ pub fn beam_search_ensemble(
             }
             row = end;
         }
-        // Split finished and continuing hypotheses.
-        let mut new_live: Vec<Live> = Vec::new();
-        let mut parents: Vec<u32> = Vec::new();
-        let mut words: Vec<u32> = Vec::new();
+        next
+    }
+
+    /// Grow the chosen continuations `next` into hypotheses: those ending in EOS finish, the others go on.
+    /// `alpha` is the step's attention (with a coverage penalty or recording), `gate` the conditional
+    /// term's gate values and `cov` the step's coverage (both recorded).
+    fn grow(
+        &self,
+        live: &[Live],
+        next: Vec<(usize, u32, f64)>,
+        alpha: Option<&[Vec<f32>]>,
+        gate: Option<&[f32]>,
+        cov: Option<&Tensor>,
+        finished: &mut [Vec<Hypothesis>],
+    ) -> Result<Grown> {
+        let opts = self.opts;
+        let mut grown = Grown {
+            live: Vec::new(),
+            parents: Vec::new(),
+            words: Vec::new(),
+        };
         for (r, w, score) in next {
             let s = live[r].sent;
             let mut hyp = Hypothesis {
@@ -588,8 +544,8 @@ pub fn beam_search_ensemble(
                 ..Default::default()
             };
             hyp.tokens = live[r].hyp.tokens.clone();
-            if opts.coverage_penalty != 0.0 {
-                let a = &alpha.as_ref().expect("fetched")[r][..src_lens[s]];
+            if self.ranking.needs_attention_mass() {
+                let a = &alpha.expect("fetched")[r][..self.src_lens[s]];
                 let parent = &live[r].hyp.attention_mass;
                 hyp.attention_mass = if parent.is_empty() {
                     a.iter().map(|&x| x as f64).collect()
@@ -600,81 +556,48 @@ pub fn beam_search_ensemble(
             if opts.record {
                 hyp.attention = live[r].hyp.attention.clone();
                 hyp.attention
-                    .push(alpha.as_ref().expect("recorded")[r][..src_lens[s]].to_vec());
+                    .push(alpha.expect("recorded")[r][..self.src_lens[s]].to_vec());
                 hyp.gates = live[r].hyp.gates.clone();
-                if let Some(g) = &cond_gate {
-                    if w != eos {
+                if let Some(g) = gate {
+                    if w != self.eos {
                         hyp.gates.push(if g.len() == 1 { g[0] } else { g[r] });
                     }
                 }
             }
-            if w == eos {
+            if w == self.eos {
                 if opts.record {
-                    if let Some(c) = &states[0].step.as_ref().expect("stepped").1.cov {
-                        hyp.coverage = coverage_row(c, r, src_lens[s])?;
+                    if let Some(c) = cov {
+                        hyp.coverage = coverage_row(c, r, self.src_lens[s])?;
                     }
                 }
                 finished[s].push(hyp);
             } else {
                 hyp.tokens.push(w);
-                new_live.push(Live { sent: s, hyp });
-                parents.push(r as u32);
-                words.push(w);
+                grown.live.push(Live { sent: s, hyp });
+                grown.parents.push(r as u32);
+                grown.words.push(w);
             }
         }
-        step += 1;
-        if new_live.is_empty() {
-            break;
-        }
-        let pidx = Tensor::from_vec(parents.clone(), parents.len(), &dev)?;
-        let wids = Tensor::from_vec(words, parents.len(), &dev)?;
-        for (i, st) in states.iter_mut().enumerate() {
-            let model = st.m.model;
-            let (ctx, out) = st.step.take().expect("stepped");
-            let w = match st.m.table {
-                Some(table) => table.rows(&wids)?,
-                None => model.word_terms(&model.embed(&wids)?)?,
-            };
-            let t_sel = crate::kernels::select_rows(&st.t, &pidx)?;
-            // The parents' rows of what the transition reads of the context.
-            let ctx_sel = ctx.select(&pidx, &model.transition_context_weights())?;
-            let (t_new, sc) = model.transition_projected(
-                &t_sel,
-                &w.proj,
-                w.gate.as_ref(),
-                &ctx_sel,
-                opts.context_scale,
-            )?;
-            if opts.record && i == 0 {
-                if let Some(g) = &sc.gate {
-                    let means = mean_rows(g)?;
-                    for (i, l) in new_live.iter_mut().enumerate() {
-                        l.hyp
-                            .gates
-                            .push(if means.len() == 1 { means[0] } else { means[i] });
-                    }
-                }
-            }
-            st.cov = match &out.cov {
-                Some(c) => Some(crate::kernels::select_rows(c, &pidx)?),
-                None => None,
-            };
-            if !st.row_keys {
-                st.cur = st.cur.select(&pidx)?;
-            }
-            st.t = t_new;
-            st.w_prev = w;
-        }
-        // Hypotheses that reached the maximum length finish without EOS.
+        Ok(grown)
+    }
+
+    /// Hypotheses that reached the maximum length, or whose sentence's beam is full, finish (without EOS;
+    /// `cov` is the state's coverage, recorded). Returns the rows that go on and their hypotheses.
+    fn retire(
+        &self,
+        grown: Vec<Live>,
+        cov: Option<&Tensor>,
+        finished: &mut [Vec<Hypothesis>],
+    ) -> Result<(Vec<u32>, Vec<Live>)> {
         let mut keep: Vec<u32> = Vec::new();
         let mut kept: Vec<Live> = Vec::new();
-        for (i, l) in new_live.into_iter().enumerate() {
-            if l.hyp.tokens.len() >= limits[l.sent].1 || finished[l.sent].len() >= beam {
-                if finished[l.sent].len() < beam {
+        for (i, l) in grown.into_iter().enumerate() {
+            if l.hyp.tokens.len() >= self.limits[l.sent].1 || finished[l.sent].len() >= self.beam {
+                if finished[l.sent].len() < self.beam {
                     let mut h = l.hyp;
-                    if opts.record {
-                        if let Some(c) = &states[0].cov {
-                            h.coverage = coverage_row(c, i, src_lens[l.sent])?;
+                    if self.opts.record {
+                        if let Some(c) = cov {
+                            h.coverage = coverage_row(c, i, self.src_lens[l.sent])?;
                         }
                     }
                     finished[l.sent].push(h);
@@ -684,35 +607,228 @@ pub fn beam_search_ensemble(
                 kept.push(l);
             }
         }
-        if settle {
-            // A sentence whose `nbest`-th best finished hypothesis scores at least as high as its best live
-            // one is settled: log-probabilities are ≤ 0, so a live hypothesis only loses score as it grows,
-            // and none of them could enter the result any more (a later one of equal score ranks after).
-            // Decoding it on (as GroundHog does, until the beam has shrunk to nothing) only costs steps.
-            let mut best_live = vec![f64::NEG_INFINITY; nsent];
-            for l in &kept {
-                best_live[l.sent] = best_live[l.sent].max(l.hyp.score);
+        Ok((keep, kept))
+    }
+
+    /// Drop the live hypotheses of settled sentences. A sentence whose `nbest`-th best finished hypothesis
+    /// scores at least as high as its best live one is settled: log-probabilities are ≤ 0, so a live
+    /// hypothesis only loses score as it grows, and none of them could enter the result any more (a later
+    /// one of equal score ranks after). Decoding it on (as GroundHog does, until the beam has shrunk to
+    /// nothing) only costs steps.
+    fn drop_settled(
+        &self,
+        keep: Vec<u32>,
+        kept: Vec<Live>,
+        finished: &[Vec<Hypothesis>],
+    ) -> (Vec<u32>, Vec<Live>) {
+        let mut best_live = vec![f64::NEG_INFINITY; finished.len()];
+        for l in &kept {
+            best_live[l.sent] = best_live[l.sent].max(l.hyp.score);
+        }
+        let settled: Vec<bool> = finished
+            .iter()
+            .zip(&best_live)
+            .map(|(f, &best)| {
+                f.len() >= self.nbest && {
+                    let mut scores: Vec<f64> = f.iter().map(|h| h.score).collect();
+                    scores.sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
+                    scores[self.nbest - 1] >= best
+                }
+            })
+            .collect();
+        if !kept.iter().any(|l| settled[l.sent]) {
+            return (keep, kept);
+        }
+        keep.into_iter()
+            .zip(kept)
+            .filter(|(_, l)| !settled[l.sent])
+            .unzip()
+    }
+
+    /// A sentence's finished hypotheses, best first under the ranking, cut to `nbest`.
+    fn ranked(&self, mut f: Vec<Hypothesis>) -> Vec<Hypothesis> {
+        let key = |h: &Hypothesis| {
+            self.ranking
+                .key(h.score, h.tokens.len() + 1, &h.attention_mass)
+        };
+        f.sort_by(|a, b| {
+            key(b)
+                .partial_cmp(&key(a))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        f.truncate(self.opts.nbest.max(1));
+        f
+    }
+}
+
+/// The members' mean attention weights of the step, one row per live hypothesis.
+fn mean_attention(states: &[MemberState]) -> Result<Vec<Vec<f32>>> {
+    let mut a: Vec<Vec<f32>> = Vec::new();
+    for (i, st) in states.iter().enumerate() {
+        let x = st.attention()?;
+        if i == 0 {
+            a = x;
+        } else {
+            for (ra, rx) in a.iter_mut().zip(&x) {
+                for (p, q) in ra.iter_mut().zip(rx) {
+                    *p += q;
+                }
             }
-            let settled: Vec<bool> = (0..nsent)
-                .map(|s| {
-                    let f = &finished[s];
-                    f.len() >= nbest && {
-                        let mut scores: Vec<f64> = f.iter().map(|h| h.score).collect();
-                        scores
-                            .sort_by(|a, b| b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal));
-                        scores[nbest - 1] >= best_live[s]
-                    }
-                })
-                .collect();
-            if kept.iter().any(|l| settled[l.sent]) {
-                let (k2, l2): (Vec<u32>, Vec<Live>) = keep
-                    .into_iter()
-                    .zip(kept)
-                    .filter(|(_, l)| !settled[l.sent])
-                    .unzip();
-                keep = k2;
-                kept = l2;
+        }
+    }
+    if states.len() > 1 {
+        let k = states.len() as f32;
+        a.iter_mut().flatten().for_each(|p| *p /= k);
+    }
+    Ok(a)
+}
+
+/// Beam search with an ensemble (model-spec §7 with several models): every member runs its own decoder over
+/// the same hypotheses, and a step's word scores are the members' log-probabilities averaged (a hypothesis's
+/// score is the sum of those averages). The members must share the source and target vocabularies. Recorded
+/// attention, and the attention mass of the coverage penalty, are the members' mean; recorded gates and
+/// coverage are the first member's. With one member this is [`beam_search_with`].
+///
+/// Each step: step every member, combine their scores, take each row's top k, each sentence's best
+/// continuations, grow them into finished and continuing hypotheses, advance every member's state to the
+/// continuing ones, retire those at their length limit and drop settled sentences.
+pub fn beam_search_ensemble(
+    members: &[Member],
+    srcs: &[Vec<u32>],
+    eos: u32,
+    opts: &DecodeOptions,
+) -> Result<Vec<Vec<Hypothesis>>> {
+    let Some(first) = members.first() else {
+        candle_core::bail!("beam search needs at least one model");
+    };
+    let dev: Device = first.model.tgt_emb.device().clone();
+    let dtype = first.model.tgt_emb.dtype();
+    let nsent = srcs.len();
+    if nsent == 0 {
+        return Ok(vec![]);
+    }
+    let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
+    // Int8 products need their weights quantised: prepare them for this call where the caller did not.
+    let mut owned: Vec<Option<crate::kernels::Prepared>> = Vec::with_capacity(members.len());
+    for m in members {
+        owned.push(match m.prepared {
+            None if opts.int8 => m.model.prepare_decoding_as(true)?,
+            _ => None,
+        });
+    }
+    let mut states: Vec<MemberState> = Vec::with_capacity(members.len());
+    for (m, own) in members.iter().zip(&owned) {
+        if m.model.tgt_vocab != first.model.tgt_vocab {
+            candle_core::bail!(
+                "ensemble: the members' target vocabularies differ ({} and {} words)",
+                first.model.tgt_vocab,
+                m.model.tgt_vocab
+            );
+        }
+        let prepared = m.prepared.or(own.as_ref());
+        let m = Member { prepared, ..*m };
+        states.push(MemberState::start(m, srcs, (&src_ids, &src_mask), eos, opts)?);
+    }
+    let beam = opts.beam.max(1);
+    let ranking = opts.ranking();
+    let search = Search {
+        opts,
+        ranking,
+        eos,
+        beam,
+        settle: opts.settle && ranking.by_total(),
+        nbest: opts.nbest.clamp(1, beam),
+        eos_column: match &states[0].words {
+            Some(o) => o.ids.binary_search(&eos).ok().map(|c| c as u32),
+            None => Some(eos),
+        },
+        fused: first.model.kernels.fused_on(&dev) && members.len() == 1,
+        limits: srcs.iter().map(|s| length_limits(s.len())).collect(),
+        src_lens: srcs.iter().map(|s| s.len() + 1).collect(),
+    };
+
+    let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
+    let mut live: Vec<Live> = (0..nsent)
+        .map(|s| Live {
+            sent: s,
+            hyp: Hypothesis::default(),
+        })
+        .collect();
+    let mut step = 0usize;
+    // An ensemble's averaged rows and normalisers.
+    let (mut mean, mut mean_norm): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+    while !live.is_empty() {
+        DECODER_ROWS.fetch_add(
+            (live.len() * members.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Step every member over the live hypotheses (each one's sentence: `rows`).
+        let rows: Vec<u32> = live.iter().map(|l| l.sent as u32).collect();
+        let mut cond_gate = None;
+        for (i, st) in states.iter_mut().enumerate() {
+            let gate = st.step(&rows, opts, search.fused, &dev)?;
+            if i == 0 && opts.record {
+                cond_gate = gate.map(|g| mean_rows(&g)).transpose()?;
             }
+        }
+        // Combine the scores. An ensemble's rows: the members' logits averaged, and their normalisers
+        // averaged (subtracted from the chosen words' below), which is averaging the log-probabilities;
+        // without fused kernels the members' log-probabilities averaged.
+        let scores: &[f32] = if members.len() == 1 {
+            &states[0].scores
+        } else {
+            mean_into(&mut mean, states.iter().map(|st| &st.scores[..]));
+            mean_into(&mut mean_norm, states.iter().map(|st| &st.norm[..]));
+            &mean
+        };
+        let row_top = search.row_top(
+            scores,
+            states[0].vocab,
+            &live,
+            &finished,
+            step,
+            &mean_norm,
+            states[0].words.as_ref(),
+        );
+        let alpha = if opts.record || ranking.needs_attention_mass() {
+            Some(mean_attention(&states)?)
+        } else {
+            None
+        };
+        let next = search.best_per_sentence(&live, &row_top, &finished);
+        let step_cov = states[0].step.as_ref().expect("stepped").1.cov.as_ref();
+        let grown = search.grow(
+            &live,
+            next,
+            alpha.as_deref(),
+            cond_gate.as_deref(),
+            step_cov,
+            &mut finished,
+        )?;
+        step += 1;
+        if grown.live.is_empty() {
+            break;
+        }
+        // Advance every member's state to the continuing hypotheses.
+        let Grown {
+            live: mut new_live,
+            parents,
+            words,
+        } = grown;
+        let pidx = Tensor::from_vec(parents.clone(), parents.len(), &dev)?;
+        let wids = Tensor::from_vec(words, parents.len(), &dev)?;
+        for (i, st) in states.iter_mut().enumerate() {
+            if let Some(means) = st.advance(&pidx, &wids, opts, opts.record && i == 0)? {
+                for (i, l) in new_live.iter_mut().enumerate() {
+                    l.hyp
+                        .gates
+                        .push(if means.len() == 1 { means[0] } else { means[i] });
+                }
+            }
+        }
+        let (mut keep, mut kept) = search.retire(new_live, states[0].cov.as_ref(), &mut finished)?;
+        if search.settle {
+            (keep, kept) = search.drop_settled(keep, kept, &finished);
         }
         if kept.len() != parents.len() {
             if kept.is_empty() {
@@ -720,31 +836,12 @@ pub fn beam_search_ensemble(
             }
             let kidx = Tensor::from_vec(keep.clone(), keep.len(), &dev)?;
             for st in states.iter_mut() {
-                st.t = crate::kernels::select_rows(&st.t, &kidx)?;
-                st.w_prev = st.w_prev.select(&kidx)?;
-                st.cov = match &st.cov {
-                    Some(c) => Some(crate::kernels::select_rows(c, &kidx)?),
-                    None => None,
-                };
-                if !st.row_keys {
-                    st.cur = st.cur.select(&kidx)?;
-                }
+                st.keep_rows(&kidx)?;
             }
         }
         live = kept;
     }
-    Ok(finished
-        .into_iter()
-        .map(|mut f| {
-            f.sort_by(|a, b| {
-                rank_key(b, opts)
-                    .partial_cmp(&rank_key(a, opts))
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            });
-            f.truncate(opts.nbest.max(1));
-            f
-        })
-        .collect())
+    Ok(finished.into_iter().map(|f| search.ranked(f)).collect())
 }
 
 /// The element-wise mean of equally long `parts`, into `out`.
@@ -908,112 +1005,4 @@ pub fn translate_ids(
             }
         })
         .collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::top_k;
-
-    #[test]
-    fn length_penalty_ranks_like_gnmt() {
-        use super::{rank_key, DecodeOptions, Hypothesis};
-        let hyp = |n: usize, score: f64| Hypothesis {
-            tokens: vec![0; n],
-            score,
-            ..Default::default()
-        };
-        let (short, long) = (hyp(2, -3.0), hyp(8, -4.0));
-        let total = DecodeOptions::default();
-        assert!(rank_key(&short, &total) > rank_key(&long, &total));
-        // α = 1: −3 / (8/6) = −2.25 against −4 / (14/6) ≈ −1.714: the longer one wins.
-        let lp = DecodeOptions {
-            length_penalty: 1.0,
-            ..Default::default()
-        };
-        assert!((rank_key(&short, &lp) + 2.25).abs() < 1e-12);
-        assert!((rank_key(&long, &lp) + 4.0 * 6.0 / 14.0).abs() < 1e-12);
-        assert!(rank_key(&long, &lp) > rank_key(&short, &lp));
-    }
-
-    #[test]
-    fn coverage_penalty_ranks_like_gnmt() {
-        use super::{coverage_penalty, rank_key, DecodeOptions, Hypothesis};
-        // Σ_j log(min(m_j, 1)): 0 for full coverage; a position with no attention counts as a tiny mass.
-        assert_eq!(coverage_penalty(&[1.0, 2.5, 1.0]), 0.0);
-        let p = coverage_penalty(&[0.5, 1.7, 0.25]);
-        assert!((p - (0.5f64.ln() + 0.25f64.ln())).abs() < 1e-12);
-        assert!(coverage_penalty(&[0.0]).is_finite() && coverage_penalty(&[0.0]) < -700.0);
-        let hyp = |score: f64, mass: &[f64]| Hypothesis {
-            tokens: vec![0; 3],
-            score,
-            attention_mass: mass.to_vec(),
-            ..Default::default()
-        };
-        // The likelier hypothesis left a word unattended; β = 0.5 ranks the one that covers it first:
-        // −2 + 0.5·(log 0.2 + log 1) ≈ −2.80 against −2.5 + 0.5·log 0.9 ≈ −2.55.
-        let (skips, covers) = (hyp(-2.0, &[0.2, 1.8]), hyp(-2.5, &[0.9, 1.1]));
-        let plain = DecodeOptions::default();
-        assert!(rank_key(&skips, &plain) > rank_key(&covers, &plain));
-        let cp = DecodeOptions {
-            coverage_penalty: 0.5,
-            ..Default::default()
-        };
-        assert!((rank_key(&skips, &cp) - (-2.0 + 0.5 * 0.2f64.ln())).abs() < 1e-12);
-        assert!((rank_key(&covers, &cp) - (-2.5 + 0.5 * 0.9f64.ln())).abs() < 1e-12);
-        assert!(rank_key(&covers, &cp) > rank_key(&skips, &cp));
-        // With the length penalty: the penalised log-probability plus β·cp.
-        let both = DecodeOptions {
-            coverage_penalty: 0.5,
-            length_penalty: 1.0,
-            ..Default::default()
-        };
-        let lp = (5.0 + 4.0) / 6.0;
-        assert!((rank_key(&covers, &both) - (-2.5 / lp + 0.5 * 0.9f64.ln())).abs() < 1e-12);
-    }
-
-    /// The `k` best by a full sort (ties: lower word id first), skipping `skip`.
-    fn sorted_top(x: &[f32], k: usize, skip: Option<u32>) -> Vec<(f32, u32)> {
-        let mut all: Vec<(f32, u32)> = x
-            .iter()
-            .enumerate()
-            .map(|(w, &v)| (v, w as u32))
-            .filter(|&(_, w)| Some(w) != skip)
-            .collect();
-        all.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
-        all.truncate(k);
-        all
-    }
-
-    #[test]
-    fn top_k_equals_a_full_sort() {
-        // Rows longer and shorter than a block, with repeated values (ties across blocks), the best word
-        // skipped, and k from 0 to more than the row holds.
-        let mut seed = 7u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for len in [1usize, 5, 63, 64, 65, 200, 1000] {
-            for k in [0usize, 1, 3, 10, 70] {
-                let x: Vec<f32> = (0..len)
-                    .map(|_| (next() % 50) as f32 * 0.25 - 6.0)
-                    .collect();
-                let best = sorted_top(&x, 1, None).first().map(|b| b.1);
-                for skip in [None, best, Some(0)] {
-                    assert_eq!(
-                        top_k(&x, k, skip),
-                        sorted_top(&x, k, skip),
-                        "len {len}, k {k}, skip {skip:?}"
-                    );
-                }
-            }
-        }
-        // The best values late in the row (every block before them is passed over once `top` is full).
-        let mut x = vec![-1.0f32; 300];
-        x[299] = 5.0;
-        x[250] = 4.0;
-        assert_eq!(top_k(&x, 2, None), vec![(5.0, 299), (4.0, 250)]);
-    }
 }

@@ -1,9 +1,11 @@
-//! Decoding: beam search over one model or an ensemble ([`beam_search`]), translation of raw or tokenised
+//! Decoding: beam search over one model or an ensemble ([`beam_search`]), the ranking of its finished
+//! hypotheses ([`penalties`]), translation of raw or tokenised
 //! text ([`translate`]), vocabulary shortlists from an IBM Model 1 lexicon ([`shortlist`]), n-best rescoring
 //! ([`rescore`]) and word alignments from attention ([`alignment`]).
 
 pub mod alignment;
 pub mod beam_search;
+pub mod penalties;
 pub mod rescore;
 pub mod shortlist;
 pub mod translate;

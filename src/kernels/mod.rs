@@ -8,6 +8,7 @@
 //!   hand-over;
 //! - `shared`: inputs and outputs whose gradients accumulate in place ([`Shared`]);
 //! - `ops`: [`linear`], [`sigmoid`], [`embedding`], [`select_rows`];
+//! - `top_k`: a row's `k` best entries ([`top_k()`]), for beam search;
 //! - [`packed_gemm`]: the per-step products' micro-kernel over weights packed once per pass, and
 //!   [`quantized_gemm`], its int8 form for `translate --int8`.
 //!
@@ -30,6 +31,7 @@ mod pass;
 pub mod profile;
 pub mod quantized_gemm;
 mod shared;
+mod top_k;
 
 pub use cpu::*;
 pub use gemm::*;
@@ -37,6 +39,7 @@ pub use gemm_common::Start;
 pub use ops::*;
 pub use pass::*;
 pub use shared::*;
+pub use top_k::top_k;
 
 /// Which implementation of the hot recurrent steps runs. The choice is made one way: it is a model's
 /// [`crate::model::Model::kernels`] field, which every part of the model (encoder, attention, gate, coverage,

@@ -105,7 +105,7 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
                 *m += a;
             }
         }
-        cgnmt::decode::beam_search::coverage_penalty(&mass)
+        cgnmt::decode::penalties::coverage_penalty(&mass)
     };
     let mut changed = 0;
     for (p, c) in plain_dump.iter().zip(&cov_dump) {
