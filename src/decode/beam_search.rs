@@ -727,7 +727,13 @@ pub fn beam_search_ensemble(
         }
         let prepared = m.prepared.or(own.as_ref());
         let m = Member { prepared, ..*m };
-        states.push(MemberState::start(m, srcs, (&src_ids, &src_mask), eos, opts)?);
+        states.push(MemberState::start(
+            m,
+            srcs,
+            (&src_ids, &src_mask),
+            eos,
+            opts,
+        )?);
     }
     let beam = opts.beam.max(1);
     let ranking = opts.ranking();
@@ -826,7 +832,8 @@ pub fn beam_search_ensemble(
                 }
             }
         }
-        let (mut keep, mut kept) = search.retire(new_live, states[0].cov.as_ref(), &mut finished)?;
+        let (mut keep, mut kept) =
+            search.retire(new_live, states[0].cov.as_ref(), &mut finished)?;
         if search.settle {
             (keep, kept) = search.drop_settled(keep, kept, &finished);
         }
