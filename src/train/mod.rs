@@ -393,56 +393,17 @@ pub fn train_on(
     let dtype = DType::F32;
     let last_dir = run_dir.join("last");
     let best_dir = run_dir.join("best");
-    let (cfg, model, varmap, mut opt, mut state, data) = if resume {
-        let dir = checkpoint::complete_dir(&last_dir).ok_or_else(|| {
-            NmtError::model_dir(
-                &last_dir,
-                "no complete checkpoint to resume from (run `cgnmt train` without --resume)",
-            )
-        })?;
-        let lm = checkpoint::load(&dir, dtype, &dev)?;
-        let mut opt = Optimizer::new(&cfg.train);
-        checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
-        let state = checkpoint::load_state(&dir)?;
-        opt.scale_learning_rate(state.lr_scale);
-        let data = load_data(&cfg, Some((lm.src_vocab, lm.tgt_vocab)), quiet)?;
-        (cfg, lm.model, lm.varmap, opt, state, data)
-    } else {
-        // (`last.old` alone: killed between the two renames of a save; it is the checkpoint to resume.)
-        if last_dir.exists() || checkpoint::complete_dir(&last_dir).is_some() {
-            return Err(NmtError::model_dir(
-                run_dir,
-                "already holds a training run (last/); use --resume to continue it or choose another --out",
-            ));
-        }
-        let data = load_data(&cfg, None, quiet)?;
-        let (model, varmap) = Model::build(
-            &cfg.model,
-            data.src_vocab.len(),
-            data.tgt_vocab.len(),
-            cfg.train.seed,
-            dtype,
-            &dev,
-        )?;
-        (
-            cfg.clone(),
-            model,
-            varmap,
-            Optimizer::new(&cfg.train),
-            TrainState::default(),
-            data,
-        )
-    };
+    let Opened {
+        cfg,
+        model,
+        varmap,
+        mut opt,
+        mut state,
+        data,
+    } = open_run(cfg, run_dir, resume, quiet, dtype, &dev)?;
     std::fs::create_dir_all(run_dir).map_err(|e| NmtError::io(run_dir, e))?;
     let pre = Preprocessor::load(&cfg.data.prepared)?;
-    let mut vars: Vec<(String, Var)> = varmap
-        .data()
-        .lock()
-        .expect("varmap")
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    let vars = sorted_vars(&varmap);
     // Every rank has passed its checks of the run directory before rank 0 writes anything.
     data_parallel::start_from_rank_0(&vars, cluster)?;
     let mut exchange = data_parallel::Exchange::new(&vars, &model.row_sparse_parameters());
@@ -454,41 +415,9 @@ pub fn train_on(
         );
     }
     let log_path = run_dir.join("train.log");
-    // Ranks other than 0 log nowhere.
-    let log_file = if writer {
-        log_path.clone()
-    } else {
-        PathBuf::from("/dev/null")
-    };
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log_file)
-        .map_err(|e| NmtError::io(&log_file, e))?;
+    let mut log = open_log(&log_path, writer)?;
     let tc = cfg.train.clone();
-    let batches_per_epoch =
-        epoch_batches(&data.corpus, tc.batch_size, tc.sort_batches, tc.seed, 0).len() as u64;
-    let total = if tc.max_steps > 0 {
-        tc.max_steps as u64
-    } else if tc.max_epochs > 0 {
-        tc.max_epochs as u64 * batches_per_epoch
-    } else {
-        0
-    };
-    let pb = if quiet {
-        ProgressBar::hidden()
-    } else if total > 0 {
-        ProgressBar::new(total)
-    } else {
-        ProgressBar::new_spinner()
-    };
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps (ETA {eta}) {msg}",
-        )
-        .expect("template"),
-    );
-    pb.set_position(state.step);
+    let pb = progress_bar(&tc, &data.corpus, quiet, state.step);
     let start = Instant::now();
     let base_seconds = state.seconds;
     // The training-loss window (and the last window's mean) go on across a resume, so the log and the dev
@@ -539,108 +468,25 @@ pub fn train_on(
         );
         while (state.batch_in_epoch as usize) < batches.len() {
             let all = &batches[state.batch_in_epoch as usize];
-            // This rank's share of the global batch (all of it in one process).
-            let idx: Vec<usize> = cluster.share(all.len()).iter().map(|&k| all[k]).collect();
-            let weight = idx.len() as f64 / all.len() as f64;
-            let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
-            let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
-            let computing = Instant::now();
-            let (loss, mut lv, mut tokens) = if idx.is_empty() {
-                (None, 0.0, 0.0)
-            } else {
-                let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), dtype, &dev)?;
-                let loss = model.loss_with(
-                    &batch,
-                    &crate::model::LossOptions::of(&cfg.train, state.step),
-                )?;
-                let lv = loss.to_scalar::<f32>()? as f64;
-                (Some(loss), lv, batch.tgt_tokens as f64)
+            let step = Step {
+                model: &model,
+                cfg: &cfg,
+                data: &data,
+                vars: &vars,
+                cluster,
+                dtype,
+                dev: &dev,
             };
-            exchange.stats.compute_s += computing.elapsed().as_secs_f64();
-            if cluster.size() > 1 {
-                // (Mostly waiting for the slowest rank's forward pass: the sum is two numbers.)
-                let waiting = Instant::now();
-                let mut sums = [lv * weight, tokens];
-                cluster.sum_f64(&mut sums);
-                (lv, tokens) = (sums[0], sums[1]);
-                exchange.stats.wait_s += waiting.elapsed().as_secs_f64();
-            }
-            if injected_nan(state.step + 1) {
-                lv = f64::NAN;
-            }
-            let diverged = if !lv.is_finite() {
-                Some(format!("loss {lv}"))
-            } else {
-                let computing = Instant::now();
-                let grads = match &loss {
-                    Some(l) => Some(model.backward(l)?),
-                    None => None,
-                };
-                exchange.stats.compute_s += computing.elapsed().as_secs_f64();
-                let grads = if cluster.size() > 1 {
-                    exchange.wait_for_all(cluster);
-                    exchange.sum_gradients(&vars, grads, weight as f32, cluster)?
-                } else {
-                    grads.expect("one process has the whole batch")
-                };
-                let norm = opt.step(&vars, &grads)?;
-                (!norm.is_finite()).then(|| format!("gradient norm {norm}"))
-            };
+            let (lv, tokens, diverged) = step.update(all, state.step, &mut opt, &mut exchange)?;
             if let Some(what) = diverged {
                 let at = state.step + 1;
-                let last = checkpoint::complete_dir(&last_dir);
-                let kept = match &last {
-                    Some(d) => format!(
-                        "the last checkpoint ({}, update {}) is intact",
-                        d.display(),
-                        checkpoint::load_state(d).map(|s| s.step).unwrap_or(0)
-                    ),
-                    None => "no checkpoint was written yet".into(),
-                };
-                let (Some(dir), true) = (last, rollback && state.rollbacks < MAX_ROLLBACKS) else {
-                    pb.finish_and_clear();
-                    return Err(NmtError::Data(format!(
-                        "training diverged at update {at}: {what}; {kept}{}",
-                        if rollback {
-                            format!(" (after {} rollbacks)", state.rollbacks)
-                        } else {
-                            "; resume it with a lower train.learning_rate, or set \
-                             train.on_divergence = \"rollback\""
-                                .into()
-                        }
-                    )));
-                };
-                // Back to the last checkpoint (weights, optimiser, data position) with half the rate.
-                let weights =
-                    candle_core::safetensors::load(dir.join(checkpoint::WEIGHTS_FILE), &dev)?;
-                for (name, var) in &vars {
-                    let w = weights.get(name).ok_or_else(|| {
-                        NmtError::model_dir(&dir, format!("{name} missing from the checkpoint"))
-                    })?;
-                    var.set(&w.to_dtype(dtype)?)?;
-                }
-                let (seconds, rollbacks, scale) =
-                    (state.seconds, state.rollbacks + 1, state.lr_scale * 0.5);
-                state = checkpoint::load_state(&dir)?;
-                state.seconds = seconds;
-                state.rollbacks = rollbacks;
-                state.lr_scale = scale;
-                state.finished = false;
-                opt = Optimizer::new(&tc);
-                checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
-                opt.scale_learning_rate(scale);
-                let msg = format!(
-                    "update {at}: {what}; rolled back to update {} with learning rate × {scale}",
-                    state.step
-                );
-                if !quiet {
-                    pb.suspend(|| eprintln!("warning: {msg}"));
-                }
+                let to =
+                    step.roll_back(&last_dir, rollback, &what, &mut state, &mut opt, &pb, quiet)?;
                 writeln!(
                     log,
                     "{}",
-                    serde_json::json!({"rollback": at, "reason": what, "to_step": state.step,
-                        "lr_scale": scale})
+                    serde_json::json!({"rollback": at, "reason": what, "to_step": to,
+                        "lr_scale": state.lr_scale})
                 )
                 .map_err(|e| NmtError::io(&log_path, e))?;
                 pb.set_position(state.step);
@@ -657,6 +503,8 @@ pub fn train_on(
             tok_acc.0 += tokens as usize;
             pb.inc(1);
             if state.step % 10 == 0 {
+                // The window's training loss and speed (and, in an MPI job, rank 0's seconds per update in
+                // its own work, waiting and exchanging).
                 let el = tok_acc.1.elapsed().as_secs_f64();
                 let tps = tok_acc.0 as f64 / el.max(1e-9);
                 last_loss = loss_acc.0 / loss_acc.1.max(1) as f64;
@@ -667,7 +515,6 @@ pub fn train_on(
                 let mut line = serde_json::json!({"step": state.step, "epoch": state.epoch,
                     "seconds": state.seconds, "loss_per_token": last_loss, "tgt_tok_per_s": tps});
                 if cluster.size() > 1 {
-                    // Rank 0's seconds per update in its own work, waiting and exchanging.
                     line["data_parallel"] = exchange.stats.take().per_update_json().into();
                 }
                 writeln!(log, "{line}").map_err(|e| NmtError::io(&log_path, e))?;
@@ -679,9 +526,7 @@ pub fn train_on(
             let at_limit = (tc.max_steps > 0 && state.step >= tc.max_steps as u64)
                 || (tc.max_seconds > 0.0 && state.seconds >= tc.max_seconds);
             if cluster.size() > 1 && tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 {
-                let c = data_parallel::check_in_step(&vars, cluster, state.step)?;
-                writeln!(log, "{}", serde_json::json!({"ranks_agree": state.step, "ranks": cluster.size(), "parameter_checksum": c}))
-                    .map_err(|e| NmtError::io(&log_path, e))?;
+                log_ranks_agree(&mut log, &log_path, &vars, cluster, state.step)?;
             }
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {
                 if eval_and_keep(
@@ -707,20 +552,7 @@ pub fn train_on(
                 save(&state, &opt, &last_dir, true)?;
             }
             if at_limit {
-                stop_reason = if tc.max_steps > 0 && state.step >= tc.max_steps as u64 {
-                    format!("reached train.max_steps = {}", tc.max_steps)
-                } else if tc.max_steps > 0 {
-                    format!(
-                        "reached train.max_seconds = {} at update {} of train.max_steps = {} ({:.0}%): the \
-                         model is less trained than planned; `--resume` with a larger cap finishes it",
-                        tc.max_seconds,
-                        state.step,
-                        tc.max_steps,
-                        100.0 * state.step as f64 / tc.max_steps as f64
-                    )
-                } else {
-                    format!("reached train.max_seconds = {}", tc.max_seconds)
-                };
+                stop_reason = limit_reason(&tc, &state);
                 break 'outer;
             }
         }
@@ -747,9 +579,7 @@ pub fn train_on(
         )?;
     }
     if cluster.size() > 1 {
-        let c = data_parallel::check_in_step(&vars, cluster, state.step)?;
-        writeln!(log, "{}", serde_json::json!({"ranks_agree": state.step, "ranks": cluster.size(), "parameter_checksum": c}))
-            .map_err(|e| NmtError::io(&log_path, e))?;
+        log_ranks_agree(&mut log, &log_path, &vars, cluster, state.step)?;
     }
     state.finished = true;
     save(&state, &opt, &last_dir, true)?;
@@ -757,29 +587,14 @@ pub fn train_on(
         save(&state, &opt, &best_dir, false)?;
     }
     if writer && !opt.smoothed.is_empty() {
-        // The parameters' moving average as a model of its own, a candidate for selection on dev.
-        let smoothed = candle_nn::VarMap::new();
-        {
-            let mut d = smoothed.data().lock().expect("varmap");
-            for (name, var) in &vars {
-                let avg = opt.smoothed.get(name).ok_or_else(|| {
-                    NmtError::Data(format!("the moving average lacks parameter {name}"))
-                })?;
-                let t = candle_core::Tensor::from_slice(avg, var.shape(), &dev)?.to_dtype(dtype)?;
-                d.insert(name.clone(), Var::from_tensor(&t)?);
-            }
-        }
-        checkpoint::save(
+        save_smoothed(
             &run_dir.join(SMOOTHED_DIR),
-            &SaveRequest {
-                config: &cfg,
-                varmap: &smoothed,
-                src_vocab: &data.src_vocab,
-                tgt_vocab: &data.tgt_vocab,
-                preprocess_dir: &cfg.data.prepared,
-                optimizer: None,
-                state: None,
-            },
+            &cfg,
+            &data,
+            &vars,
+            &opt,
+            dtype,
+            &dev,
         )?;
     }
     if !quiet {
@@ -797,6 +612,347 @@ pub fn train_on(
         run_dir: run_dir.to_path_buf(),
         params,
     })
+}
+
+/// What a run starts from: a fresh model, or the last checkpoint's model, optimiser and state.
+struct Opened {
+    cfg: Config,
+    model: Model,
+    varmap: candle_nn::VarMap,
+    opt: Optimizer,
+    state: TrainState,
+    data: TrainData,
+}
+
+/// Build a fresh model for `run_dir` (which must not hold a run), or with `resume` load its last complete
+/// checkpoint (its configuration is `cfg`, the resumed one with the overrides applied).
+fn open_run(
+    cfg: Config,
+    run_dir: &Path,
+    resume: bool,
+    quiet: bool,
+    dtype: DType,
+    dev: &Device,
+) -> Result<Opened> {
+    let last_dir = run_dir.join("last");
+    if resume {
+        let dir = checkpoint::complete_dir(&last_dir).ok_or_else(|| {
+            NmtError::model_dir(
+                &last_dir,
+                "no complete checkpoint to resume from (run `cgnmt train` without --resume)",
+            )
+        })?;
+        let lm = checkpoint::load(&dir, dtype, dev)?;
+        let mut opt = Optimizer::new(&cfg.train);
+        checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
+        let state = checkpoint::load_state(&dir)?;
+        opt.scale_learning_rate(state.lr_scale);
+        let data = load_data(&cfg, Some((lm.src_vocab, lm.tgt_vocab)), quiet)?;
+        return Ok(Opened {
+            cfg,
+            model: lm.model,
+            varmap: lm.varmap,
+            opt,
+            state,
+            data,
+        });
+    }
+    // (`last.old` alone: killed between the two renames of a save; it is the checkpoint to resume.)
+    if last_dir.exists() || checkpoint::complete_dir(&last_dir).is_some() {
+        return Err(NmtError::model_dir(
+            run_dir,
+            "already holds a training run (last/); use --resume to continue it or choose another --out",
+        ));
+    }
+    let data = load_data(&cfg, None, quiet)?;
+    let (model, varmap) = Model::build(
+        &cfg.model,
+        data.src_vocab.len(),
+        data.tgt_vocab.len(),
+        cfg.train.seed,
+        dtype,
+        dev,
+    )?;
+    Ok(Opened {
+        opt: Optimizer::new(&cfg.train),
+        cfg,
+        model,
+        varmap,
+        state: TrainState::default(),
+        data,
+    })
+}
+
+/// The model's variables sorted by name (the order every rank sums and checks them in).
+fn sorted_vars(varmap: &candle_nn::VarMap) -> Vec<(String, Var)> {
+    let mut vars: Vec<(String, Var)> = varmap
+        .data()
+        .lock()
+        .expect("varmap")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}
+
+/// The training log, appended to (ranks other than 0 log nowhere).
+fn open_log(log_path: &Path, writer: bool) -> Result<std::fs::File> {
+    let log_file = if writer {
+        log_path.to_path_buf()
+    } else {
+        PathBuf::from("/dev/null")
+    };
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_file)
+        .map_err(|e| NmtError::io(&log_file, e))
+}
+
+/// The progress bar over the run's updates (a spinner when neither a step nor an epoch limit is set).
+fn progress_bar(
+    tc: &crate::config::TrainConfig,
+    corpus: &Corpus,
+    quiet: bool,
+    at: u64,
+) -> ProgressBar {
+    let batches_per_epoch =
+        epoch_batches(corpus, tc.batch_size, tc.sort_batches, tc.seed, 0).len() as u64;
+    let total = if tc.max_steps > 0 {
+        tc.max_steps as u64
+    } else if tc.max_epochs > 0 {
+        tc.max_epochs as u64 * batches_per_epoch
+    } else {
+        0
+    };
+    let pb = if quiet {
+        ProgressBar::hidden()
+    } else if total > 0 {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::new_spinner()
+    };
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps (ETA {eta}) {msg}",
+        )
+        .expect("template"),
+    );
+    pb.set_position(at);
+    pb
+}
+
+/// What one update reads: the model and its variables, the data, and this process's place in the job.
+struct Step<'a> {
+    model: &'a Model,
+    cfg: &'a Config,
+    data: &'a TrainData,
+    vars: &'a [(String, Var)],
+    cluster: &'a Cluster,
+    dtype: DType,
+    dev: &'a Device,
+}
+
+impl Step<'_> {
+    /// One update on the global batch `all` (sentence indices) after `step` updates: this rank's share's
+    /// loss and gradient, summed over the ranks, and the optimiser's step. Returns the batch's loss per
+    /// target token (summed over the ranks' weighted shares), its target tokens and, when the loss or the
+    /// gradient norm is not finite (no step is then taken), what diverged.
+    fn update(
+        &self,
+        all: &[usize],
+        step: u64,
+        opt: &mut Optimizer,
+        exchange: &mut data_parallel::Exchange,
+    ) -> Result<(f64, f64, Option<String>)> {
+        let (data, cluster) = (self.data, self.cluster);
+        // This rank's share of the global batch (all of it in one process).
+        let idx: Vec<usize> = cluster.share(all.len()).iter().map(|&k| all[k]).collect();
+        let weight = idx.len() as f64 / all.len() as f64;
+        let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
+        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
+        let computing = Instant::now();
+        let (loss, mut lv, mut tokens) = if idx.is_empty() {
+            (None, 0.0, 0.0)
+        } else {
+            let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), self.dtype, self.dev)?;
+            let loss = self.model.loss_with(
+                &batch,
+                &crate::model::LossOptions::of(&self.cfg.train, step),
+            )?;
+            let lv = loss.to_scalar::<f32>()? as f64;
+            (Some(loss), lv, batch.tgt_tokens as f64)
+        };
+        exchange.stats.compute_s += computing.elapsed().as_secs_f64();
+        if cluster.size() > 1 {
+            // (Mostly waiting for the slowest rank's forward pass: the sum is two numbers.)
+            let waiting = Instant::now();
+            let mut sums = [lv * weight, tokens];
+            cluster.sum_f64(&mut sums);
+            (lv, tokens) = (sums[0], sums[1]);
+            exchange.stats.wait_s += waiting.elapsed().as_secs_f64();
+        }
+        if injected_nan(step + 1) {
+            lv = f64::NAN;
+        }
+        if !lv.is_finite() {
+            return Ok((lv, tokens, Some(format!("loss {lv}"))));
+        }
+        let computing = Instant::now();
+        let grads = match &loss {
+            Some(l) => Some(self.model.backward(l)?),
+            None => None,
+        };
+        exchange.stats.compute_s += computing.elapsed().as_secs_f64();
+        let grads = if cluster.size() > 1 {
+            exchange.wait_for_all(cluster);
+            exchange.sum_gradients(self.vars, grads, weight as f32, cluster)?
+        } else {
+            grads.expect("one process has the whole batch")
+        };
+        let norm = opt.step(self.vars, &grads)?;
+        Ok((
+            lv,
+            tokens,
+            (!norm.is_finite()).then(|| format!("gradient norm {norm}")),
+        ))
+    }
+
+    /// After a divergence (`what`) at the next update: back to the last checkpoint (weights, optimiser,
+    /// data position) with half the learning rate, where `rollback` is on, a checkpoint exists and fewer
+    /// than [`MAX_ROLLBACKS`] were made; otherwise an error naming the update and what is intact. Returns
+    /// the update it rolled back to.
+    #[allow(clippy::too_many_arguments)]
+    fn roll_back(
+        &self,
+        last_dir: &Path,
+        rollback: bool,
+        what: &str,
+        state: &mut TrainState,
+        opt: &mut Optimizer,
+        pb: &ProgressBar,
+        quiet: bool,
+    ) -> Result<u64> {
+        let at = state.step + 1;
+        let last = checkpoint::complete_dir(last_dir);
+        let kept = match &last {
+            Some(d) => format!(
+                "the last checkpoint ({}, update {}) is intact",
+                d.display(),
+                checkpoint::load_state(d).map(|s| s.step).unwrap_or(0)
+            ),
+            None => "no checkpoint was written yet".into(),
+        };
+        let (Some(dir), true) = (last, rollback && state.rollbacks < MAX_ROLLBACKS) else {
+            pb.finish_and_clear();
+            return Err(NmtError::Data(format!(
+                "training diverged at update {at}: {what}; {kept}{}",
+                if rollback {
+                    format!(" (after {} rollbacks)", state.rollbacks)
+                } else {
+                    "; resume it with a lower train.learning_rate, or set \
+                     train.on_divergence = \"rollback\""
+                        .into()
+                }
+            )));
+        };
+        let weights = candle_core::safetensors::load(dir.join(checkpoint::WEIGHTS_FILE), self.dev)?;
+        for (name, var) in self.vars {
+            let w = weights.get(name).ok_or_else(|| {
+                NmtError::model_dir(&dir, format!("{name} missing from the checkpoint"))
+            })?;
+            var.set(&w.to_dtype(self.dtype)?)?;
+        }
+        let (seconds, rollbacks, scale) =
+            (state.seconds, state.rollbacks + 1, state.lr_scale * 0.5);
+        *state = checkpoint::load_state(&dir)?;
+        state.seconds = seconds;
+        state.rollbacks = rollbacks;
+        state.lr_scale = scale;
+        state.finished = false;
+        *opt = Optimizer::new(&self.cfg.train);
+        checkpoint::load_optimizer(opt, &dir.join(checkpoint::OPTIM_FILE))?;
+        opt.scale_learning_rate(scale);
+        let msg = format!(
+            "update {at}: {what}; rolled back to update {} with learning rate × {scale}",
+            state.step
+        );
+        if !quiet {
+            pb.suspend(|| eprintln!("warning: {msg}"));
+        }
+        Ok(state.step)
+    }
+}
+
+/// Why a run that reached its update or time limit stopped.
+fn limit_reason(tc: &crate::config::TrainConfig, state: &TrainState) -> String {
+    if tc.max_steps > 0 && state.step >= tc.max_steps as u64 {
+        format!("reached train.max_steps = {}", tc.max_steps)
+    } else if tc.max_steps > 0 {
+        format!(
+            "reached train.max_seconds = {} at update {} of train.max_steps = {} ({:.0}%): the \
+             model is less trained than planned; `--resume` with a larger cap finishes it",
+            tc.max_seconds,
+            state.step,
+            tc.max_steps,
+            100.0 * state.step as f64 / tc.max_steps as f64
+        )
+    } else {
+        format!("reached train.max_seconds = {}", tc.max_seconds)
+    }
+}
+
+/// In an MPI job: every rank's parameters compared by checksum (an error names the update), logged.
+fn log_ranks_agree(
+    log: &mut std::fs::File,
+    log_path: &Path,
+    vars: &[(String, Var)],
+    cluster: &Cluster,
+    step: u64,
+) -> Result<()> {
+    let c = data_parallel::check_in_step(vars, cluster, step)?;
+    writeln!(
+        log,
+        "{}",
+        serde_json::json!({"ranks_agree": step, "ranks": cluster.size(), "parameter_checksum": c})
+    )
+    .map_err(|e| NmtError::io(log_path, e))
+}
+
+/// The parameters' moving average as a model of its own (in `dir`), a candidate for selection on dev.
+fn save_smoothed(
+    dir: &Path,
+    cfg: &Config,
+    data: &TrainData,
+    vars: &[(String, Var)],
+    opt: &Optimizer,
+    dtype: DType,
+    dev: &Device,
+) -> Result<()> {
+    let smoothed = candle_nn::VarMap::new();
+    {
+        let mut d = smoothed.data().lock().expect("varmap");
+        for (name, var) in vars {
+            let avg = opt.smoothed.get(name).ok_or_else(|| {
+                NmtError::Data(format!("the moving average lacks parameter {name}"))
+            })?;
+            let t = candle_core::Tensor::from_slice(avg, var.shape(), dev)?.to_dtype(dtype)?;
+            d.insert(name.clone(), Var::from_tensor(&t)?);
+        }
+    }
+    checkpoint::save(
+        dir,
+        &SaveRequest {
+            config: cfg,
+            varmap: &smoothed,
+            src_vocab: &data.src_vocab,
+            tgt_vocab: &data.tgt_vocab,
+            preprocess_dir: &cfg.data.prepared,
+            optimizer: None,
+            state: None,
+        },
+    )
 }
 
 /// Evaluate dev BLEU, keep the best model; returns true when patience is exhausted.
