@@ -71,15 +71,10 @@ enum Cmd {
 }
 
 fn main() {
-    tune_allocator();
-    set_thread_defaults();
+    cgnmt::cmd::process::set_up();
     let cli = Cli::parse();
-    if matches!(cli.cmd, Cmd::Translate(_)) && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        // `translate` decodes batches concurrently, one per thread: each decoder does its own elementwise
-        // work instead of sharing candle's one elementwise helper pool (whose lock serialises them). Measured
-        // on the Tatoeba test set (2 cores): 116–120 against 96–105 sentences/s. Matrix products still use
-        // all threads.
-        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    if matches!(cli.cmd, Cmd::Translate(_)) {
+        cgnmt::cmd::process::decode_concurrently();
     }
     Kernels::set_process_default(cli.kernels);
     // Under `mpiexec` (a build with --features mpi), `translate` decodes a share of the lines on each rank and
@@ -135,28 +130,4 @@ fn main() {
     // Every rank finishes together: a rank that reached MPI_Finalize while rank 0 was still writing the
     // gathered output made MPICH over TCP hang there now and then (sharded `align`, whose message is large).
     cluster.barrier();
-}
-
-/// candle asks for the thread count on every matmul and, without `RAYON_NUM_THREADS`, counts the physical
-/// cores from /proc each time; fix it once (same default: physical cores).
-fn set_thread_defaults() {
-    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
-        std::env::set_var(
-            "RAYON_NUM_THREADS",
-            num_cpus::get_physical().max(1).to_string(),
-        );
-    }
-}
-
-/// Keep freed tensor buffers in the process instead of returning them to the kernel after every op: the
-/// recurrent steps allocate and free the same sizes thousands of times per batch, and fresh pages cost a
-/// page fault each (measured in docs/design-notes.md, "Measurements behind code choices").
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator parameters; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_TOP_PAD, 256 << 20);
-    }
 }

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod datasets;
 pub mod demo;
 pub mod info;
+pub mod process;
 pub mod reproduce;
 pub mod select;
 pub mod serve;
