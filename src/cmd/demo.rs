@@ -115,21 +115,7 @@ impl Recipe {
 /// Train a small context-gated model on Tatoeba zh-en (the bundled copy when no data directory has it),
 /// translate its test set and print BLEU; a second run resumes or reuses the first.
 pub fn run(a: DemoArgs) -> Result<()> {
-    let data = crate::cmd::datasets::DataDir::resolve(a.data);
-    let tat = |name: &str| data.file(&format!("tatoeba-zh-en/{name}"));
-    let (train_zh, train_en) = (tat("train.zh")?, tat("train.en")?);
-    let (dev_zh, dev_en) = (tat("dev.zh")?, tat("dev.en")?);
-    let (test_zh, test_en) = (tat("test.zh")?, tat("test.en")?);
-    if !train_zh.starts_with(&data.root) {
-        eprintln!(
-            "== no data directory given and {} has no Tatoeba zh-en: using the bundled copy ({})",
-            data.root.display(),
-            train_zh
-                .parent()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default()
-        );
-    }
+    let files = Tatoeba::resolve(crate::cmd::datasets::DataDir::resolve(a.data.clone()))?;
     let prepared = a.out.join(a.recipe.prepared());
     let run = a.out.join(format!("model-{}", a.recipe.name()));
     if a.updates == 0 {
@@ -143,6 +129,101 @@ pub fn run(a: DemoArgs) -> Result<()> {
         format!("train.max_steps={}", a.updates),
         format!("train.max_seconds={cap}"),
     ];
+    let cfg = config(&a, &prepared, &length)?;
+    // Before any parallel work (preparing uses the thread pool too): train.threads sizes the pool.
+    crate::kernels::set_threads(cfg.train.threads);
+    if !prepared.join("preprocess.json").is_file() {
+        eprintln!("== preparing Tatoeba zh-en into {}", prepared.display());
+        files.prepare(&prepared, a.recipe)?;
+    }
+    eprintln!(
+        "== training gru + context gate ({:?}), {} recipe, {} updates{} into {}",
+        cfg.model.context_gate,
+        a.recipe.name(),
+        cfg.train.max_steps,
+        if cap > 0.0 {
+            format!(" (capped at {cap:.0} s)")
+        } else {
+            String::new()
+        },
+        run.display()
+    );
+    let cfg = train_or_reuse(cfg, &run, &length)?;
+    let (model_dir, opts) = choose_model(&a, &run, &cfg)?;
+    translate_and_score(&files, &model_dir, &opts, &run)
+}
+
+/// The bundled data set's files: Tatoeba zh-en from the data directory, or the copy bundled with the
+/// repository.
+struct Tatoeba {
+    train: (PathBuf, PathBuf),
+    dev: (PathBuf, PathBuf),
+    test: (PathBuf, PathBuf),
+}
+
+impl Tatoeba {
+    fn resolve(data: crate::cmd::datasets::DataDir) -> Result<Self> {
+        let tat = |name: &str| data.file(&format!("tatoeba-zh-en/{name}"));
+        let files = Tatoeba {
+            train: (tat("train.zh")?, tat("train.en")?),
+            dev: (tat("dev.zh")?, tat("dev.en")?),
+            test: (tat("test.zh")?, tat("test.en")?),
+        };
+        if !files.train.0.starts_with(&data.root) {
+            eprintln!(
+                "== no data directory given and {} has no Tatoeba zh-en: using the bundled copy ({})",
+                data.root.display(),
+                files
+                    .train
+                    .0
+                    .parent()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+        }
+        Ok(files)
+    }
+
+    /// Prepare the corpus into `prepared` as `cgnmt prepare` does, with the recipe's tokenisation.
+    fn prepare(&self, prepared: &Path, recipe: Recipe) -> Result<()> {
+        #[derive(Parser)]
+        struct P {
+            #[command(flatten)]
+            a: cgnmt_data::prepare::PrepareArgs,
+        }
+        let s = |p: &Path| p.display().to_string();
+        let mut args: Vec<String> = vec![
+            "prepare".to_string(),
+            "--src".into(),
+            s(&self.train.0),
+            "--tgt".into(),
+            s(&self.train.1),
+            "--dev-src".into(),
+            s(&self.dev.0),
+            "--dev-tgt".into(),
+            s(&self.dev.1),
+            "--test-src".into(),
+            s(&self.test.0),
+            "--test-tgt".into(),
+            s(&self.test.1),
+            "--src-lang".into(),
+            "zh".into(),
+            "--tgt-lang".into(),
+            "en".into(),
+            "--out".into(),
+            s(prepared),
+            "--force".into(),
+        ];
+        args.extend(recipe.prepare().iter().map(|x| x.to_string()));
+        let p = P::try_parse_from(args)?;
+        cgnmt_data::prepare::run_prepare(&p.a)?;
+        Ok(())
+    }
+}
+
+/// The demo's configuration: the small model's sizes and schedule, the run's `length` (updates and time
+/// cap), the recipe's settings, then the user's `--set`s.
+fn config(a: &DemoArgs, prepared: &Path, length: &[String]) -> Result<Config> {
     let mut sets = vec![
         format!("data.prepared={:?}", prepared.display().to_string()),
         "data.src_vocab_size=8000".into(),
@@ -160,62 +241,19 @@ pub fn run(a: DemoArgs) -> Result<()> {
     sets.extend(length.iter().cloned());
     sets.extend(a.recipe.sets());
     sets.extend(a.sets.iter().cloned());
-    let cfg = Config::load(None, &sets)?;
-    // Before any parallel work (preparing uses the thread pool too): train.threads sizes the pool.
-    crate::kernels::set_threads(cfg.train.threads);
-    if !prepared.join("preprocess.json").is_file() {
-        eprintln!("== preparing Tatoeba zh-en into {}", prepared.display());
-        #[derive(Parser)]
-        struct P {
-            #[command(flatten)]
-            a: cgnmt_data::prepare::PrepareArgs,
-        }
-        let s = |p: &Path| p.display().to_string();
-        let mut args: Vec<String> = vec![
-            "prepare".to_string(),
-            "--src".into(),
-            s(&train_zh),
-            "--tgt".into(),
-            s(&train_en),
-            "--dev-src".into(),
-            s(&dev_zh),
-            "--dev-tgt".into(),
-            s(&dev_en),
-            "--test-src".into(),
-            s(&test_zh),
-            "--test-tgt".into(),
-            s(&test_en),
-            "--src-lang".into(),
-            "zh".into(),
-            "--tgt-lang".into(),
-            "en".into(),
-            "--out".into(),
-            s(&prepared),
-            "--force".into(),
-        ];
-        args.extend(a.recipe.prepare().iter().map(|x| x.to_string()));
-        let p = P::try_parse_from(args)?;
-        cgnmt_data::prepare::run_prepare(&p.a)?;
-    }
-    eprintln!(
-        "== training gru + context gate ({:?}), {} recipe, {} updates{} into {}",
-        cfg.model.context_gate,
-        a.recipe.name(),
-        cfg.train.max_steps,
-        if cap > 0.0 {
-            format!(" (capped at {cap:.0} s)")
-        } else {
-            String::new()
-        },
-        run.display()
-    );
+    Ok(Config::load(None, &sets)?)
+}
+
+/// Train the run in `run`, resume it, or reuse it when it finished with the updates asked for. Returns the
+/// run's configuration.
+fn train_or_reuse(cfg: Config, run: &Path, length: &[String]) -> Result<Config> {
     let resume = run.join("last").exists();
     let (cfg, finished) = if resume {
         let dir = checkpoint::complete_dir(&run.join("last")).context("incomplete checkpoint")?;
         let state = checkpoint::load_state(&dir)?;
         // The saved run's configuration with this command's length: a finished run that reached the updates
         // asked for is reused; one that has fewer (a time cap stopped it, or more were asked for) goes on.
-        let cfg = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &length)?;
+        let cfg = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), length)?;
         let finished = state.finished && state.step >= cfg.train.max_steps as u64;
         if finished {
             eprintln!(
@@ -234,28 +272,31 @@ pub fn run(a: DemoArgs) -> Result<()> {
     } else {
         (cfg, false)
     };
-    let summary = if finished {
-        None
-    } else {
-        Some(crate::train::train(cfg.clone(), &run, resume, false)?)
-    };
-    if let Some(s) = &summary {
-        if (s.state.step as usize) < cfg.train.max_steps {
-            eprintln!(
-                "warning: the time cap stopped training at update {} of {} ({:.0}%): this model is less trained \
-                 than the recipe and will score lower; run the same command without --seconds to finish it",
-                s.state.step,
-                cfg.train.max_steps,
-                100.0 * s.state.step as f64 / cfg.train.max_steps as f64
-            );
-        }
+    if finished {
+        return Ok(cfg);
     }
-    let mut opts = a.recipe.decode();
-    let model_dir = match a.recipe {
-        Recipe::Paper => run.join("best"),
+    let s = crate::train::train(cfg.clone(), run, resume, false)?;
+    if (s.state.step as usize) < cfg.train.max_steps {
+        eprintln!(
+            "warning: the time cap stopped training at update {} of {} ({:.0}%): this model is less trained \
+             than the recipe and will score lower; run the same command without --seconds to finish it",
+            s.state.step,
+            cfg.train.max_steps,
+            100.0 * s.state.step as f64 / cfg.train.max_steps as f64
+        );
+    }
+    Ok(cfg)
+}
+
+/// The model and decoding options the recipe translates with: the paper's best dev checkpoint, or the
+/// improved recipe's model and penalties chosen on dev.
+fn choose_model(a: &DemoArgs, run: &Path, cfg: &Config) -> Result<(PathBuf, DecodeOptions)> {
+    let opts = a.recipe.decode();
+    Ok(match a.recipe {
+        Recipe::Paper => (run.join("best"), opts),
         Recipe::Improved => {
             let sel = crate::train::selection::choose_for_run(
-                &run,
+                run,
                 Recipe::AVERAGE,
                 crate::train::selection::DEFAULT_TOLERANCE,
                 &opts,
@@ -264,13 +305,23 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 Some(&cfg.data.prepared),
                 &run.join(crate::train::selection::SELECTION_FILE),
             )?;
-            opts = sel.decode_options(&opts);
-            sel.model().to_path_buf()
+            let opts = sel.decode_options(&opts);
+            (sel.model().to_path_buf(), opts)
         }
-    };
-    let lm = checkpoint::load(&model_dir, DType::F32, &Device::Cpu)?;
-    let src = cgnmt_data::corpus::read_lines(&test_zh)?;
-    let refs = cgnmt_data::corpus::read_lines(&test_en)?;
+    })
+}
+
+/// Translate the test set with the model in `model_dir` into `run/test.hyp.en`, print sample translations,
+/// the speed and the scores (BLEU, and on the harder half).
+fn translate_and_score(
+    files: &Tatoeba,
+    model_dir: &Path,
+    opts: &DecodeOptions,
+    run: &Path,
+) -> Result<()> {
+    let lm = checkpoint::load(model_dir, DType::F32, &Device::Cpu)?;
+    let src = cgnmt_data::corpus::read_lines(&files.test.0)?;
+    let refs = cgnmt_data::corpus::read_lines(&files.test.1)?;
     eprintln!(
         "== translating {} test sentences with {} (beam 10{})",
         src.len(),
@@ -288,7 +339,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let tr = Translator::of(&model, &lm);
     let pb = indicatif::ProgressBar::new(src.len() as u64);
     let t0 = std::time::Instant::now();
-    let out = tr.translate(&src, &opts, 32, false, |d| pb.set_position(d as u64))?;
+    let out = tr.translate(&src, opts, 32, false, |d| pb.set_position(d as u64))?;
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     let hyps: Vec<String> = out.iter().map(|t| t.text.clone()).collect();
