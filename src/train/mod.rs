@@ -684,7 +684,7 @@ fn open_run(
 }
 
 /// The model's variables sorted by name (the order every rank sums and checks them in).
-fn sorted_vars(varmap: &candle_nn::VarMap) -> Vec<(String, Var)> {
+pub(crate) fn sorted_vars(varmap: &candle_nn::VarMap) -> Vec<(String, Var)> {
     let mut vars: Vec<(String, Var)> = varmap
         .data()
         .lock()

@@ -6,7 +6,7 @@ pub mod data_parallel;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
 use crate::config::{Config, ContextGate, CoverageKind, DecoderKind, TargetPadding};
@@ -397,11 +397,105 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
     eprintln!("measuring SGEMM peak ({} threads)...", threads);
 
     let peak = sgemm_gflops(2048)?;
+    let step_gemm = step_gemms(cfg, v, bsz, tlen)?;
+    eprintln!("GEMM GFLOP/s at the model's shapes: {step_gemm}");
+    let (vocab, ids) = training_pairs(data, opts, v, bsz, tlen)?;
+    let (model, varmap) = Model::build(&cfg.model, v, v, cfg.train.seed, DType::F32, &dev)?;
+    let batches: Vec<Batch> = ids[..bsz * opts.steps.max(1)]
+        .chunks(bsz)
+        .map(|c| {
+            let s: Vec<Vec<u32>> = c.iter().map(|p| p.0.clone()).collect();
+            let t: Vec<Vec<u32>> = c.iter().map(|p| p.1.clone()).collect();
+            Batch::new(&s, &t, 0, DType::F32, &dev)
+        })
+        .collect::<candle_core::Result<_>>()?;
+    eprintln!(
+        "training: {} steps of {} sentences, {} target tokens in {}×{} positions (source ≤ {}), V {}...",
+        opts.steps,
+        bsz,
+        batches[0].tgt_tokens,
+        bsz,
+        batches[0].tgt.dim(1)?,
+        batches[0].src.dim(1)?,
+        v
+    );
+    let tr = training(cfg, v, &model, &varmap, &batches, opts)?;
+    // Decoding: sentences of source length ~6 so that greedy runs ≤ 21 steps, as the reference's 20.
+    let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
+    let dec_src: Vec<Vec<u32>> = dec_pairs.iter().map(|(s, _)| vocab.encode(s)).collect();
+    let model = model.frozen(&varmap)?;
+    let de = decoding(&model, &dec_src, opts.repeats)?;
+    // Model FLOPs of the decoding runs (analytic, per hypothesis step actually computed).
+    let src_words: usize = dec_src.iter().map(|s| s.len() + 1).sum();
+    let avg_src = src_words as f64 / dec_src.len().max(1) as f64;
+    let dec_flops = |rows: u64| {
+        encoder_flops(cfg, dec_src.len(), avg_src.round() as usize)
+            + decoder_step_flops(cfg, v, avg_src.round() as usize) * rows as f64
+    };
+    let (beam_med, greedy_med) = (de.beam_s, de.greedy_s);
+    let (beam_rows, greedy_rows) = (de.beam_rows, de.greedy_rows);
+    let n = dec_src.len() as f64;
+    let gflops = tr.gflops;
+    let rec = json!({
+        "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
+                   "vocab": v, "batch": bsz, "tgt_len": tlen,
+                   "lengths": if opts.reference_lengths { "reference" } else { "fixed" }, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
+                   "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
+                   "label_smoothing": cfg.train.label_smoothing, "recurrent_dropout": cfg.train.recurrent_dropout,
+                   "simd": crate::kernels::simd_level()},
+        "params": crate::model::init::count(&varmap),
+        "train_step_s_median": tr.step_s,
+        "train_phase_s_median": {"forward": tr.phases_s[0], "backward": tr.phases_s[1], "optimizer": tr.phases_s[2]},
+        "train_tgt_tok_per_s": tr.tok_per_s,
+        "train_tgt_tokens_per_step": tr.tokens,
+        "train_tgt_positions_per_step": tr.positions,
+        "decode_beam10_sent_per_s": n / beam_med,
+        "decode_greedy_sent_per_s": n / greedy_med,
+        "decode_beam10_hyp_steps": beam_rows,
+        "decode_greedy_hyp_steps": greedy_rows,
+        "decode_beam10_hyp_steps_per_s": beam_rows as f64 / beam_med,
+        "decode_greedy_hyp_steps_per_s": greedy_rows as f64 / greedy_med,
+        "decode_beam10_gflops_per_s": dec_flops(beam_rows) / beam_med / 1e9,
+        "decode_beam10_int8_sent_per_s": de.int8_s.map(|s| n / s),
+        "decode_beam10_int8_hyp_steps": de.int8_s.is_some().then_some(de.int8_rows),
+        "decode_greedy_gflops_per_s": dec_flops(greedy_rows) / greedy_med / 1e9,
+        "peak_rss_mib": peak_rss_mib(),
+        "train_minor_faults_per_step_median": tr.faults_per_step,
+        "threads": threads,
+        "gflops_per_s": gflops,
+        "sgemm_peak_gflops": peak,
+        "peak_fraction": gflops / peak,
+        "sgemm_peak_between_steps_gflops": tr.peak_between,
+        "peak_fraction_between_steps": tr.fraction_between,
+        "gemm_gflops_at_step_shapes": step_gemm,
+        "op_profile": tr.op_profile,
+        "packed_gemm_comparison": tr.packed_gemm_comparison,
+        "target_padding_comparison": tr.padding_comparison,
+    });
+    eprintln!(
+        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}; {:.0} page faults per step); decode: beam 10 {:.1} sent/s ({:.0} hypothesis steps/s, {:.1} GFLOP/s), greedy {:.1} sent/s ({:.0} steps/s, {:.1} GFLOP/s); peak RSS {:.0} MiB",
+        tr.tok_per_s, tr.step_s, tr.phases_s[0], tr.phases_s[1], tr.phases_s[2], gflops, 100.0 * gflops / peak, peak,
+        100.0 * tr.fraction_between, tr.peak_between, tr.faults_per_step.unwrap_or(f64::NAN),
+        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
+        rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
+        peak_rss_mib().unwrap_or(0.0)
+    );
+    if let Some(r) = rec["decode_beam10_int8_sent_per_s"].as_f64() {
+        eprintln!(
+            "decode with int8 products (translate --int8): beam 10 {r:.1} sent/s ({} hypothesis steps)",
+            de.int8_rows
+        );
+    }
+    Ok(rec)
+}
+
+/// GFLOP/s of the products at the model's shapes: the recurrent step's `[B, 2H] × [2H, 3H]` (context) and
+/// `[B, H] × [H, 2H]` (state), with a row-major and a column-major right operand (the fused kernels choose
+/// by `kernels::right_col_major`), packed and int8; decoding's products over 320 hypothesis rows; a weight
+/// gradient and the readout's `[B·T, E] × [E, V]`.
+fn step_gemms(cfg: &Config, v: usize, bsz: usize, tlen: usize) -> Result<serde_json::Value> {
     let (e_dim, h_dim) = (cfg.model.embedding_dim, cfg.model.hidden_dim);
-    // The recurrent step's products: [B, 2H] × [2H, 3H] (context), [B, H] × [H, 2H] (state), and the
-    // readout's [B·T, E] × [E, V]; the step products with a row-major and a column-major right operand (the
-    // fused kernels choose by `kernels::right_col_major`).
-    let step_gemm = json!({
+    Ok(json!({
         "ctx_BxC": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, false)?,
         "ctx_BxC_colmajor": gemm_gflops(bsz, 2 * h_dim, 3 * h_dim, true)?,
         "state_BxU": gemm_gflops(bsz, h_dim, 2 * h_dim, false)?,
@@ -417,28 +511,40 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         "decode_320xExV_int8": int8_gemm_gops(320, e_dim, v)?,
         "wgrad_HxTB_x_TBx3H": gemm_gflops(h_dim, bsz * tlen, 3 * h_dim, false)?,
         "readout_BTxV": gemm_gflops(bsz * tlen, e_dim, v, false)?,
-    });
-    eprintln!("GEMM GFLOP/s at the model's shapes: {step_gemm}");
-    let (vocab, ids) = training_pairs(data, opts, v, bsz, tlen)?;
-    let (model, varmap) = Model::build(&cfg.model, v, v, cfg.train.seed, DType::F32, &dev)?;
-    let mut vars: Vec<(String, Var)> = varmap
-        .data()
-        .lock()
-        .expect("vm")
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    }))
+}
+
+/// The training measurements: medians over the timed steps.
+struct TrainingTimes {
+    step_s: f64,
+    /// Forward, backward, optimiser update.
+    phases_s: [f64; 3],
+    tok_per_s: f64,
+    gflops: f64,
+    /// The SGEMM peak measured after each step, and the step's GFLOP/s as a fraction of it.
+    peak_between: f64,
+    fraction_between: f64,
+    faults_per_step: Option<f64>,
+    /// The last timed step's target tokens and target positions.
+    tokens: usize,
+    positions: usize,
+    op_profile: serde_json::Value,
+    packed_gemm_comparison: serde_json::Value,
+    padding_comparison: serde_json::Value,
+}
+
+/// Time the training steps over `batches` (after one warm-up step), with the alternations and the op
+/// profile that `opts` asks for.
+fn training(
+    cfg: &Config,
+    v: usize,
+    model: &Model,
+    varmap: &candle_nn::VarMap,
+    batches: &[Batch],
+    opts: &BenchOptions,
+) -> Result<TrainingTimes> {
+    let vars = crate::train::sorted_vars(varmap);
     let mut opt = Optimizer::new(&cfg.train);
-    let batches: Vec<Batch> = ids[..bsz * opts.steps.max(1)]
-        .chunks(bsz)
-        .map(|c| {
-            let s: Vec<Vec<u32>> = c.iter().map(|p| p.0.clone()).collect();
-            let t: Vec<Vec<u32>> = c.iter().map(|p| p.1.clone()).collect();
-            Batch::new(&s, &t, 0, DType::F32, &dev)
-        })
-        .collect::<candle_core::Result<_>>()?;
-    let src_len = batches[0].src.dim(1)?;
     // Each batch's model FLOPs over its words (padding is not work the model needs).
     let batch_flops: Vec<f64> = batches
         .iter()
@@ -449,16 +555,6 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
             Ok(3.0 * batch_forward_flops(cfg, v, &lens(&b.src_mask)?, &lens(&b.tgt_mask)?))
         })
         .collect::<Result<_>>()?;
-    eprintln!(
-        "training: {} steps of {} sentences, {} target tokens in {}×{} positions (source ≤ {}), V {}...",
-        opts.steps,
-        bsz,
-        batches[0].tgt_tokens,
-        bsz,
-        batches[0].tgt.dim(1)?,
-        src_len,
-        v
-    );
     // Seconds in forward, backward and optimiser update (with the configuration's label smoothing and
     // dropout, whose masks are drawn as update 0's at every step).
     let step = |b: &Batch, opt: &mut Optimizer, padding: TargetPadding| -> Result<[f64; 3]> {
@@ -540,41 +636,8 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
     crate::kernels::set_packed_gemm(true);
     crate::kernels::profile::set_enabled(false);
     let step_s = median(&mut times);
-    let faults_per_step = (!faults.is_empty()).then(|| median(&mut faults));
     let op_profile = if opts.profile_ops {
-        let n = batches.len().max(1) as f64;
-        let rows = crate::kernels::profile::totals();
-        eprintln!(
-            "mean seconds per training step, by op and pass ({} steps):",
-            batches.len()
-        );
-        for (name, s, calls) in &rows {
-            eprintln!(
-                "  {name:<32} {:>8.4} s  ({:.1} calls/step)",
-                s / n,
-                *calls as f64 / n
-            );
-        }
-        let mut m: serde_json::Map<String, serde_json::Value> = rows
-            .iter()
-            .map(|(k, s, _)| (k.to_string(), json!(s / n)))
-            .collect();
-        // What the phases spent outside the fused ops (candle's graph and gradient store, composed ops).
-        for (pass, all) in [("forward", phase_sums[0]), ("backward", phase_sums[1])] {
-            let ops: f64 = rows
-                .iter()
-                .filter(|(k, _, _)| !k.starts_with(' ') && k.ends_with(pass))
-                .map(|(_, s, _)| s)
-                .sum();
-            let rest = (all - ops) / n;
-            eprintln!(
-                "  {:<32} {:>8.4} s",
-                format!("{pass} outside the fused ops"),
-                rest
-            );
-            m.insert(format!("{pass} outside the fused ops"), json!(rest));
-        }
-        serde_json::Value::Object(m)
+        op_profile(batches.len(), phase_sums)
     } else {
         serde_json::Value::Null
     };
@@ -595,7 +658,7 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         json!({format!("{kept}_step_s_median"): step_s, format!("{other}_step_s_median"): other_s,
                format!("{kept}_steps"): times.len(), format!("{other}_steps"): other_times.len()})
     };
-    let comparison = alternated(
+    let packed_gemm_comparison = alternated(
         "packed micro-kernel against the general GEMM",
         ("packed", "general_gemm"),
         &mut general_times,
@@ -605,34 +668,89 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         ("skipped", "computed"),
         &mut padded_times,
     );
-    let [fwd_s, bwd_s, opt_s] = [
-        median(&mut phases[0]),
-        median(&mut phases[1]),
-        median(&mut phases[2]),
-    ];
-    let train_tps = median(&mut tok_rates);
-    let gflops = median(&mut gflop_rates);
-    let (peak_between, frac_between) = (median(&mut peaks_between), median(&mut step_vs_peak));
-    // Decoding: sentences of source length ~6 so that greedy runs ≤ 21 steps, as the reference's 20.
-    let dec_pairs = fixed_length_pairs(data, opts.decode_sentences, 7, 8)?;
-    let dec_src: Vec<Vec<u32>> = dec_pairs.iter().map(|(s, _)| vocab.encode(s)).collect();
-    let model = model.frozen(&varmap)?;
-    let dec_batches: Vec<Vec<Vec<u32>>> = dec_src.chunks(32).map(|c| c.to_vec()).collect();
+    Ok(TrainingTimes {
+        step_s,
+        phases_s: [
+            median(&mut phases[0]),
+            median(&mut phases[1]),
+            median(&mut phases[2]),
+        ],
+        tok_per_s: median(&mut tok_rates),
+        gflops: median(&mut gflop_rates),
+        peak_between: median(&mut peaks_between),
+        fraction_between: median(&mut step_vs_peak),
+        faults_per_step: (!faults.is_empty()).then(|| median(&mut faults)),
+        tokens: toks,
+        positions,
+        op_profile,
+        packed_gemm_comparison,
+        padding_comparison,
+    })
+}
+
+/// `--profile-ops`: each fused op's mean seconds per training step over `steps` steps, by pass, and what the
+/// forward and backward phases (their sums over the steps: `phase_sums`) spent outside the fused ops
+/// (candle's graph and gradient store, composed ops). Printed and returned as JSON.
+fn op_profile(steps: usize, phase_sums: [f64; 3]) -> serde_json::Value {
+    let n = steps.max(1) as f64;
+    let rows = crate::kernels::profile::totals();
+    eprintln!("mean seconds per training step, by op and pass ({steps} steps):");
+    for (name, s, calls) in &rows {
+        eprintln!(
+            "  {name:<32} {:>8.4} s  ({:.1} calls/step)",
+            s / n,
+            *calls as f64 / n
+        );
+    }
+    let mut m: serde_json::Map<String, serde_json::Value> = rows
+        .iter()
+        .map(|(k, s, _)| (k.to_string(), json!(s / n)))
+        .collect();
+    for (pass, all) in [("forward", phase_sums[0]), ("backward", phase_sums[1])] {
+        let ops: f64 = rows
+            .iter()
+            .filter(|(k, _, _)| !k.starts_with(' ') && k.ends_with(pass))
+            .map(|(_, s, _)| s)
+            .sum();
+        let rest = (all - ops) / n;
+        eprintln!(
+            "  {:<32} {:>8.4} s",
+            format!("{pass} outside the fused ops"),
+            rest
+        );
+        m.insert(format!("{pass} outside the fused ops"), json!(rest));
+    }
+    serde_json::Value::Object(m)
+}
+
+/// The decoding measurements: median seconds over the repeats, and the hypothesis steps of one repeat.
+struct DecodingTimes {
+    beam_s: f64,
+    greedy_s: f64,
+    /// Beam 10 with int8 products, where they run (fused kernels on an AVX2 CPU).
+    int8_s: Option<f64>,
+    beam_rows: u64,
+    greedy_rows: u64,
+    int8_rows: u64,
+}
+
+/// Decode `src` `repeats` times: beam 10 as `translate` does (batches of 32, decoded concurrently), beam 10
+/// with int8 products where they run, and greedily.
+fn decoding(model: &Model, src: &[Vec<u32>], repeats: usize) -> Result<DecodingTimes> {
+    let dec_batches: Vec<Vec<Vec<u32>>> = src.chunks(32).map(|c| c.to_vec()).collect();
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
-    // Beam 10 with int8 products (`translate --int8`), where they run: fused kernels on an AVX2 CPU.
     let int8_on =
         crate::kernels::quantized_gemm::available() && model.kernels.fused_on(&Device::Cpu);
     let mut int8_t = vec![];
     let (mut beam_rows, mut greedy_rows, mut int8_rows) = (0u64, 0u64, 0u64);
     let rows =
         || crate::decode::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
-    for _ in 0..opts.repeats.max(1) {
+    for _ in 0..repeats.max(1) {
         let r0 = rows();
         let s = Instant::now();
-        // As `translate` decodes: batches of 32, decoded concurrently.
         beam_search_batches(
-            &[&model],
+            &[model],
             &dec_batches,
             0,
             &DecodeOptions {
@@ -647,7 +765,7 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
             let r0 = rows();
             let s = Instant::now();
             beam_search_batches(
-                &[&model],
+                &[model],
                 &dec_batches,
                 0,
                 &DecodeOptions {
@@ -662,72 +780,20 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         }
         let r0 = rows();
         let s = Instant::now();
-        for c in dec_src.chunks(100) {
-            greedy(&model, c, 0, (1.0, 1.0))?;
+        for c in src.chunks(100) {
+            greedy(model, c, 0, (1.0, 1.0))?;
         }
         greedy_t.push(s.elapsed().as_secs_f64());
         greedy_rows = rows() - r0;
     }
-    // Model FLOPs of the decoding runs (analytic, per hypothesis step actually computed).
-    let src_words: usize = dec_src.iter().map(|s| s.len() + 1).sum();
-    let avg_src = src_words as f64 / dec_src.len().max(1) as f64;
-    let dec_flops = |rows: u64| {
-        encoder_flops(cfg, dec_src.len(), avg_src.round() as usize)
-            + decoder_step_flops(cfg, v, avg_src.round() as usize) * rows as f64
-    };
-    let (beam_med, greedy_med) = (median(&mut beam_t), median(&mut greedy_t));
-    let n = dec_src.len() as f64;
-    let rec = json!({
-        "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
-                   "vocab": v, "batch": bsz, "tgt_len": tlen,
-                   "lengths": if opts.reference_lengths { "reference" } else { "fixed" }, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
-                   "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
-                   "label_smoothing": cfg.train.label_smoothing, "recurrent_dropout": cfg.train.recurrent_dropout,
-                   "simd": crate::kernels::simd_level()},
-        "params": crate::model::init::count(&varmap),
-        "train_step_s_median": step_s,
-        "train_phase_s_median": {"forward": fwd_s, "backward": bwd_s, "optimizer": opt_s},
-        "train_tgt_tok_per_s": train_tps,
-        "train_tgt_tokens_per_step": toks,
-        "train_tgt_positions_per_step": positions,
-        "decode_beam10_sent_per_s": n / beam_med,
-        "decode_greedy_sent_per_s": n / greedy_med,
-        "decode_beam10_hyp_steps": beam_rows,
-        "decode_greedy_hyp_steps": greedy_rows,
-        "decode_beam10_hyp_steps_per_s": beam_rows as f64 / beam_med,
-        "decode_greedy_hyp_steps_per_s": greedy_rows as f64 / greedy_med,
-        "decode_beam10_gflops_per_s": dec_flops(beam_rows) / beam_med / 1e9,
-        "decode_beam10_int8_sent_per_s": (!int8_t.is_empty()).then(|| n / median(&mut int8_t)),
-        "decode_beam10_int8_hyp_steps": int8_on.then_some(int8_rows),
-        "decode_greedy_gflops_per_s": dec_flops(greedy_rows) / greedy_med / 1e9,
-        "peak_rss_mib": peak_rss_mib(),
-        "train_minor_faults_per_step_median": faults_per_step,
-        "threads": threads,
-        "gflops_per_s": gflops,
-        "sgemm_peak_gflops": peak,
-        "peak_fraction": gflops / peak,
-        "sgemm_peak_between_steps_gflops": peak_between,
-        "peak_fraction_between_steps": frac_between,
-        "gemm_gflops_at_step_shapes": step_gemm,
-        "op_profile": op_profile,
-        "packed_gemm_comparison": comparison,
-        "target_padding_comparison": padding_comparison,
-    });
-    eprintln!(
-        "train: {:.0} target tok/s (median step {:.3} s = forward {:.3} + backward {:.3} + update {:.3}, {:.1} GFLOP/s = {:.0}% of SGEMM peak {:.1}; {:.0}% of the peak measured after each step, median {:.1}; {:.0} page faults per step); decode: beam 10 {:.1} sent/s ({:.0} hypothesis steps/s, {:.1} GFLOP/s), greedy {:.1} sent/s ({:.0} steps/s, {:.1} GFLOP/s); peak RSS {:.0} MiB",
-        train_tps, step_s, fwd_s, bwd_s, opt_s, gflops, 100.0 * gflops / peak, peak,
-        100.0 * frac_between, peak_between, faults_per_step.unwrap_or(f64::NAN),
-        rec["decode_beam10_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_beam10_gflops_per_s"].as_f64().unwrap_or(0.0),
-        rec["decode_greedy_sent_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_hyp_steps_per_s"].as_f64().unwrap_or(0.0), rec["decode_greedy_gflops_per_s"].as_f64().unwrap_or(0.0),
-        peak_rss_mib().unwrap_or(0.0)
-    );
-    if let Some(r) = rec["decode_beam10_int8_sent_per_s"].as_f64() {
-        eprintln!(
-            "decode with int8 products (translate --int8): beam 10 {r:.1} sent/s ({} hypothesis steps)",
-            int8_rows
-        );
-    }
-    Ok(rec)
+    Ok(DecodingTimes {
+        beam_s: median(&mut beam_t),
+        greedy_s: median(&mut greedy_t),
+        int8_s: (!int8_t.is_empty()).then(|| median(&mut int8_t)),
+        beam_rows,
+        greedy_rows,
+        int8_rows,
+    })
 }
 
 #[cfg(test)]
