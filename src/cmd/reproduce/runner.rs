@@ -251,60 +251,7 @@ pub(super) fn run_task(
         .with_context(|| format!("{}: cannot create", t.dir.display()))?;
     let run = t.run.clone();
     let log = t.dir.join("output.log");
-    let cfg_path = t.dir.join("config.toml");
-    let mut cfg = t.config.clone();
-    cfg.train.threads = s.threads;
-    let last = checkpoint::complete_dir(&run.join("last"));
-    let train_args: Option<Vec<String>> = match &last {
-        Some(dir) => {
-            let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
-            let state = checkpoint::load_state(dir)?;
-            check_continues(&saved, &state, &t.config).map_err(|why| {
-                anyhow::anyhow!(
-                    "{}: {why}; remove it or train the row again with --only {:?}",
-                    run.display(),
-                    t.system.name
-                )
-            })?;
-            if state.finished && identity_toml(&saved) == identity_toml(&t.config) {
-                None
-            } else {
-                // Unfinished, or finished with a smaller budget than the plan's now: go on from the last
-                // checkpoint (with no learning-rate schedule this is the longer run itself).
-                let tc = &t.config.train;
-                Some(vec![
-                    "train".into(),
-                    "--quiet".into(),
-                    "--resume".into(),
-                    run.display().to_string(),
-                    "--set".into(),
-                    format!("train.threads={}", s.threads),
-                    "--set".into(),
-                    format!("train.max_steps={}", tc.max_steps),
-                    "--set".into(),
-                    format!("train.max_seconds={}", tc.max_seconds),
-                    "--set".into(),
-                    format!("train.max_epochs={}", tc.max_epochs),
-                ])
-            }
-        }
-        None => {
-            if run.exists() {
-                // Started but killed before its first checkpoint: nothing to keep.
-                std::fs::remove_dir_all(&run)
-                    .with_context(|| format!("{}: cannot remove", run.display()))?;
-            }
-            write_atomic(&cfg_path, cfg.to_toml().as_bytes())?;
-            Some(vec![
-                "train".into(),
-                "--quiet".into(),
-                "-c".into(),
-                cfg_path.display().to_string(),
-                "--out".into(),
-                run.display().to_string(),
-            ])
-        }
-    };
+    let train_args = train_args(s, t)?;
     let timing_path = t.dir.join("timing.json");
     let mut timing: Timing = std::fs::read_to_string(&timing_path)
         .ok()
@@ -318,23 +265,7 @@ pub(super) fn run_task(
             t.system.name
         );
     }
-    for m in &t.members {
-        if !checkpoint::load_state(&checkpoint::complete_dir(&m.join("last")).with_context(
-            || {
-                format!(
-                    "{}: an ensemble member has no complete checkpoint",
-                    m.display()
-                )
-            },
-        )?)?
-        .finished
-        {
-            bail!(
-                "{}: an ensemble member has not finished training",
-                m.display()
-            );
-        }
-    }
+    check_members_finished(t)?;
     if let Some(a) = train_args {
         let t0 = Instant::now();
         let train_log = run.join("train.log");
@@ -344,146 +275,15 @@ pub(super) fn run_task(
         timing.train_seconds += t0.elapsed().as_secs_f64();
         write_atomic(&timing_path, serde_json::to_string(&timing)?.as_bytes())?;
     }
-    // The record: the configuration the run was trained with (after a longer budget, the longer one) and its
-    // training log, beside the checkpoints that are not kept under version control.
-    let last = checkpoint::complete_dir(&run.join("last"))
-        .with_context(|| format!("{}: training left no complete checkpoint", run.display()))?;
-    for (from, to) in [
-        (
-            last.join(checkpoint::CONFIG_FILE),
-            t.dir.join(RECORD_CONFIG),
-        ),
-        (run.join("train.log"), t.dir.join("train.log")),
-    ] {
-        if from.is_file() {
-            let bytes =
-                std::fs::read(&from).with_context(|| format!("{}: cannot read", from.display()))?;
-            write_atomic(&to, &bytes)?;
-        }
-    }
+    keep_training_record(t)?;
     progress(t.config.train.max_steps as u64, "decoding the test set");
-    let best_of = |run: &Path| {
-        if run.join("best").is_dir() {
-            run.join("best")
-        } else {
-            run.join("last")
-        }
-    };
     let t0 = Instant::now();
-    // The average of the last checkpoints a run kept, made once into `out` (beside the row's own
-    // checkpoints).
-    let averaged = |run: &Path, out: PathBuf| -> Result<PathBuf> {
-        if checkpoint::complete_dir(&out).is_some() {
-            return Ok(out);
-        }
-        let kept = checkpoint::kept_checkpoints(run)?;
-        if kept.len() < t.system.average {
-            bail!(
-                "{}: row {:?} averages the last {} checkpoints, but the run kept {} (set train.keep_checkpoints)",
-                run.display(),
-                t.system.name,
-                t.system.average,
-                kept.len()
-            );
-        }
-        let mut aargs: Vec<String> = vec!["average".into()];
-        for k in &kept[kept.len() - t.system.average..] {
-            aargs.push("-m".into());
-            aargs.push(k.display().to_string());
-        }
-        aargs.push("-o".into());
-        aargs.push(out.display().to_string());
-        run_child(&s.exe, &aargs, &log, s.threads, clock, || {})?;
-        Ok(out)
-    };
-    // The models that decode: the run's best (or its average), or every ensemble member's.
-    let models: Vec<PathBuf> = if t.members.is_empty() {
-        // (A row that chooses on dev considers the kept checkpoints itself, as many as the run kept.)
-        vec![if t.system.average > 0 && !t.system.choose {
-            averaged(&run, t.dir.join("run").join("averaged"))?
-        } else {
-            best_of(&run)
-        }]
-    } else {
-        let mut v = vec![];
-        for (i, m) in t.members.iter().enumerate() {
-            v.push(if t.system.average > 0 {
-                averaged(m, t.dir.join("run").join(format!("averaged-{i}")))?
-            } else {
-                best_of(m)
-            });
-        }
-        v
-    };
-    // A row that asks for it: the model and its penalties chosen on dev.
     let mut decode_args = t.system.decode.clone();
     let models = if t.system.choose {
-        if !t.members.is_empty() {
-            bail!(
-                "row {:?}: choose = true does not go with ensemble = true",
-                t.system.name
-            );
-        }
-        let mut pick = |flag: &str| -> Result<Option<String>> {
-            match decode_args.iter().position(|a| a == flag) {
-                None => Ok(None),
-                Some(i) if i + 1 < decode_args.len() => {
-                    let v = decode_args[i + 1].clone();
-                    decode_args.drain(i..i + 2);
-                    Ok(Some(v))
-                }
-                Some(_) => bail!("row {:?}: {flag} without a value", t.system.name),
-            }
-        };
-        let alpha = pick("--length-penalty")?;
-        let beta = pick("--coverage-penalty")?;
-        let sel_file = t.dir.join(crate::train::selection::SELECTION_FILE);
-        let mut sargs: Vec<String> = vec![
-            "select".into(),
-            "--run".into(),
-            run.display().to_string(),
-            "--last".into(),
-            t.system.average.to_string(),
-            "--beam".into(),
-            s.plan.decode.beam.to_string(),
-            "--tune".into(),
-            "--out".into(),
-            sel_file.display().to_string(),
-        ];
-        if let Some(a) = alpha {
-            sargs.extend(["--length-penalty".into(), a]);
-        }
-        if let Some(b) = beta {
-            sargs.extend(["--coverage-penalty".into(), b]);
-        }
-        run_child(&s.exe, &sargs, &log, s.threads, clock, || {})?;
-        let sel: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(&sel_file)
-                .with_context(|| format!("{}: cannot read", sel_file.display()))?,
-        )
-        .with_context(|| format!("{}: not a selection record", sel_file.display()))?;
-        let num = |k: &str| {
-            sel[k]
-                .as_f64()
-                .with_context(|| format!("{}: no {k}", sel_file.display()))
-        };
-        decode_args.extend([
-            "--length-penalty".into(),
-            num("length_penalty")?.to_string(),
-            "--coverage-penalty".into(),
-            num("coverage_penalty")?.to_string(),
-        ]);
-        let k = sel["chosen"].as_u64().unwrap_or(0) as usize;
-        let dir = sel["candidates"][k]["dir"]
-            .as_str()
-            .with_context(|| format!("{}: no chosen model", sel_file.display()))?;
-        vec![PathBuf::from(dir)]
+        vec![choose_on_dev(s, t, clock, &mut decode_args)?]
     } else {
-        models
+        models_to_decode(s, t, clock)?
     };
-    let best = models[0].clone();
-    let hyp = t.dir.join("test.hyp");
-    let dump = t.dir.join("test.dump.jsonl");
     let translate = |input: &Path, output: &Path, dump: Option<&Path>| -> Result<()> {
         let mut targs: Vec<String> = vec!["translate".into(), "--quiet".into()];
         for m in &models {
@@ -505,7 +305,11 @@ pub(super) fn run_task(
         targs.extend(decode_args.iter().cloned());
         run_child(&s.exe, &targs, &log, s.threads, clock, || {})
     };
-    translate(&s.test_src, &hyp, Some(&dump))?;
+    translate(
+        &s.test_src,
+        &t.dir.join("test.hyp"),
+        Some(&t.dir.join("test.dump.jsonl")),
+    )?;
     for x in &s.extra_tests {
         translate(&x.src, &t.dir.join(format!("test-{}.hyp", x.name)), None)?;
     }
@@ -514,7 +318,7 @@ pub(super) fn run_task(
     compress_dump(&t.dir)?;
     clock.add_own(t1.elapsed());
     let t0 = Instant::now();
-    let r = analyses::score_run(s, t, &run, &best, &timing)?;
+    let r = analyses::score_run(s, t, &run, &models[0], &timing)?;
     clock.add_own(t0.elapsed());
     write_atomic(
         &t.dir.join("result.json"),
@@ -531,6 +335,248 @@ pub(super) fn run_task(
         .as_bytes(),
     )?;
     Ok(r)
+}
+
+/// The `cgnmt train` arguments that bring the task's run to the plan's budget: a fresh run (its
+/// configuration written to the task's `config.toml`), a resume of an unfinished (or shorter) one, or
+/// `None` when the run finished with the plan's configuration. A run whose checkpoint cannot continue into
+/// the plan's is an error that says how to train the row again.
+fn train_args(s: &Setup, t: &Task) -> Result<Option<Vec<String>>> {
+    let run = &t.run;
+    let Some(dir) = checkpoint::complete_dir(&run.join("last")) else {
+        if run.exists() {
+            // Started but killed before its first checkpoint: nothing to keep.
+            std::fs::remove_dir_all(run)
+                .with_context(|| format!("{}: cannot remove", run.display()))?;
+        }
+        let mut cfg = t.config.clone();
+        cfg.train.threads = s.threads;
+        let cfg_path = t.dir.join("config.toml");
+        write_atomic(&cfg_path, cfg.to_toml().as_bytes())?;
+        return Ok(Some(vec![
+            "train".into(),
+            "--quiet".into(),
+            "-c".into(),
+            cfg_path.display().to_string(),
+            "--out".into(),
+            run.display().to_string(),
+        ]));
+    };
+    let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
+    let state = checkpoint::load_state(&dir)?;
+    check_continues(&saved, &state, &t.config).map_err(|why| {
+        anyhow::anyhow!(
+            "{}: {why}; remove it or train the row again with --only {:?}",
+            run.display(),
+            t.system.name
+        )
+    })?;
+    if state.finished && identity_toml(&saved) == identity_toml(&t.config) {
+        return Ok(None);
+    }
+    // Unfinished, or finished with a smaller budget than the plan's now: go on from the last checkpoint
+    // (with no learning-rate schedule this is the longer run itself).
+    let tc = &t.config.train;
+    Ok(Some(vec![
+        "train".into(),
+        "--quiet".into(),
+        "--resume".into(),
+        run.display().to_string(),
+        "--set".into(),
+        format!("train.threads={}", s.threads),
+        "--set".into(),
+        format!("train.max_steps={}", tc.max_steps),
+        "--set".into(),
+        format!("train.max_seconds={}", tc.max_seconds),
+        "--set".into(),
+        format!("train.max_epochs={}", tc.max_epochs),
+    ]))
+}
+
+/// An ensemble row decodes only finished members.
+fn check_members_finished(t: &Task) -> Result<()> {
+    for m in &t.members {
+        let dir = checkpoint::complete_dir(&m.join("last")).with_context(|| {
+            format!(
+                "{}: an ensemble member has no complete checkpoint",
+                m.display()
+            )
+        })?;
+        if !checkpoint::load_state(&dir)?.finished {
+            bail!(
+                "{}: an ensemble member has not finished training",
+                m.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The record: the configuration the run was trained with (after a longer budget, the longer one) and its
+/// training log, beside the checkpoints that are not kept under version control.
+fn keep_training_record(t: &Task) -> Result<()> {
+    let run = &t.run;
+    let last = checkpoint::complete_dir(&run.join("last"))
+        .with_context(|| format!("{}: training left no complete checkpoint", run.display()))?;
+    for (from, to) in [
+        (
+            last.join(checkpoint::CONFIG_FILE),
+            t.dir.join(RECORD_CONFIG),
+        ),
+        (run.join("train.log"), t.dir.join("train.log")),
+    ] {
+        if from.is_file() {
+            let bytes =
+                std::fs::read(&from).with_context(|| format!("{}: cannot read", from.display()))?;
+            write_atomic(&to, &bytes)?;
+        }
+    }
+    Ok(())
+}
+
+/// The models a row that does not choose on dev decodes: the run's best (or the average of its last kept
+/// checkpoints), or every ensemble member's.
+fn models_to_decode(s: &Setup, t: &Task, clock: &Clock) -> Result<Vec<PathBuf>> {
+    let best_of = |run: &Path| {
+        if run.join("best").is_dir() {
+            run.join("best")
+        } else {
+            run.join("last")
+        }
+    };
+    if t.members.is_empty() {
+        return Ok(vec![if t.system.average > 0 {
+            averaged(s, t, &t.run, t.dir.join("run").join("averaged"), clock)?
+        } else {
+            best_of(&t.run)
+        }]);
+    }
+    let mut v = vec![];
+    for (i, m) in t.members.iter().enumerate() {
+        v.push(if t.system.average > 0 {
+            averaged(
+                s,
+                t,
+                m,
+                t.dir.join("run").join(format!("averaged-{i}")),
+                clock,
+            )?
+        } else {
+            best_of(m)
+        });
+    }
+    Ok(v)
+}
+
+/// The average of the last checkpoints `run` kept, made once into `out` (beside the row's own checkpoints).
+fn averaged(s: &Setup, t: &Task, run: &Path, out: PathBuf, clock: &Clock) -> Result<PathBuf> {
+    if checkpoint::complete_dir(&out).is_some() {
+        return Ok(out);
+    }
+    let kept = checkpoint::kept_checkpoints(run)?;
+    if kept.len() < t.system.average {
+        bail!(
+            "{}: row {:?} averages the last {} checkpoints, but the run kept {} (set train.keep_checkpoints)",
+            run.display(),
+            t.system.name,
+            t.system.average,
+            kept.len()
+        );
+    }
+    let mut aargs: Vec<String> = vec!["average".into()];
+    for k in &kept[kept.len() - t.system.average..] {
+        aargs.push("-m".into());
+        aargs.push(k.display().to_string());
+    }
+    aargs.push("-o".into());
+    aargs.push(out.display().to_string());
+    run_child(
+        &s.exe,
+        &aargs,
+        &t.dir.join("output.log"),
+        s.threads,
+        clock,
+        || {},
+    )?;
+    Ok(out)
+}
+
+/// A row with `choose = true`: the model and its penalties chosen on dev (`cgnmt select --tune`, which
+/// considers as many kept checkpoints as the run has). The row's own penalties are the grid's starting
+/// point; the chosen ones replace them in `decode_args`. Returns the chosen model.
+fn choose_on_dev(
+    s: &Setup,
+    t: &Task,
+    clock: &Clock,
+    decode_args: &mut Vec<String>,
+) -> Result<PathBuf> {
+    if !t.members.is_empty() {
+        bail!(
+            "row {:?}: choose = true does not go with ensemble = true",
+            t.system.name
+        );
+    }
+    let mut pick = |flag: &str| -> Result<Option<String>> {
+        match decode_args.iter().position(|a| a == flag) {
+            None => Ok(None),
+            Some(i) if i + 1 < decode_args.len() => {
+                let v = decode_args[i + 1].clone();
+                decode_args.drain(i..i + 2);
+                Ok(Some(v))
+            }
+            Some(_) => bail!("row {:?}: {flag} without a value", t.system.name),
+        }
+    };
+    let alpha = pick("--length-penalty")?;
+    let beta = pick("--coverage-penalty")?;
+    let sel_file = t.dir.join(crate::train::selection::SELECTION_FILE);
+    let mut sargs: Vec<String> = vec![
+        "select".into(),
+        "--run".into(),
+        t.run.display().to_string(),
+        "--last".into(),
+        t.system.average.to_string(),
+        "--beam".into(),
+        s.plan.decode.beam.to_string(),
+        "--tune".into(),
+        "--out".into(),
+        sel_file.display().to_string(),
+    ];
+    if let Some(a) = alpha {
+        sargs.extend(["--length-penalty".into(), a]);
+    }
+    if let Some(b) = beta {
+        sargs.extend(["--coverage-penalty".into(), b]);
+    }
+    run_child(
+        &s.exe,
+        &sargs,
+        &t.dir.join("output.log"),
+        s.threads,
+        clock,
+        || {},
+    )?;
+    let sel: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&sel_file)
+            .with_context(|| format!("{}: cannot read", sel_file.display()))?,
+    )
+    .with_context(|| format!("{}: not a selection record", sel_file.display()))?;
+    let num = |k: &str| {
+        sel[k]
+            .as_f64()
+            .with_context(|| format!("{}: no {k}", sel_file.display()))
+    };
+    decode_args.extend([
+        "--length-penalty".into(),
+        num("length_penalty")?.to_string(),
+        "--coverage-penalty".into(),
+        num("coverage_penalty")?.to_string(),
+    ]);
+    let k = sel["chosen"].as_u64().unwrap_or(0) as usize;
+    let dir = sel["candidates"][k]["dir"]
+        .as_str()
+        .with_context(|| format!("{}: no chosen model", sel_file.display()))?;
+    Ok(PathBuf::from(dir))
 }
 
 /// Append `later` to the `prepare` arguments `args`, a flag of `later` replacing the same flag (and its value)
