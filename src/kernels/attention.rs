@@ -31,8 +31,8 @@ pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
 
 /// Inference only (no autodiff graph): attention weights `[N, S]` and contexts `[N, 2H]` for `N` hypothesis
 /// rows, row `i` reading the keys of sentence `rows[i]` (`keys` holds one row per sentence). Beam search uses
-/// it so that the keys are never copied per hypothesis and step. The same numbers as [`crate::model::attention::Attention::step`] on
-/// keys selected by `rows` (tested). Fused kernels on the CPU, f32 / f64, no coverage term.
+/// it so that the keys are never copied per hypothesis and step. The same numbers as
+/// [`crate::model::attention::Attention::step`] on keys selected by `rows` (tested). Fused kernels on the CPU, f32 / f64, no coverage term.
 pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
     let (nsent, s, ad) = keys.ah.dims3()?;
     let a2 = keys.annotations.dim(2)?;

@@ -1,7 +1,7 @@
-//! The bidirectional encoder's two GRU recurrences as one fused op (model-spec §1): both directions' steps,
-//! over the rows with a word at each step, and back-propagation through time inside the op ([`bigru_fused`]).
-//! Its composed reference is the encoder's step-by-step path, [`crate::model::encoder::Encoder::forward_embedded`]
-//! with reference kernels; the encoder itself is [`crate::model::encoder`].
+//! The bidirectional encoder's two GRU recurrences as one fused op (model-spec §1): both directions' steps over
+//! the rows with a word at each step, and back-propagation through time inside ([`bigru_fused`]). Its composed
+//! reference is the step-by-step path of [`crate::model::encoder::Encoder::forward_embedded`] with reference
+//! kernels; the encoder itself is [`crate::model::encoder`].
 
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -17,8 +17,8 @@ use crate::kernels::{gemm_into, Mat, Real, Shared};
 /// into preallocated buffers over the rows with a word at that step (see [`RowOrder`]), the two directions
 /// concurrently (one core each), and the backward pass runs
 /// back-propagation through time inside the op, forming `∂U_ru`, `∂U` as one GEMM each over all steps. Equal
-/// to [`crate::model::gru::Gru::step_dropped`] step by step (tested against it). Inputs and gradients travel through [`Shared`]
-/// handles (see `decoder_sequence`). `drop`: recurrent dropout's masks `[B, H]` (row-major, batch order) of
+/// to [`crate::model::gru::Gru::step_dropped`] step by step (tested against it). Inputs and gradients travel
+/// through [`Shared`] handles (see `decoder_sequence`). `drop`: recurrent dropout's masks `[B, H]` (row-major, batch order) of
 /// each direction.
 pub fn bigru_fused<'a>(
     x: impl Into<crate::kernels::Input<'a>>,

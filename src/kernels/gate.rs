@@ -18,7 +18,8 @@ pub enum ZKind {
 impl ZKind {
     /// The scale `c·kind(z)` as `α + β·z`: `(α, β)` (`β` is also its derivative in `z`). The one
     /// parametrisation of the gate's scales: decoding's fused mix, the fused training op
-    /// (`decoder_sequence::gate_mix`) and the reference's [`Scale`](crate::model::gate::Scale)s are all built from it.
+    /// (`decoder_sequence::gate_mix`) and the reference's [`Scale`](crate::model::gate::Scale)s are all built
+    /// from it.
     #[inline(always)]
     pub fn affine<T: Real>(self, c: T) -> (T, T) {
         match self {

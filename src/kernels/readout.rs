@@ -536,8 +536,8 @@ pub struct ReadoutWeights<'a> {
 /// The readout's hidden layer `W_1 maxout([t_{i−1} | s_i] [U_o; W_o] + e(y_{i−1}) V_o + b_o)` `[B·T, E]` for the
 /// fused decoder's rows `ts` `[B·T, 3H]` (batch-major `(b, i)`) and the target embeddings `e` `[B·T, E]` (row
 /// `(b, i)` is `e(y_i)`; the readout of step `i` reads `e(y_{i−1})`, zero at `i = 0`), as one fused op: the same
-/// computation as [`crate::model::readout::Readout::hidden_stacked`] on the shifted embeddings, without the graph's concatenated weight,
-/// shifted copy, sums and maxout nodes, whose gradients candle would zero-fill and add at full size each.
+/// computation as [`crate::model::readout::Readout::hidden_stacked`] on the shifted embeddings, without the
+/// graph's concatenated weight, shifted copy, sums and maxout nodes, whose gradients candle would zero-fill and add at full size each.
 ///
 /// With `lengths` (each sentence's target length, EOS included), only the rows of words are computed: the
 /// result is `[N, E]` for the `N` rows `(b, i)` with `i < lengths[b]`, in batch-major order, and the padded
