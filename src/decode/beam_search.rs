@@ -6,8 +6,8 @@
 use candle_core::{Device, IndexOp, Result, Tensor};
 
 use crate::decode::penalties::Ranking;
+use crate::kernels::readout::{log_normaliser, log_softmax};
 use crate::kernels::top_k;
-use crate::model::readout::{log_normaliser, log_softmax};
 use crate::model::{pad, Model, WordTable};
 
 /// Decoder steps computed so far in this process, counted per hypothesis (`cgnmt bench` turns this into

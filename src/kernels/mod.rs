@@ -1,4 +1,4 @@
-//! Shared machinery of the fused CPU kernels. Here: the `--kernels reference|fused` switch ([`Kernels`]);
+//! The fused CPU kernels and their shared machinery. Here: the `--kernels reference|fused` switch ([`Kernels`]);
 //! in the files beside it, one role each:
 //! - `cpu`: CPU feature probes, the element types ([`Real`]) with vectorisable `exp`/`tanh`/`σ`, the dtype
 //!   and SIMD dispatch macros, storage slices, reductions, buffer fills, row parallelism;
@@ -12,24 +12,34 @@
 //! - [`packed_gemm`]: the per-step products' micro-kernel over weights packed once per pass, and
 //!   [`quantized_gemm`], its int8 form for `translate --int8`.
 //!
-//! The fused kernels themselves sit next to their composed reference in the module of the paper concept
-//! they compute: `attention` (scores; softmax + context), `gru` (the GRU update and step, shared by the
-//! encoder and the decoder), `gate` (the gate's scales on word and context terms), `readout` (maxout; output
-//! layer + log-softmax + NLL; inference log-softmax), `decoder_sequence` (the decoder's whole recurrence).
-//! Each is a candle custom op with a hand-derived backward pass; on devices without a fused twin (CUDA,
-//! Metal) the composed reference runs instead.
+//! The fused kernels of the paper's concepts sit here, one file per concept, each with the concept's row
+//! maths and custom ops beside their composed references (and the gradient checks that tie them, in
+//! `tests/it/kernels/`): [`attention`] (scores; softmax + context; decoding's attention over sentence rows),
+//! [`gru`] (the GRU update and step, shared by the encoder and the decoder), [`encoder`] (both directions'
+//! recurrences as one op), [`gate`] (the gate's scales on word and context terms), [`coverage`] (the coverage
+//! rows of the decoder's recurrence), [`readout`] (maxout; output layer + log-softmax + NLL; inference
+//! log-softmax; the readout rows). `model/<concept>.rs` holds the concept itself: its parameters, its step and
+//! what it hands to the decoder; `model::decoder_sequence` (the decoder's whole recurrence as one op) runs
+//! these rows. Each fused op is a candle custom op with a hand-derived backward pass; on devices without a
+//! fused twin (CUDA, Metal) the composed reference runs instead.
 
 use candle_core::{CpuStorage, CustomOp2, Device, Layout, Result, Shape, Tensor, WithDType};
 use serde::{Deserialize, Serialize};
 
+pub mod attention;
+pub mod coverage;
 mod cpu;
+pub mod encoder;
+pub mod gate;
 mod gemm;
 mod gemm_common;
+pub mod gru;
 mod ops;
 pub mod packed_gemm;
 mod pass;
 pub mod profile;
 pub mod quantized_gemm;
+pub mod readout;
 mod shared;
 mod top_k;
 

@@ -12,10 +12,12 @@ use candle_core::{Result, Tensor};
 use candle_nn::VarBuilder;
 
 use crate::config::{DecoderKind, GateForm};
+use crate::kernels::gate::mix_fused;
+use crate::kernels::gru::gru_update;
 use crate::kernels::{rec_matmul, Kernels};
 use crate::model::attention::Context;
-use crate::model::gate::{mix_fused, Scales};
-use crate::model::gru::{gru_update, Gru};
+use crate::model::gate::Scales;
+use crate::model::gru::Gru;
 
 pub struct DecoderCell {
     pub kind: DecoderKind,

@@ -17,13 +17,16 @@ use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 
 use crate::config::{ModelConfig, TargetPadding};
+use crate::kernels::attention::Keys;
+use crate::kernels::gate::GateKinds;
+use crate::kernels::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference};
 use crate::kernels::Kernels;
-use crate::model::attention::{Attention, Context, ContextProducts, Keys};
+use crate::model::attention::{Attention, Context, ContextProducts};
 use crate::model::coverage::{CovKeys, Coverage};
 use crate::model::decoder_cell::DecoderCell;
 use crate::model::encoder::Encoder;
-use crate::model::gate::{Gate, GateKinds, Scales};
-use crate::model::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference, Readout};
+use crate::model::gate::{Gate, Scales};
+use crate::model::readout::Readout;
 
 /// How training runs the decoder (see [`Model::decoder_path`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -488,7 +491,7 @@ impl Model {
         let h = a2 / 2;
         let bwd_first = shared_rows(&ann, (0..b).map(|i| i * s).collect(), h..a2)?;
         let t0 = self.initial_state(&bwd_first)?;
-        let keys = crate::model::attention::Keys {
+        let keys = Keys {
             ah: ah.tensor.clone(),
             annotations: ann.tensor.clone(),
             mask_bias: ((src_mask - 1.0)? * 1e9)?,
@@ -572,7 +575,7 @@ impl Model {
     }
 
     /// Inference, where [`Model::attends_by_rows`]: [`Model::attend`] for hypothesis rows that read the keys
-    /// of sentence `rows[i]` of `src` in place (see [`crate::model::attention::attend_rows`]).
+    /// of sentence `rows[i]` of `src` in place (see [`crate::kernels::attention::attend_rows`]).
     pub fn attend_rows(&self, src: &Source, rows: &[u32], t_prev: &Tensor) -> Result<StepOut> {
         let (alpha, ctx) = self
             .attention
@@ -824,8 +827,8 @@ impl Model {
                     gate,
                     dec_drop.as_ref(),
                 )?;
-                crate::model::readout::hidden_rows_fused(
-                    &self.readout,
+                crate::kernels::readout::hidden_rows_fused(
+                    self.readout.rows_weights(),
                     rows,
                     &e_all,
                     t_len,

@@ -10,9 +10,9 @@ use candle_core::{Result, Tensor};
 use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
 use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZPreOp};
+use crate::kernels::coverage::CovRows;
+use crate::kernels::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
-use crate::model::coverage::CovRows;
-use crate::model::gru::GruStep;
 
 /// What every step of the backward pass reads: the sizes, the forward pass's saved activations, the
 /// incoming gradient and the weights as values.
@@ -350,7 +350,7 @@ impl<'a, T: Real> Backward<'a, T> {
             // `dts` becomes ∂T (the scale), `dtp` ∂t_i through the transition. (Recurrent dropout: the
             // products read d∘t_i, formed again here.)
             let drop = self.drop.as_ref().map(|dmask| {
-                crate::model::gru::dropped_state(&t_i[..mth], &dmask[..mth], &mut tm[..mth]);
+                crate::kernels::gru::dropped_state(&t_i[..mth], &dmask[..mth], &mut tm[..mth]);
                 (&tm[..mth], &dmask[..mth], &mut dm[..mth])
             });
             let gru_acts = self.dims.gru.then(|| {
@@ -424,7 +424,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 u.mul_t_into(mt, dts, h, false, Mat::rows(dpre_i, h));
                 if let Some(dm) = &self.drop {
                     // U read d∘(T∘t): ∂(T∘t) through the mask.
-                    crate::model::gru::undrop_grad(&mut dts[..mth], &dm[..mth]);
+                    crate::kernels::gru::undrop_grad(&mut dts[..mth], &dm[..mth]);
                 }
             });
         }
@@ -603,7 +603,7 @@ impl<'a, T: Real> Backward<'a, T> {
                         let sr = lens[r];
                         let mut de = vec![T::zero(); s];
                         let alpha = &actx_i[r * w_ac..r * w_ac + s];
-                        crate::model::attention::context_score_grad_row_d(
+                        crate::kernels::attention::context_score_grad_row_d(
                             &alpha[..sr],
                             &ann[r * s * a2..(r * s + sr) * a2],
                             &dctx[r * a2..(r + 1) * a2],
@@ -615,7 +615,7 @@ impl<'a, T: Real> Backward<'a, T> {
                         let (Some(cr), Some(cd)) = (cr, cd) else {
                             let dq_r = &mut dq_row[..ad];
                             dq_r.fill(T::zero());
-                            crate::model::attention::score_grad_rows_d(
+                            crate::kernels::attention::score_grad_rows_d(
                                 ah_r,
                                 q_r,
                                 v,
@@ -661,7 +661,7 @@ impl<'a, T: Real> Backward<'a, T> {
                         // The scores with the coverage term: ∂(A h), ∂(B t), ∂v, ∂C_{i−1}, ∂V_cov.
                         let dq_r = &mut dq_row[..ad];
                         dq_r.fill(T::zero());
-                        crate::model::coverage::scores_grad_row(
+                        crate::kernels::coverage::scores_grad_row(
                             ah_r,
                             &c_r[..sr * cdim],
                             &cd.v_cov,
@@ -847,7 +847,7 @@ impl<'a, T: Real> Backward<'a, T> {
         let mut out = crate::kernels::zeroed(off[steps] * h);
         for i in 0..steps {
             let (o, o1) = (off[i], off[i + 1]);
-            crate::model::gru::dropped_state(
+            crate::kernels::gru::dropped_state(
                 &x[o * h..o1 * h],
                 &dm[..(o1 - o) * h],
                 &mut out[o * h..o1 * h],

@@ -8,9 +8,9 @@ use candle_core::{CpuStorage, Result, Shape};
 use super::gate_mix::{gate_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition, vanilla_row_d};
 use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZConst};
+use crate::kernels::coverage::CovRows;
+use crate::kernels::gru::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
-use crate::model::coverage::CovRows;
-use crate::model::gru::{gru_step_forward, GruActs};
 
 /// What every step of the forward pass reads: the sizes, the op's inputs and its weights as values.
 struct Forward<'a, T: Real> {
@@ -325,7 +325,7 @@ impl<'a, T: Real> Forward<'a, T> {
             let ah_r = &ah[koff[r] * ad..(koff[r] + sr) * ad];
             let q_r = &q_i[r * wq..(r + 1) * wq];
             match cd {
-                Some(cd) => crate::model::coverage::scores_row(
+                Some(cd) => crate::kernels::coverage::scores_row(
                     ah_r,
                     &c_i[r * s * cdim..(r * s + sr) * cdim],
                     &cd.v_cov,
@@ -333,7 +333,7 @@ impl<'a, T: Real> Forward<'a, T> {
                     v,
                     &mut e,
                 ),
-                None => crate::model::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
+                None => crate::kernels::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
             }
             for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
                 *x = *x + *m;
@@ -341,7 +341,7 @@ impl<'a, T: Real> Forward<'a, T> {
             // SAFETY: row r of each buffer is written by this task only.
             let o = unsafe { out.row(r) };
             let (al, cx) = o.split_at_mut(s);
-            crate::model::attention::softmax_context_parts_d(
+            crate::kernels::attention::softmax_context_parts_d(
                 &e,
                 &ann[r * s * a2..(r * s + sr) * a2],
                 &mut al[..sr],
@@ -496,7 +496,7 @@ impl<'a, T: Real> Forward<'a, T> {
             // The recurrent products' operand: t, or d∘t under recurrent dropout.
             let tm = match &self.drop {
                 Some(d) => {
-                    crate::model::gru::dropped_state(&t_i[..mth], &d[..mth], &mut tm[..mth]);
+                    crate::kernels::gru::dropped_state(&t_i[..mth], &d[..mth], &mut tm[..mth]);
                     &tm[..mth]
                 }
                 None => t_i,
@@ -518,7 +518,7 @@ impl<'a, T: Real> Forward<'a, T> {
             crate::kernels::profile::timed("  decoder fwd: GRU step", || {
                 let operand = match &self.drop {
                     Some(d) => {
-                        crate::model::gru::dropped_state(&ts_i[..mth], &d[..mth], &mut rc[..mth]);
+                        crate::kernels::gru::dropped_state(&ts_i[..mth], &d[..mth], &mut rc[..mth]);
                         &rc[..mth]
                     }
                     None => &ts_i[..mth],

@@ -1,5 +1,5 @@
 //! The gate and the mix of one sentence row in the fused decoder op: `z = σ(Σ terms)`, the scales as
-//! `α + β z` (from `gate::GateKinds::affine`, the gate's one parametrisation), `T∘t` and the
+//! `α + β z` (from `kernels::gate::GateKinds::affine`, the gate's one parametrisation), `T∘t` and the
 //! pre-activations `T∘(W e) + S∘(C s)`, and their backward pass.
 
 use crate::kernels::{simd_dispatch, Real};

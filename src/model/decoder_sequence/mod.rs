@@ -8,22 +8,24 @@
 //! [`Shared`] handles (one graph input bundles them all). Covers the GRU and the vanilla tanh decoder, in the
 //! reference or the paper-literal gate form, with any gate (none; a context gate with any strategy and inputs;
 //! the gating scalar; static interpolation) and any coverage model (§5: linguistic with or without fertility,
-//! neural gated or not; `coverage::CovRows` per sentence row, the state's term `t W_h` stacked into the query
-//! product), and the cGRU (its context GRU as the gated transition with no word term, its word GRU after it,
-//! see [`CgruWeights`]). Tested against the
+//! neural gated or not; `kernels::coverage::CovRows` per sentence row, the state's term `t W_h` stacked into
+//! the query product), and the cGRU (its context GRU as the gated transition with no word term, its word GRU
+//! after it, see [`CgruWeights`]). Tested against the
 //! step-by-step composition (`tests/it/kernels/`) and by finite differences (`tests/it/gradcheck.rs`).
 //!
 //! Here: the op's inputs, state and helpers; `forward` and `backward`, its two passes; `gate_mix`, the gate
 //! and the mix of the word and context terms per sentence row; `transition`, the vanilla unit's and the
-//! paper form's transitions (the GRU's row kernels are in `gru`).
+//! paper form's transitions (the GRU's row kernels are in `kernels::gru`; attention's and coverage's rows in
+//! `kernels::attention` and `kernels::coverage`).
 
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 
+use crate::kernels::gate::GateKinds;
 use crate::kernels::{storage_slice, Input, Oriented, Real, Shared};
 use crate::model::attention::AttentionWeights;
 use crate::model::coverage::CoverageInputs;
 use crate::model::decoder_cell::TransitionWeights;
-use crate::model::gate::{GateKinds, GateWeights, ZPre};
+use crate::model::gate::{GateWeights, ZPre};
 
 mod backward;
 mod forward;
@@ -412,8 +414,8 @@ struct CovData<T> {
 }
 
 impl<T: Real> CovData<T> {
-    fn rows(&self) -> crate::model::coverage::CovRows<'_, T> {
-        crate::model::coverage::CovRows {
+    fn rows(&self) -> crate::kernels::coverage::CovRows<'_, T> {
+        crate::kernels::coverage::CovRows {
             neural: self.neural,
             gated: self.gated,
             d: self.d,
@@ -598,7 +600,7 @@ impl DecoderSequence {
         let cr = self
             .cov
             .as_ref()
-            .map(|c| crate::model::coverage::CovRows::<f32> {
+            .map(|c| crate::kernels::coverage::CovRows::<f32> {
                 neural: c.neural,
                 gated: c.gated,
                 d: c.d,

@@ -75,7 +75,7 @@ pub(super) fn paper_update_row<T: Real>(
     for k in 0..h {
         let c = (pre[k] + sc[k] * rc[k]).tanh_v();
         ht[k] = c;
-        out[k] = crate::model::gru::interpolate(t[k], ru[h + k], c, T::one());
+        out[k] = crate::kernels::gru::interpolate(t[k], ru[h + k], c, T::one());
     }
 }
 simd_dispatch!(paper_update_row_d, paper_update_row_avx, paper_update_row, (pre: &[T], rc: &[T], sc: &[T], ru: &[T], t: &[T], ht: &mut [T], out: &mut [T]));
@@ -257,7 +257,7 @@ pub(super) fn paper_transition_backward<T: Real>(
         u.mul_t_into(b, dtp, h, false, Mat::rows(drc, h));
         if let Some((_, d, _)) = drop {
             // U read d∘t: ∂t through the mask.
-            crate::model::gru::undrop_grad(&mut dtp[..bh], &d[..bh]);
+            crate::kernels::gru::undrop_grad(&mut dtp[..bh], &d[..bh]);
         }
         return;
     };
@@ -319,7 +319,7 @@ pub(super) fn paper_transition_backward<T: Real>(
             let dm = &mut dm[..bh];
             dm.fill(T::zero());
             gates(tm, dm);
-            crate::model::gru::add_dropped_row(dm, &d[..bh], &mut dtp[..bh]);
+            crate::kernels::gru::add_dropped_row(dm, &d[..bh], &mut dtp[..bh]);
         }
         None => gates(t, dtp),
     }

@@ -6,15 +6,15 @@ use crate::common::*;
 use candle_core::{DType, Device, Tensor, Var};
 use cgnmt::config::TargetPadding;
 use cgnmt::decode::beam_search::{beam_search, greedy, DecodeOptions};
-use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
-use cgnmt::model::attention::{
+use cgnmt::kernels::attention::{
     scores_fused, scores_reference, softmax_context_fused, softmax_context_reference,
 };
-use cgnmt::model::gru::{gru_update_fused, gru_update_reference};
-use cgnmt::model::readout::{
+use cgnmt::kernels::gru::{gru_update_fused, gru_update_reference};
+use cgnmt::kernels::readout::{
     log_normaliser, log_softmax, maxout_fused, maxout_reference, output_nll_fused,
     output_nll_reference,
 };
+use cgnmt::kernels::{max_rel_diff, rec_matmul, Kernels};
 use cgnmt::model::{Batch, Model};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

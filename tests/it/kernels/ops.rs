@@ -127,7 +127,14 @@ fn fused_ops_match_their_composed_reference() {
             &vars,
             &|x| {
                 let ro = readout(x);
-                vec![cgnmt::model::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, None).unwrap()]
+                vec![cgnmt::kernels::readout::hidden_rows_fused(
+                    ro.rows_weights(),
+                    &x[0],
+                    &x[1],
+                    tl,
+                    None,
+                )
+                .unwrap()]
             },
             &|x| vec![reference_rows(x)],
             ft,
@@ -147,10 +154,14 @@ fn fused_ops_match_their_composed_reference() {
             &vars,
             &|x| {
                 let ro = readout(x);
-                vec![
-                    cgnmt::model::readout::hidden_rows_fused(&ro, &x[0], &x[1], tl, Some(&lens))
-                        .unwrap(),
-                ]
+                vec![cgnmt::kernels::readout::hidden_rows_fused(
+                    ro.rows_weights(),
+                    &x[0],
+                    &x[1],
+                    tl,
+                    Some(&lens),
+                )
+                .unwrap()]
             },
             &|x| vec![reference_rows(x).index_select(&rows, 0).unwrap()],
             ft,
@@ -225,9 +236,8 @@ fn fused_ops_match_their_composed_reference() {
             );
         }
         // The gate's scales on word and context terms (3 blocks), every strategy, with decode-time constants.
-        use cgnmt::model::gate::{
-            mix_fused, mix_reference, GateKinds, GateMix, Scale, Scales, ZKind,
-        };
+        use cgnmt::kernels::gate::{mix_fused, GateKinds, GateMix, ZKind};
+        use cgnmt::model::gate::{mix_reference, Scale, Scales};
         for (ks, kt) in [
             (ZKind::Z, ZKind::One),
             (ZKind::One, ZKind::Z),
@@ -306,7 +316,9 @@ fn fused_ops_match_their_composed_reference() {
                 "output layer + NLL",
             );
             // With label smoothing (ε = 0.1, and ε = 0 is the plain loss).
-            use cgnmt::model::readout::{output_nll_smoothed_fused, output_nll_smoothed_reference};
+            use cgnmt::kernels::readout::{
+                output_nll_smoothed_fused, output_nll_smoothed_reference,
+            };
             compare(
                 dtype,
                 &vars2,
@@ -517,7 +529,7 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
-        let keys = cgnmt::model::attention::Keys {
+        let keys = cgnmt::kernels::attention::Keys {
             ah: ah.as_tensor().clone(),
             annotations: ann.as_tensor().clone(),
             mask_bias: mask_bias.clone(),
@@ -528,7 +540,7 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
         let bt = rand_var(&mut rng, &[rows.len(), ad], 1.5, dtype);
         let v = rand_var(&mut rng, &[ad, 1], 1.0, dtype);
         let (alpha, ctx) =
-            cgnmt::model::attention::attend_rows(&keys, &rows, bt.as_tensor(), v.as_tensor())
+            cgnmt::kernels::attention::attend_rows(&keys, &rows, bt.as_tensor(), v.as_tensor())
                 .unwrap();
         let idx = Tensor::from_vec(rows.to_vec(), rows.len(), &Device::Cpu).unwrap();
         let pre = keys.ah.index_select(&idx, 0).unwrap();
@@ -547,7 +559,7 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
         let a: Vec<Vec<f64>> = alpha.to_dtype(DType::F64).unwrap().to_vec2().unwrap();
         assert!(a[0][8..].iter().all(|&x| x == 0.0) && a[0][..8].iter().sum::<f64>() > 0.99);
         // A row index past the sentences is an error, not a panic.
-        assert!(cgnmt::model::attention::attend_rows(
+        assert!(cgnmt::kernels::attention::attend_rows(
             &keys,
             &[0, 3, 1, 1, 1, 1, 1],
             bt.as_tensor(),
@@ -562,7 +574,7 @@ fn attention_over_sentence_rows_equals_attention_over_selected_keys() {
 #[test]
 fn fused_bidirectional_gru_matches_step_by_step() {
     use candle_core::IndexOp;
-    use cgnmt::model::encoder::bigru_fused;
+    use cgnmt::kernels::encoder::bigru_fused;
     use cgnmt::model::gru::Gru;
     // Sentence lengths 6, 4, 1, 6, 2 (the fused op runs the rows longest first, each step over the rows with a
     // word), and a mask with a gap in one row (not a run of words then padding: all rows under the mask);
