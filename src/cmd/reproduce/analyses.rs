@@ -474,112 +474,20 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
             pending.push(format!("{} seed {}", t.system.name, t.seed));
         }
     }
-    let refs = read_refs(s)?;
-    let src_tok = cgnmt_data::corpus::read_lines(&s.test_src_tok)?;
     let plan = &s.plan;
-    let of = |name: &str| -> Vec<&RunResult> {
-        let mut v: Vec<&RunResult> = runs.iter().filter(|r| r.system == name).collect();
-        v.sort_by_key(|r| r.seed);
-        v
-    };
-    let median = |name: &str| -> Option<&RunResult> {
-        let mut v = of(name);
-        v.sort_by(|a, b| a.bleu.total_cmp(&b.bleu).then(a.seed.cmp(&b.seed)));
-        v.get(v.len().saturating_sub(1) / 2).copied()
-    };
-    let hyps_of = |r: &RunResult| -> Result<Vec<String>> {
-        Ok(cgnmt_data::corpus::read_lines(
-            &s.out.join(&r.dir).join("test.hyp"),
-        )?)
+    let c = Finished {
+        s,
+        runs: &runs,
+        refs: read_refs(s)?,
+        src_tok: cgnmt_data::corpus::read_lines(&s.test_src_tok)?,
+        dumps_read: Default::default(),
     };
     let metric = Metric::Bleu(BleuOptions::mteval_v11b());
-    let mut rows = vec![];
-    for sys in &plan.systems {
-        let rs = of(&sys.name);
-        let bleu: Vec<f64> = rs.iter().map(|r| r.bleu).collect();
-        let m = mean(&bleu);
-        let base_rows = sys.baseline.as_deref().map(of).unwrap_or_default();
-        let base_mean = mean(&base_rows.iter().map(|r| r.bleu).collect::<Vec<_>>());
-        let tests = match &sys.baseline {
-            Some(_) => {
-                let paired = paired_by_seed(&rs, &base_rows);
-                if paired.is_empty() {
-                    None
-                } else {
-                    let (mut sys_stats, mut base_stats) = (vec![], vec![]);
-                    for (r, b) in &paired {
-                        sys_stats.extend(metric.segment_stats(&hyps_of(r)?, &refs)?);
-                        base_stats.extend(metric.segment_stats(&hyps_of(b)?, &refs)?);
-                    }
-                    let bs = significance::paired_bootstrap(
-                        &metric,
-                        &base_stats,
-                        &sys_stats,
-                        BOOTSTRAP_SAMPLES,
-                        significance::DEFAULT_SEED,
-                    )?;
-                    let ar = significance::paired_ar(
-                        &metric,
-                        &base_stats,
-                        &sys_stats,
-                        AR_TRIALS,
-                        significance::DEFAULT_SEED,
-                    )?;
-                    let sign = significance::sign_test(&metric, &base_stats, &sys_stats)?;
-                    // Equal corpus scores are no difference; the resampling tests' strict comparison would
-                    // give them their smallest p-value.
-                    let same = bs.sys_score == bs.base_score;
-                    Some(Tests {
-                        seeds: paired.iter().map(|p| p.0.seed).collect(),
-                        segments: sys_stats.len(),
-                        base_bleu: bs.base_score,
-                        sys_bleu: bs.sys_score,
-                        bootstrap_p: if same { 1.0 } else { bs.p_value },
-                        ar_p: if same { 1.0 } else { ar.p_value },
-                        sign,
-                    })
-                }
-            }
-            None => None,
-        };
-        let paper_delta = match (&sys.baseline, sys.paper) {
-            (Some(b), Some(p)) => plan.system(b).and_then(|b| b.paper).map(|bp| p - bp),
-            _ => None,
-        };
-        rows.push(Row {
-            system: sys.name.clone(),
-            table: sys.table.clone(),
-            baseline: sys.baseline.clone(),
-            seeds: rs.iter().map(|r| r.seed).collect(),
-            mean: m,
-            sd: sd(&bleu),
-            bleu,
-            sacrebleu_mean: mean(&rs.iter().map(|r| r.sacrebleu).collect::<Vec<_>>()),
-            chrf_mean: mean(&rs.iter().map(|r| r.chrf).collect::<Vec<_>>()),
-            length_ratio: mean(
-                &rs.iter()
-                    .map(|r| r.hyp_words as f64 / r.ref_words.max(1.0))
-                    .collect::<Vec<_>>(),
-            ),
-            bleu_length_ratio: mean(
-                &rs.iter()
-                    .map(|r| bleu_ratio(&hyps_of(r)?, &refs))
-                    .collect::<Result<Vec<_>>>()?,
-            ),
-            delta: match (m, base_mean) {
-                (Some(a), Some(b)) => Some(a - b),
-                _ => None,
-            },
-            tests,
-            paper: sys.paper,
-            paper_delta,
-            params: rs.first().map(|r| r.params),
-            train_seconds_mean: mean(&rs.iter().map(|r| r.train_seconds).collect::<Vec<_>>()),
-            decode_seconds_mean: mean(&rs.iter().map(|r| r.decode_seconds).collect::<Vec<_>>()),
-            steps: rs.first().map(|r| r.steps),
-            median_seed: median(&sys.name).map(|r| r.seed),
-        });
-    }
+    let rows = plan
+        .systems
+        .iter()
+        .map(|sys| c.row(sys, &metric))
+        .collect::<Result<Vec<_>>>()?;
     let extra_tests = extra_tables(s, &runs, &metric)?;
     let mut stability = vec![];
     for table in plan.table_ids() {
@@ -591,7 +499,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
             .filter(|x| x.table == table && x.from.is_none())
             .map(|x| x.name.as_str())
             .collect();
-        if let Some(st) = stability_of(&names, &of) {
+        if let Some(st) = stability_of(&names, &|n| c.of(n)) {
             stability.push((table, st));
         }
     }
@@ -605,186 +513,39 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
     }
     std::fs::create_dir_all(&figures_dir)
         .with_context(|| format!("{}: cannot create", figures_dir.display()))?;
-    let dumps_read = std::cell::RefCell::new(std::collections::BTreeSet::<String>::new());
-    let dump_of = |r: &RunResult| -> Result<Vec<DumpRecord>> {
-        dumps_read.borrow_mut().insert(r.dir.clone());
-        let path = super::compress_dump(&s.out.join(&r.dir))?;
-        let text = cgnmt_data::corpus::read_lines(&path)?.join("\n");
-        Ok(analysis::parse_dump(&text, &path)?)
-    };
-
     let gate_correlation = match &a.gate_correlation {
-        Some(g) => match (median(&g.system), median(&g.baseline)) {
-            (Some(sr), Some(br)) => {
-                let path = s.out.join(&sr.dir).join(super::DUMP_GZ);
-                let by_id = analysis::dump_by_id(dump_of(sr)?, src_tok.len(), &path)?;
-                let gates: Vec<Option<f64>> = by_id.iter().map(|d| d.mean_gate()).collect();
-                let ga = analysis::gate_analysis(
-                    &src_tok,
-                    &refs,
-                    &hyps_of(br)?,
-                    &hyps_of(sr)?,
-                    &gates,
-                    g.long,
-                    &BleuOptions::sentence(),
-                )?;
-                Some(GateCorrelationResult {
-                    system: g.system.clone(),
-                    system_seed: sr.seed,
-                    baseline: g.baseline.clone(),
-                    baseline_seed: br.seed,
-                    signature: ga.signature,
-                    correlations: ga.correlations,
-                })
-            }
-            _ => None,
-        },
+        Some(g) => c.gate_correlation(g)?,
         None => None,
     };
-
-    let mut gate_histogram = vec![];
-    if let Some(g) = &a.gate_histogram {
-        for name in &g.systems {
-            if let Some(r) = median(name) {
-                let mut counts = [0usize; 20];
-                let mut vals = vec![];
-                for d in dump_of(r)? {
-                    for &v in d.gates.iter().filter(|v| v.is_finite()) {
-                        counts[((v.clamp(0.0, 1.0) * 20.0) as usize).min(19)] += 1;
-                        vals.push(v);
-                    }
-                }
-                let n = vals.len();
-                gate_histogram.push(GateHistogram {
-                    system: name.clone(),
-                    seed: r.seed,
-                    fractions: counts.iter().map(|&c| c as f64 / n.max(1) as f64).collect(),
-                    words: n,
-                    mean: mean(&vals),
-                });
-            }
-        }
-    }
-
-    let mut context_scaling = vec![];
-    if let Some(c) = &a.context_scaling {
-        for name in &c.systems {
-            let Some(r) = median(name) else { continue };
-            let dir = s.out.join("analyses/context-scaling").join(format!(
-                "{}-seed-{}",
-                slug(name),
-                r.seed
-            ));
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("{}: cannot create", dir.display()))?;
-            let mut outs = vec![];
-            for &(x, y) in &c.scales {
-                let hyps = if x == 1.0 && y == 1.0 {
-                    hyps_of(r)?
-                } else {
-                    let p = dir.join(format!("{x}_{y}.hyp"));
-                    if !p.is_file() {
-                        need_model(s, r)?;
-                        let model = best_dir(&s.out.join(&r.dir));
-                        run_child(
-                            &s.exe,
-                            &[
-                                "translate".into(),
-                                "--quiet".into(),
-                                "-m".into(),
-                                model.display().to_string(),
-                                "--beam".into(),
-                                plan.decode.beam.to_string(),
-                                "--context-scale".into(),
-                                format!("{x},{y}"),
-                                "-i".into(),
-                                s.test_src.display().to_string(),
-                                "-o".into(),
-                                p.display().to_string(),
-                            ],
-                            &dir.join("output.log"),
-                            s.threads * s.args.jobs,
-                            clock,
-                            || {},
-                        )?;
-                    }
-                    cgnmt_data::corpus::read_lines(&p)?
-                };
-                outs.push(((x, y), hyps));
-            }
-            context_scaling.push(ScalingResult {
-                system: name.clone(),
-                seed: r.seed,
-                scaling: analysis::context_scaling(
-                    &src_tok,
-                    &refs,
-                    &outs,
-                    &BleuOptions::mteval_v11b(),
-                )?,
-            });
-        }
-    }
-
+    let gate_histogram = match &a.gate_histogram {
+        Some(g) => c.gate_histogram(g)?,
+        None => vec![],
+    };
+    let context_scaling = match &a.context_scaling {
+        Some(cs) => c.context_scaling(cs, clock)?,
+        None => vec![],
+    };
     let length_groups = match &a.length_groups {
-        Some(l) => {
-            let mut systems = vec![];
-            for name in &l.systems {
-                if let Some(r) = median(name) {
-                    systems.push((name.clone(), hyps_of(r)?));
-                }
-            }
-            if systems.is_empty() {
-                None
-            } else {
-                Some(analysis::length_groups(
-                    &src_tok,
-                    &refs,
-                    &systems,
-                    &l.edges,
-                    &BleuOptions::mteval_v11b(),
-                )?)
-            }
-        }
+        Some(l) => c.length_groups(l)?,
         None => None,
     };
-
     let subjective = match &a.subjective {
-        Some(sj) => match (median(&sj.baseline), median(&sj.system)) {
-            (Some(br), Some(sr)) => Some(write_subjective(s, sj, br, sr, &refs)?),
+        Some(sj) => match (c.median(&sj.baseline), c.median(&sj.system)) {
+            (Some(br), Some(sr)) => Some(write_subjective(s, sj, br, sr, &c.refs)?),
             _ => None,
         },
         None => None,
     };
-
     let mut alignment = vec![];
     for (k, al) in a.alignment.iter().enumerate() {
-        alignment.push(align_all(s, k, al, &of, clock)?);
+        alignment.push(align_all(s, k, al, &|n| c.of(n), clock)?);
     }
-
-    let mut figures = vec![];
-    if let Some(h) = &a.heatmaps {
-        if let Some(r) = median(&h.system) {
-            let dump = dump_of(r)?;
-            for &id in &h.sentences {
-                let Some(rec) = dump.iter().find(|d| d.id == Some(id)) else {
-                    continue;
-                };
-                let mut fig = cgnmt_eval::plot::AttentionFigure::from_record(rec)?;
-                fig.title = format!("{} (seed {}), test sentence {id}", h.system, r.seed);
-                let file = format!("heatmap-{id}.png");
-                cgnmt_eval::plot::save(&fig, &figures_dir.join(&file))?;
-                figures.push(FigureRef {
-                    file,
-                    caption: format!(
-                        "Attention and gate values of {} (seed {}) on test sentence {id} (paper Figure 6).",
-                        h.system, r.seed
-                    ),
-                });
-            }
-        }
-    }
-
-    let dumps_read: Vec<String> = dumps_read.into_inner().into_iter().collect();
+    let figures = match &a.heatmaps {
+        Some(h) => c.heatmaps(h, &figures_dir)?,
+        None => vec![],
+    };
+    let (test_sentences, references) = (c.src_tok.len(), c.refs.len());
+    let dumps_read: Vec<String> = c.dumps_read.into_inner().into_iter().collect();
     Ok(Results {
         dumps_read,
         plan: plan.name.clone(),
@@ -817,8 +578,8 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
                 (id, title)
             })
             .collect(),
-        test_sentences: src_tok.len(),
-        references: refs.len(),
+        test_sentences,
+        references,
         runs,
         pending,
         rows,
@@ -833,6 +594,314 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
         figures,
         invocations: vec![],
     })
+}
+
+/// The finished runs of a plan, with the test set's references and tokenised sources, and the dumps that
+/// the analyses read (named in the results).
+struct Finished<'a> {
+    s: &'a Setup,
+    runs: &'a [RunResult],
+    refs: Vec<Vec<String>>,
+    src_tok: Vec<String>,
+    dumps_read: std::cell::RefCell<std::collections::BTreeSet<String>>,
+}
+
+impl<'a> Finished<'a> {
+    /// A row's runs, by seed.
+    fn of(&self, name: &str) -> Vec<&'a RunResult> {
+        let mut v: Vec<&RunResult> = self.runs.iter().filter(|r| r.system == name).collect();
+        v.sort_by_key(|r| r.seed);
+        v
+    }
+
+    /// A row's run of median test BLEU (of an even number, the lower; ties by seed), which the analyses read.
+    fn median(&self, name: &str) -> Option<&'a RunResult> {
+        let mut v = self.of(name);
+        v.sort_by(|a, b| a.bleu.total_cmp(&b.bleu).then(a.seed.cmp(&b.seed)));
+        v.get(v.len().saturating_sub(1) / 2).copied()
+    }
+
+    fn hyps_of(&self, r: &RunResult) -> Result<Vec<String>> {
+        Ok(cgnmt_data::corpus::read_lines(
+            &self.s.out.join(&r.dir).join("test.hyp"),
+        )?)
+    }
+
+    fn dump_of(&self, r: &RunResult) -> Result<Vec<DumpRecord>> {
+        self.dumps_read.borrow_mut().insert(r.dir.clone());
+        let path = super::compress_dump(&self.s.out.join(&r.dir))?;
+        let text = cgnmt_data::corpus::read_lines(&path)?.join("\n");
+        Ok(analysis::parse_dump(&text, &path)?)
+    }
+
+    /// A system's row of its table: the seeds' BLEU, mean ± sd, Δ against its baseline with the
+    /// significance tests, the other metrics and the costs.
+    fn row(&self, sys: &super::plan::SystemSpec, metric: &Metric) -> Result<Row> {
+        let plan = &self.s.plan;
+        let rs = self.of(&sys.name);
+        let bleu: Vec<f64> = rs.iter().map(|r| r.bleu).collect();
+        let m = mean(&bleu);
+        let base_rows = sys
+            .baseline
+            .as_deref()
+            .map(|b| self.of(b))
+            .unwrap_or_default();
+        let base_mean = mean(&base_rows.iter().map(|r| r.bleu).collect::<Vec<_>>());
+        let tests = match &sys.baseline {
+            Some(_) => self.significance(&paired_by_seed(&rs, &base_rows), metric)?,
+            None => None,
+        };
+        let paper_delta = match (&sys.baseline, sys.paper) {
+            (Some(b), Some(p)) => plan.system(b).and_then(|b| b.paper).map(|bp| p - bp),
+            _ => None,
+        };
+        Ok(Row {
+            system: sys.name.clone(),
+            table: sys.table.clone(),
+            baseline: sys.baseline.clone(),
+            seeds: rs.iter().map(|r| r.seed).collect(),
+            mean: m,
+            sd: sd(&bleu),
+            bleu,
+            sacrebleu_mean: mean(&rs.iter().map(|r| r.sacrebleu).collect::<Vec<_>>()),
+            chrf_mean: mean(&rs.iter().map(|r| r.chrf).collect::<Vec<_>>()),
+            length_ratio: mean(
+                &rs.iter()
+                    .map(|r| r.hyp_words as f64 / r.ref_words.max(1.0))
+                    .collect::<Vec<_>>(),
+            ),
+            bleu_length_ratio: mean(
+                &rs.iter()
+                    .map(|r| bleu_ratio(&self.hyps_of(r)?, &self.refs))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            delta: match (m, base_mean) {
+                (Some(a), Some(b)) => Some(a - b),
+                _ => None,
+            },
+            tests,
+            paper: sys.paper,
+            paper_delta,
+            params: rs.first().map(|r| r.params),
+            train_seconds_mean: mean(&rs.iter().map(|r| r.train_seconds).collect::<Vec<_>>()),
+            decode_seconds_mean: mean(&rs.iter().map(|r| r.decode_seconds).collect::<Vec<_>>()),
+            steps: rs.first().map(|r| r.steps),
+            median_seed: self.median(&sys.name).map(|r| r.seed),
+        })
+    }
+
+    /// Paired bootstrap, approximate randomisation and the sign test of a system against its baseline over
+    /// the seeds both have (each seed's test sentences are segments of one pooled test); `None` without such
+    /// seeds.
+    fn significance(
+        &self,
+        paired: &[(&RunResult, &RunResult)],
+        metric: &Metric,
+    ) -> Result<Option<Tests>> {
+        if paired.is_empty() {
+            return Ok(None);
+        }
+        let (mut sys_stats, mut base_stats) = (vec![], vec![]);
+        for (r, b) in paired {
+            sys_stats.extend(metric.segment_stats(&self.hyps_of(r)?, &self.refs)?);
+            base_stats.extend(metric.segment_stats(&self.hyps_of(b)?, &self.refs)?);
+        }
+        let bs = significance::paired_bootstrap(
+            metric,
+            &base_stats,
+            &sys_stats,
+            BOOTSTRAP_SAMPLES,
+            significance::DEFAULT_SEED,
+        )?;
+        let ar = significance::paired_ar(
+            metric,
+            &base_stats,
+            &sys_stats,
+            AR_TRIALS,
+            significance::DEFAULT_SEED,
+        )?;
+        let sign = significance::sign_test(metric, &base_stats, &sys_stats)?;
+        // Equal corpus scores are no difference; the resampling tests' strict comparison would give them
+        // their smallest p-value.
+        let same = bs.sys_score == bs.base_score;
+        Ok(Some(Tests {
+            seeds: paired.iter().map(|p| p.0.seed).collect(),
+            segments: sys_stats.len(),
+            base_bleu: bs.base_score,
+            sys_bleu: bs.sys_score,
+            bootstrap_p: if same { 1.0 } else { bs.p_value },
+            ar_p: if same { 1.0 } else { ar.p_value },
+            sign,
+        }))
+    }
+
+    /// Table 6: the gate value against the sentence-BLEU gain over the baseline (the median runs).
+    fn gate_correlation(
+        &self,
+        g: &super::plan::GateCorrelationSpec,
+    ) -> Result<Option<GateCorrelationResult>> {
+        let (Some(sr), Some(br)) = (self.median(&g.system), self.median(&g.baseline)) else {
+            return Ok(None);
+        };
+        let path = self.s.out.join(&sr.dir).join(super::DUMP_GZ);
+        let by_id = analysis::dump_by_id(self.dump_of(sr)?, self.src_tok.len(), &path)?;
+        let gates: Vec<Option<f64>> = by_id.iter().map(|d| d.mean_gate()).collect();
+        let ga = analysis::gate_analysis(
+            &self.src_tok,
+            &self.refs,
+            &self.hyps_of(br)?,
+            &self.hyps_of(sr)?,
+            &gates,
+            g.long,
+            &BleuOptions::sentence(),
+        )?;
+        Ok(Some(GateCorrelationResult {
+            system: g.system.clone(),
+            system_seed: sr.seed,
+            baseline: g.baseline.clone(),
+            baseline_seed: br.seed,
+            signature: ga.signature,
+            correlations: ga.correlations,
+        }))
+    }
+
+    /// The distribution of the gate values the median runs emitted, in 20 bins.
+    fn gate_histogram(&self, g: &super::plan::SystemsSpec) -> Result<Vec<GateHistogram>> {
+        let mut out = vec![];
+        for name in &g.systems {
+            let Some(r) = self.median(name) else { continue };
+            let mut counts = [0usize; 20];
+            let mut vals = vec![];
+            for d in self.dump_of(r)? {
+                for &v in d.gates.iter().filter(|v| v.is_finite()) {
+                    counts[((v.clamp(0.0, 1.0) * 20.0) as usize).min(19)] += 1;
+                    vals.push(v);
+                }
+            }
+            let n = vals.len();
+            out.push(GateHistogram {
+                system: name.clone(),
+                seed: r.seed,
+                fractions: counts.iter().map(|&c| c as f64 / n.max(1) as f64).collect(),
+                words: n,
+                mean: mean(&vals),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The context-scaling table: each median run's test set decoded at every scale of the plan (the
+    /// outputs kept, so that a report decodes each once).
+    fn context_scaling(
+        &self,
+        c: &super::plan::ContextScalingSpec,
+        clock: &Clock,
+    ) -> Result<Vec<ScalingResult>> {
+        let s = self.s;
+        let mut out = vec![];
+        for name in &c.systems {
+            let Some(r) = self.median(name) else { continue };
+            let dir = s.out.join("analyses/context-scaling").join(format!(
+                "{}-seed-{}",
+                slug(name),
+                r.seed
+            ));
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("{}: cannot create", dir.display()))?;
+            let mut outs = vec![];
+            for &(x, y) in &c.scales {
+                let hyps = if x == 1.0 && y == 1.0 {
+                    self.hyps_of(r)?
+                } else {
+                    let p = dir.join(format!("{x}_{y}.hyp"));
+                    if !p.is_file() {
+                        need_model(s, r)?;
+                        let model = best_dir(&s.out.join(&r.dir));
+                        run_child(
+                            &s.exe,
+                            &[
+                                "translate".into(),
+                                "--quiet".into(),
+                                "-m".into(),
+                                model.display().to_string(),
+                                "--beam".into(),
+                                s.plan.decode.beam.to_string(),
+                                "--context-scale".into(),
+                                format!("{x},{y}"),
+                                "-i".into(),
+                                s.test_src.display().to_string(),
+                                "-o".into(),
+                                p.display().to_string(),
+                            ],
+                            &dir.join("output.log"),
+                            s.threads * s.args.jobs,
+                            clock,
+                            || {},
+                        )?;
+                    }
+                    cgnmt_data::corpus::read_lines(&p)?
+                };
+                outs.push(((x, y), hyps));
+            }
+            out.push(ScalingResult {
+                system: name.clone(),
+                seed: r.seed,
+                scaling: analysis::context_scaling(
+                    &self.src_tok,
+                    &self.refs,
+                    &outs,
+                    &BleuOptions::mteval_v11b(),
+                )?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Figure 7: BLEU by source-length group of the median runs.
+    fn length_groups(&self, l: &super::plan::LengthGroupsSpec) -> Result<Option<LengthGroups>> {
+        let mut systems = vec![];
+        for name in &l.systems {
+            if let Some(r) = self.median(name) {
+                systems.push((name.clone(), self.hyps_of(r)?));
+            }
+        }
+        if systems.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(analysis::length_groups(
+            &self.src_tok,
+            &self.refs,
+            &systems,
+            &l.edges,
+            &BleuOptions::mteval_v11b(),
+        )?))
+    }
+
+    /// Figure 6: attention and gate heatmaps of the median run, drawn into `figures_dir`.
+    fn heatmaps(&self, h: &super::plan::HeatmapSpec, figures_dir: &Path) -> Result<Vec<FigureRef>> {
+        let mut figures = vec![];
+        let Some(r) = self.median(&h.system) else {
+            return Ok(figures);
+        };
+        let dump = self.dump_of(r)?;
+        for &id in &h.sentences {
+            let Some(rec) = dump.iter().find(|d| d.id == Some(id)) else {
+                continue;
+            };
+            let mut fig = cgnmt_eval::plot::AttentionFigure::from_record(rec)?;
+            fig.title = format!("{} (seed {}), test sentence {id}", h.system, r.seed);
+            let file = format!("heatmap-{id}.png");
+            cgnmt_eval::plot::save(&fig, &figures_dir.join(&file))?;
+            figures.push(FigureRef {
+                file,
+                caption: format!(
+                    "Attention and gate values of {} (seed {}) on test sentence {id} (paper Figure 6).",
+                    h.system, r.seed
+                ),
+            });
+        }
+        Ok(figures)
+    }
 }
 
 fn best_dir(run_dir: &Path) -> PathBuf {
