@@ -214,8 +214,23 @@ fn row_cells(r: &Row) -> Vec<String> {
 }
 
 fn blocks(r: &Results) -> Vec<Block> {
-    use Block::*;
     let mut b = vec![];
+    title(r, &mut b);
+    main_tables(r, &mut b);
+    extra_test_tables(r, &mut b);
+    alignment(r, &mut b);
+    gates(r, &mut b);
+    context_scaling(r, &mut b);
+    length_groups(r, &mut b);
+    subjective_and_figures(r, &mut b);
+    wall_time(r, &mut b);
+    configurations(r, &mut b);
+    b
+}
+
+/// The report's the title, what the plan is, how it ran and how significance is computed.
+fn title(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     b.push(H(
         1,
         format!("Reproduction of Tu et al. (2017): {}", r.plan),
@@ -236,6 +251,11 @@ fn blocks(r: &Results) -> Vec<Block> {
         "Significance against the row's baseline is computed on the pooled outputs: the system's seed s paired with the baseline's seed s, sentence by sentence, over every seed both have: paired bootstrap ({} resamples) and approximate randomisation ({} trials) p-values, and the sign test (sentences better/worse/equal, two-sided binomial p). The paper's BLEU is the NIST MT05/06/08 average (4 references, model-spec §9): compare its differences (paper Δ), not its level.",
         super::analyses::BOOTSTRAP_SAMPLES, super::analyses::AR_TRIALS
     )));
+}
+
+/// The report's each table of the plan with its rows and its stability check.
+fn main_tables(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     let head: Vec<String> = [
         "system",
         "params",
@@ -300,6 +320,11 @@ fn blocks(r: &Results) -> Vec<Block> {
             ));
         }
     }
+}
+
+/// The report's the rows on each extra test set (the harder half, say).
+fn extra_test_tables(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     for x in &r.extra_tests {
         b.push(H(
             2,
@@ -357,6 +382,11 @@ fn blocks(r: &Results) -> Vec<Block> {
                 .collect(),
         ));
     }
+}
+
+/// The report's the alignment quality of attention (paper Table 4).
+fn alignment(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     if !r.alignment.is_empty() {
         b.push(H(
             2,
@@ -396,6 +426,11 @@ fn blocks(r: &Results) -> Vec<Block> {
             ));
         }
     }
+}
+
+/// The report's the gate value against translation quality (paper Table 6) and the gate values' means.
+fn gates(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     if let Some(g) = &r.gate_correlation {
         b.push(H(
             2,
@@ -452,6 +487,11 @@ fn blocks(r: &Results) -> Vec<Block> {
                 .collect(),
         ));
     }
+}
+
+/// The report's context scaling (paper Figure 2 and Table 1).
+fn context_scaling(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     if !r.context_scaling.is_empty() {
         b.push(H(2, "Context scaling (paper Figure 2 and Table 1)".into()));
         b.push(P("Each system's median seed decodes the test set with the source-context terms scaled by a and the target-side terms (word and state) by b.".into()));
@@ -481,6 +521,11 @@ fn blocks(r: &Results) -> Vec<Block> {
             ));
         }
     }
+}
+
+/// The report's BLEU by source length (paper Figure 7).
+fn length_groups(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     if let Some(g) = &r.length_groups {
         b.push(H(2, "BLEU by source length (paper Figure 7)".into()));
         let mut head = vec!["source words".to_string(), "sentences".into()];
@@ -502,6 +547,11 @@ fn blocks(r: &Results) -> Vec<Block> {
                 .collect(),
         ));
     }
+}
+
+/// The report's the subjective-evaluation sample (paper Table 3) and the figures.
+fn subjective_and_figures(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     if let Some(sj) = &r.subjective {
         b.push(H(2, "Subjective evaluation sample (paper Table 3)".into()));
         b.push(P(format!(
@@ -515,6 +565,11 @@ fn blocks(r: &Results) -> Vec<Block> {
             b.push(Img(format!("figures/{}", f.file), f.caption.clone()));
         }
     }
+}
+
+/// The report's the wall time of the invocations and each row's training and decoding time.
+fn wall_time(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     b.push(H(2, "Wall time".into()));
     let work: f64 = r.invocations.iter().map(|i| i.work_seconds).sum();
     let own: f64 = r.invocations.iter().map(|i| i.own_seconds).sum();
@@ -566,6 +621,11 @@ fn blocks(r: &Results) -> Vec<Block> {
             })
             .collect(),
     ));
+}
+
+/// The report's the shared and each row's settings.
+fn configurations(r: &Results, b: &mut Vec<Block>) {
+    use Block::*;
     b.push(H(2, "Configurations".into()));
     b.push(P("Settings shared by every system (on top of the defaults, `configs/paper.toml`'s paper values), then each system's own; each run's resolved configuration is `systems/<row>/seed-<s>/config.toml`.".into()));
     b.push(Code(r.shared_settings.join("\n")));
@@ -576,7 +636,6 @@ fn blocks(r: &Results) -> Vec<Block> {
             .map(|x| vec![x.name.clone(), system_settings(x)])
             .collect(),
     ));
-    b
 }
 
 /// A row's own settings: its `--set`s, its `prepare` arguments, and how it decodes (another row's models,
