@@ -425,28 +425,37 @@ pub fn train_on(
     let mut loss_acc = (state.loss_window.0, state.loss_window.1 as usize);
     let mut tok_acc = (0usize, Instant::now());
     let mut last_loss = state.last_train_loss.unwrap_or(f64::NAN);
-    let save = |state: &TrainState, opt: &Optimizer, dir: &Path, with_train: bool| -> Result<()> {
-        if !writer {
-            return Ok(());
-        }
-        let request = |with_train: bool| SaveRequest {
-            config: &cfg,
-            varmap: &varmap,
-            src_vocab: &data.src_vocab,
-            tgt_vocab: &data.tgt_vocab,
-            preprocess_dir: &cfg.data.prepared,
-            optimizer: if with_train { Some(opt) } else { None },
-            state: if with_train { Some(state) } else { None },
-        };
-        checkpoint::save(dir, &request(with_train))?;
-        if dir == last_dir && cfg.train.keep_checkpoints > 0 {
-            checkpoint::save(
-                &run_dir.join(format!("ckpt-{:07}", state.step)),
-                &request(false),
-            )?;
-            checkpoint::prune_kept(run_dir, cfg.train.keep_checkpoints)?;
-        }
-        Ok(())
+    let saver = Saver {
+        cfg: &cfg,
+        varmap: &varmap,
+        data: &data,
+        run_dir,
+        writer,
+    };
+    let save = |state: &TrainState, opt: &Optimizer, dir: &Path, with_train: bool| {
+        saver.save(state, opt, dir, with_train)
+    };
+    // Dev BLEU, keeping the best model; true when patience is exhausted.
+    let evaluate = |state: &mut TrainState,
+                    opt: &Optimizer,
+                    log: &mut std::fs::File,
+                    last_loss: f64|
+     -> Result<bool> {
+        eval_and_keep(
+            &model.frozen(&varmap)?,
+            &data,
+            &pre,
+            &tc,
+            state,
+            last_loss,
+            &pb,
+            log,
+            &log_path,
+            &save,
+            opt,
+            quiet,
+            cluster,
+        )
     };
     let stop_reason;
     let rollback = tc.on_divergence == crate::config::OnDivergence::Rollback;
@@ -503,23 +512,17 @@ pub fn train_on(
             tok_acc.0 += tokens as usize;
             pb.inc(1);
             if state.step % 10 == 0 {
-                // The window's training loss and speed (and, in an MPI job, rank 0's seconds per update in
-                // its own work, waiting and exchanging).
-                let el = tok_acc.1.elapsed().as_secs_f64();
-                let tps = tok_acc.0 as f64 / el.max(1e-9);
-                last_loss = loss_acc.0 / loss_acc.1.max(1) as f64;
-                pb.set_message(format!(
-                    "loss/token {last_loss:.3} | {tps:.0} tgt tok/s | epoch {}",
-                    state.epoch + 1
-                ));
-                let mut line = serde_json::json!({"step": state.step, "epoch": state.epoch,
-                    "seconds": state.seconds, "loss_per_token": last_loss, "tgt_tok_per_s": tps});
-                if cluster.size() > 1 {
-                    line["data_parallel"] = exchange.stats.take().per_update_json().into();
-                }
-                writeln!(log, "{line}").map_err(|e| NmtError::io(&log_path, e))?;
-                loss_acc = (0.0, 0);
-                tok_acc = (0, Instant::now());
+                // In an MPI job, rank 0's seconds per update in its own work, waiting and exchanging.
+                let data_parallel = (cluster.size() > 1)
+                    .then(|| serde_json::Value::from(exchange.stats.take().per_update_json()));
+                last_loss = log_window(
+                    &mut log,
+                    &log_path,
+                    &pb,
+                    &state,
+                    (&mut loss_acc, &mut tok_acc),
+                    data_parallel,
+                )?;
             }
             state.loss_window = (loss_acc.0, loss_acc.1 as u64);
             state.last_train_loss = last_loss.is_finite().then_some(last_loss);
@@ -529,21 +532,7 @@ pub fn train_on(
                 log_ranks_agree(&mut log, &log_path, &vars, cluster, state.step)?;
             }
             if tc.eval_every > 0 && state.step % tc.eval_every as u64 == 0 && !at_limit {
-                if eval_and_keep(
-                    &model.frozen(&varmap)?,
-                    &data,
-                    &pre,
-                    &tc,
-                    &mut state,
-                    last_loss,
-                    &pb,
-                    &mut log,
-                    &log_path,
-                    &save,
-                    &opt,
-                    quiet,
-                    cluster,
-                )? {
+                if evaluate(&mut state, &opt, &mut log, last_loss)? {
                     stop_reason = format!("no dev BLEU improvement in {} evaluations", tc.patience);
                     break 'outer;
                 }
@@ -562,21 +551,7 @@ pub fn train_on(
     pb.finish_and_clear();
     // Final evaluation unless this step was just evaluated.
     if state.history.last().map(|h| h.step) != Some(state.step) {
-        eval_and_keep(
-            &model.frozen(&varmap)?,
-            &data,
-            &pre,
-            &tc,
-            &mut state,
-            last_loss,
-            &pb,
-            &mut log,
-            &log_path,
-            &save,
-            &opt,
-            quiet,
-            cluster,
-        )?;
+        evaluate(&mut state, &opt, &mut log, last_loss)?;
     }
     if cluster.size() > 1 {
         log_ranks_agree(&mut log, &log_path, &vars, cluster, state.step)?;
@@ -598,20 +573,58 @@ pub fn train_on(
         )?;
     }
     if !quiet {
-        eprintln!(
-            "stopped after {} steps ({:.0} s): {stop_reason}; best dev BLEU {} at step {}; best model in {}",
-            state.step,
-            state.seconds,
-            state.best_bleu.map(|b| format!("{b:.2}")).unwrap_or_else(|| "n/a".into()),
-            state.best_step,
-            best_dir.display()
-        );
+        eprintln!("{}", stopped(&state, &stop_reason, &best_dir));
     }
     Ok(TrainSummary {
         state,
         run_dir: run_dir.to_path_buf(),
         params,
     })
+}
+
+/// Where and what a run saves (rank 0 alone writes).
+struct Saver<'a> {
+    cfg: &'a Config,
+    varmap: &'a candle_nn::VarMap,
+    data: &'a TrainData,
+    run_dir: &'a Path,
+    writer: bool,
+}
+
+impl Saver<'_> {
+    /// Save the model into `dir`, with the optimiser and the training state (`with_train`: a resumable
+    /// checkpoint) or without. Each save into `last/` also keeps a model-only `ckpt-NNNNNNN/`, as many as
+    /// `train.keep_checkpoints` says.
+    fn save(
+        &self,
+        state: &TrainState,
+        opt: &Optimizer,
+        dir: &Path,
+        with_train: bool,
+    ) -> Result<()> {
+        if !self.writer {
+            return Ok(());
+        }
+        let cfg = self.cfg;
+        let request = |with_train: bool| SaveRequest {
+            config: cfg,
+            varmap: self.varmap,
+            src_vocab: &self.data.src_vocab,
+            tgt_vocab: &self.data.tgt_vocab,
+            preprocess_dir: &cfg.data.prepared,
+            optimizer: if with_train { Some(opt) } else { None },
+            state: if with_train { Some(state) } else { None },
+        };
+        checkpoint::save(dir, &request(with_train))?;
+        if dir == self.run_dir.join("last") && cfg.train.keep_checkpoints > 0 {
+            checkpoint::save(
+                &self.run_dir.join(format!("ckpt-{:07}", state.step)),
+                &request(false),
+            )?;
+            checkpoint::prune_kept(self.run_dir, cfg.train.keep_checkpoints)?;
+        }
+        Ok(())
+    }
 }
 
 /// What a run starts from: a fresh model, or the last checkpoint's model, optimiser and state.
@@ -883,6 +896,50 @@ impl Step<'_> {
         }
         Ok(state.step)
     }
+}
+
+/// The training-loss window's line of the log (and the progress bar's message): the mean loss per target
+/// token since the last line and the target tokens per second, with `data_parallel`'s timings in an MPI
+/// job. Starts the next window; returns the loss.
+fn log_window(
+    log: &mut std::fs::File,
+    log_path: &Path,
+    pb: &ProgressBar,
+    state: &TrainState,
+    (loss_acc, tok_acc): (&mut (f64, usize), &mut (usize, Instant)),
+    data_parallel: Option<serde_json::Value>,
+) -> Result<f64> {
+    let el = tok_acc.1.elapsed().as_secs_f64();
+    let tps = tok_acc.0 as f64 / el.max(1e-9);
+    let last_loss = loss_acc.0 / loss_acc.1.max(1) as f64;
+    pb.set_message(format!(
+        "loss/token {last_loss:.3} | {tps:.0} tgt tok/s | epoch {}",
+        state.epoch + 1
+    ));
+    let mut line = serde_json::json!({"step": state.step, "epoch": state.epoch,
+        "seconds": state.seconds, "loss_per_token": last_loss, "tgt_tok_per_s": tps});
+    if let Some(dp) = data_parallel {
+        line["data_parallel"] = dp;
+    }
+    writeln!(log, "{line}").map_err(|e| NmtError::io(log_path, e))?;
+    *loss_acc = (0.0, 0);
+    *tok_acc = (0, Instant::now());
+    Ok(last_loss)
+}
+
+/// The line that ends a run: why it stopped, and its best model.
+fn stopped(state: &TrainState, why: &str, best_dir: &Path) -> String {
+    format!(
+        "stopped after {} steps ({:.0} s): {why}; best dev BLEU {} at step {}; best model in {}",
+        state.step,
+        state.seconds,
+        state
+            .best_bleu
+            .map(|b| format!("{b:.2}"))
+            .unwrap_or_else(|| "n/a".into()),
+        state.best_step,
+        best_dir.display()
+    )
 }
 
 /// Why a run that reached its update or time limit stopped.
