@@ -10,6 +10,9 @@
 
 use anyhow::Result;
 
+#[cfg(feature = "mpi")]
+mod finalize;
+
 /// Sums of at least this many values per rank are split into one block per rank ([`Cluster::sum_f32`]);
 /// shorter ones go through rank 0.
 #[cfg(feature = "mpi")]
@@ -28,7 +31,7 @@ pub struct Cluster {
     rank: usize,
     size: usize,
     #[cfg(feature = "mpi")]
-    _universe: Option<mpi::environment::Universe>,
+    universe: Option<mpi::environment::Universe>,
     /// This rank's block of a split sum, kept from call to call (fresh pages cost a fault each).
     #[cfg(feature = "mpi")]
     block: std::cell::RefCell<Vec<f32>>,
@@ -49,7 +52,7 @@ impl Cluster {
             rank: 0,
             size: 1,
             #[cfg(feature = "mpi")]
-            _universe: None,
+            universe: None,
             #[cfg(feature = "mpi")]
             block: Default::default(),
         }
@@ -84,7 +87,7 @@ impl Cluster {
             let c = Cluster {
                 rank,
                 size,
-                _universe: Some(universe),
+                universe: Some(universe),
                 block: Default::default(),
             };
             if size > 1 {
@@ -246,6 +249,30 @@ impl Cluster {
         unreachable!("a job of several processes needs the mpi feature")
     }
 
+    /// End this process's part of a job that succeeded: wait for every rank, then `MPI_Finalize`, guarded
+    /// against the finalize that does not return ([`finalize::guard`]).
+    pub fn finish(self) {
+        self.barrier();
+        #[cfg(feature = "mpi")]
+        {
+            let mut this = self;
+            if let Some(universe) = this.universe.take() {
+                if this.size > 1 {
+                    finalize::guard(this.rank, this.size);
+                    // A test's stand-in for the hang: this rank never reaches MPI_Finalize.
+                    if std::env::var("CGNMT_INJECT_FINALIZE_HANG_RANK").ok()
+                        == Some(this.rank.to_string())
+                    {
+                        loop {
+                            std::thread::sleep(std::time::Duration::from_secs(3600));
+                        }
+                    }
+                }
+                drop(universe);
+            }
+        }
+    }
+
     /// Report an error of this rank and end the job: every rank stops (a job of one process just returns the
     /// error to its caller, which reports it).
     pub fn fail(&self, e: &anyhow::Error) -> ! {
@@ -310,7 +337,7 @@ mod tests {
                 rank,
                 size: 3,
                 #[cfg(feature = "mpi")]
-                _universe: None,
+                universe: None,
                 #[cfg(feature = "mpi")]
                 block: Default::default(),
             };
