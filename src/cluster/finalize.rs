@@ -7,12 +7,12 @@
 //! behind every rank), so the job has done its work and only its end is stuck.
 //!
 //! MPICH's finalize ends its talk with the launcher (MPICH's PMI-1 over the socket `PMI_FD`) with a barrier
-//! and a `finalize`. [`guard`] starts a thread that, once [`GRACE`] has passed, looks at where this rank's
-//! main thread is blocked:
+//! and a `finalize`. [`guard`] starts a thread that, once [`GRACE`] has passed (and 2 s more per rank, so that
+//! the ranks act one at a time), looks at where this rank's main thread is blocked:
 //! - reading the launcher's socket: it is in that barrier, and is released when its peers join it; the
 //!   guard watches on (a rank stuck after that barrier is only reported: the barrier must not be said
 //!   twice);
-//! - anywhere else (a connection's close that will not end): it parks the main thread in a signal handler
+//! - anywhere else, for 200 ms (a connection's close that will not end): it parks the main thread in a signal handler
 //!   (so it never touches the socket again), says the barrier and the `finalize` in its place, and ends the
 //!   process with exit status 0. Its peers' barrier completes, they finish as usual, and the launcher sees
 //!   every rank finalize: the job ends with status 0.
@@ -47,14 +47,18 @@ pub fn guard(rank: usize, size: usize) {
         .ok()
         .and_then(|v| v.parse::<libc::c_int>().ok());
     std::thread::spawn(move || {
-        std::thread::sleep(GRACE);
+        // The ranks act one after another (2 s apart, within a minute), so that what one rank's action sets
+        // going in its peers has settled before the next one looks.
+        let step = Duration::from_secs(2).min(Duration::from_secs(60) / size as u32);
+        let wait = GRACE + step * rank as u32;
+        std::thread::sleep(wait);
         let who = format!("note (rank {rank} of {size})");
         let Some(fd) = fd else {
             return stuck(&who);
         };
         let mut waited = false;
         loop {
-            match main_thread_reads(fd) {
+            match main_thread_at_launcher(fd) {
                 None => return stuck(&who),
                 // In the launcher's barrier: the peers release it.
                 Some(true) => {
@@ -67,12 +71,15 @@ pub fn guard(rank: usize, size: usize) {
                     std::thread::sleep(GRACE);
                     return stuck(&who);
                 }
+                // Away from the launcher for a while yet (a main thread on its way through the launcher's
+                // barrier would show there): not started on it.
+                Some(false) if !away_for(fd, 20) => waited = true,
                 Some(false) => {
                     if let Err(e) = finish_for(main, fd) {
                         say(&format!(
                             "{who}: MPI_Finalize has not returned {} s after every rank finished, and \
                              telling the launcher failed ({e}); all output is written\n",
-                            GRACE.as_secs()
+                            wait.as_secs()
                         ));
                         return;
                     }
@@ -80,7 +87,7 @@ pub fn guard(rank: usize, size: usize) {
                         "{who}: MPI_Finalize has not returned {} s after every rank finished (a \
                          connection's close did not end); finished with the launcher in its place (all \
                          output is written)\n",
-                        GRACE.as_secs()
+                        wait.as_secs()
                     ));
                     leave(0);
                 }
@@ -103,10 +110,10 @@ fn stuck(who: &str) {
     ));
 }
 
-/// Whether the process's main thread is blocked in `read` on `fd`, from Linux's
-/// `/proc/self/task/<pid>/syscall` (the call's number, then its arguments in hexadecimal); `None` where that
-/// cannot be told.
-fn main_thread_reads(fd: libc::c_int) -> Option<bool> {
+/// Whether the process's main thread is in a `read` or a `write` on `fd` (the launcher's socket), from
+/// Linux's `/proc/self/task/<pid>/syscall` (the call's number, then its arguments in hexadecimal); `None` where
+/// that cannot be told.
+fn main_thread_at_launcher(fd: libc::c_int) -> Option<bool> {
     if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
         return None;
     }
@@ -117,8 +124,16 @@ fn main_thread_reads(fd: libc::c_int) -> Option<bool> {
     let arg = f
         .next()
         .and_then(|a| i64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
-    // x86-64's read is call 0.
-    Some(call == "0" && arg == Some(fd as i64))
+    // x86-64's read and write are calls 0 and 1.
+    Some((call == "0" || call == "1") && arg == Some(fd as i64))
+}
+
+/// Whether the main thread stays away from the launcher's socket in `samples` looks 10 ms apart.
+fn away_for(fd: libc::c_int, samples: usize) -> bool {
+    (0..samples).all(|_| {
+        std::thread::sleep(Duration::from_millis(10));
+        main_thread_at_launcher(fd) == Some(false)
+    })
 }
 
 /// Park the main thread, then say MPICH's last two things to the launcher: the barrier and `finalize`.

@@ -79,10 +79,8 @@ fn sharded_translate_is_byte_identical_to_one_process() {
     let expect_dump = std::fs::read(&one_dump).unwrap();
     assert!(expect.len() > 1000);
     for (name, env) in TRANSPORTS {
-        // Over TCP, 2 ranks: Debian's MPICH 4.0.2 (ch4:ucx) hangs in MPI_Finalize with 3 or more ranks on `lo`
-        // alone (a ten-line C program that only all-reduces does the same), after the output is written.
-        let ranks: &[usize] = if env.is_empty() { &[2, 3] } else { &[2] };
-        for &n in ranks {
+        // (Over TCP, MPICH 4.0.2 hangs in MPI_Finalize with 3 ranks about 2 times in 5: the guard ends it.)
+        for n in [2, 3] {
             let (o, d) = (
                 tmp.path().join(format!("{n}.txt")),
                 tmp.path().join(format!("{n}.jsonl")),
@@ -176,8 +174,8 @@ fn sharded_translate_is_byte_identical_to_one_process() {
         );
         assert!(
             err.contains(&format!(
-                "note (rank {rank} of 2): MPI_Finalize has not returned 10 s"
-            )),
+                "note (rank {rank} of 2): MPI_Finalize has not returned"
+            )) && err.contains("finished with the launcher in its place"),
             "hang at rank {rank}: {err}"
         );
         assert_eq!(
