@@ -24,6 +24,7 @@ use crate::kernels::Kernels;
 use crate::model::attention::{Attention, Context, ContextProducts};
 use crate::model::coverage::{CovKeys, Coverage};
 use crate::model::decoder_cell::DecoderCell;
+use crate::model::dropout::Site;
 use crate::model::encoder::Encoder;
 use crate::model::gate::{Gate, Scales};
 use crate::model::readout::Readout;
@@ -64,6 +65,10 @@ pub struct Batch {
     pub tgt_mask: Tensor,
     /// Number of target tokens (EOS included).
     pub tgt_tokens: usize,
+    /// Each row's sentence key (its index in the training corpus; by default its position in the list the
+    /// batch was made from): what the sentence's dropout masks are drawn from (see
+    /// [`crate::model::dropout::Dropper`]).
+    pub keys: Vec<u64>,
 }
 
 impl Batch {
@@ -77,17 +82,33 @@ impl Batch {
         dtype: DType,
         dev: &Device,
     ) -> Result<Batch> {
-        if src.len() != tgt.len() {
+        let keys: Vec<u64> = (0..src.len() as u64).collect();
+        Self::keyed(src, tgt, &keys, eos, dtype, dev)
+    }
+
+    /// [`Batch::new`] with each pair's key (its index in the training corpus), which its dropout masks
+    /// follow wherever the pair is batched.
+    pub fn keyed(
+        src: &[Vec<u32>],
+        tgt: &[Vec<u32>],
+        keys: &[u64],
+        eos: u32,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Batch> {
+        if src.len() != tgt.len() || keys.len() != src.len() {
             candle_core::bail!(
-                "batch: {} source sentences but {} target sentences",
+                "batch: {} source sentences, {} target sentences and {} keys",
                 src.len(),
-                tgt.len()
+                tgt.len(),
+                keys.len()
             );
         }
         let mut order: Vec<usize> = (0..tgt.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(tgt[i].len()));
         let src: Vec<Vec<u32>> = order.iter().map(|&i| src[i].clone()).collect();
         let tgt: Vec<Vec<u32>> = order.iter().map(|&i| tgt[i].clone()).collect();
+        let keys: Vec<u64> = order.iter().map(|&i| keys[i]).collect();
         let (s, sm) = pad(&src, eos, dtype, dev)?;
         let (t, tm) = pad(&tgt, eos, dtype, dev)?;
         let tgt_tokens = tgt.iter().map(|x| x.len() + 1).sum();
@@ -97,6 +118,7 @@ impl Batch {
             tgt: t,
             tgt_mask: tm,
             tgt_tokens,
+            keys,
         })
     }
 }
@@ -407,7 +429,7 @@ impl Model {
         self.encode_embedded(
             &e,
             src_mask,
-            &mut crate::model::dropout::Dropper::none(),
+            &crate::model::dropout::Dropper::none(),
             (0.0, 0.0),
         )
     }
@@ -418,14 +440,14 @@ impl Model {
         &self,
         e: &Tensor,
         src_mask: &Tensor,
-        drop: &mut crate::model::dropout::Dropper,
+        drop: &crate::model::dropout::Dropper,
         (p_rec, p_ann): (f64, f64),
     ) -> Result<Source> {
         let rec = self.encoder_dropout(drop, src_mask, p_rec)?;
         let mut enc = self
             .encoder
             .forward_embedded(self.kernels, e, src_mask, rec.as_ref())?;
-        if let Some(mask) = drop.mask(&enc.annotations, p_ann)? {
+        if let Some(mask) = drop.mask(&enc.annotations, Site::Annotations, p_ann)? {
             enc.annotations = enc.annotations.mul(&mask)?;
             let h = enc.bwd_first.dim(1)?;
             enc.bwd_first = enc.annotations.i((.., 0))?.narrow(1, h, h)?;
@@ -443,15 +465,15 @@ impl Model {
     /// nothing drops).
     fn encoder_dropout(
         &self,
-        drop: &mut crate::model::dropout::Dropper,
+        drop: &crate::model::dropout::Dropper,
         src_mask: &Tensor,
         p: f64,
     ) -> Result<Option<[Tensor; 2]>> {
         let shape = (src_mask.dim(0)?, self.encoder.hidden);
-        let Some(f) = drop.mask_shaped(shape, src_mask, p)? else {
+        let Some(f) = drop.mask_shaped(shape, src_mask, Site::EncoderForward, p)? else {
             return Ok(None);
         };
-        let b = drop.mask_shaped(shape, src_mask, p)?;
+        let b = drop.mask_shaped(shape, src_mask, Site::EncoderBackward, p)?;
         Ok(b.map(|b| [f, b]))
     }
 
@@ -470,7 +492,7 @@ impl Model {
         &self,
         e: &Tensor,
         src_mask: &Tensor,
-        drop: &mut crate::model::dropout::Dropper,
+        drop: &crate::model::dropout::Dropper,
         (p_rec, p_ann): (f64, f64),
     ) -> Result<Source> {
         use crate::kernels::{product_shared_rows, shared_rows};
@@ -478,7 +500,7 @@ impl Model {
         let mut ann = self
             .encoder
             .forward_shared(self.kernels, e, src_mask, rec.as_ref())?;
-        if let Some(mask) = drop.mask(&ann.tensor, p_ann)? {
+        if let Some(mask) = drop.mask(&ann.tensor, Site::Annotations, p_ann)? {
             ann = crate::kernels::dropout_shared(&ann, &mask)?;
         }
         let (b, s, a2) = ann.tensor.dims3()?;
@@ -774,22 +796,21 @@ impl Model {
         let (b, t_len) = batch.tgt.dims2()?;
         let path = self.decoder_path();
         let fused = matches!(path, DecoderPath::Fused { .. });
-        // Dropout's masks, drawn in a fixed order: source embeddings, the encoder's recurrent connections,
-        // annotations, target embeddings, the decoder's recurrent connections, readout.
-        let mut drop = crate::model::dropout::Dropper::new(opts.dropout.as_ref());
+        // Dropout's masks, drawn per sentence and site from the sentence's key.
+        let drop = crate::model::dropout::Dropper::new(opts.dropout.as_ref(), &batch.keys);
         let (p_emb, p_ann, p_readout, p_rec) = opts.dropout.map_or((0.0, 0.0, 0.0, 0.0), |d| {
             (d.embeddings, d.annotations, d.readout, d.recurrent)
         });
         let mut src = if fused {
             crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
-            let e = drop.apply(&e, p_emb)?;
-            self.encode_shared(&e, &batch.src_mask, &mut drop, (p_rec, p_ann))?
+            let e = drop.apply(&e, Site::SourceEmbeddings, p_emb)?;
+            self.encode_shared(&e, &batch.src_mask, &drop, (p_rec, p_ann))?
         } else {
             self.begin_decoding_pass(None)?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
-            let e = drop.apply(&e, p_emb)?;
-            self.encode_embedded(&e, &batch.src_mask, &mut drop, (p_rec, p_ann))?
+            let e = drop.apply(&e, Site::SourceEmbeddings, p_emb)?;
+            self.encode_embedded(&e, &batch.src_mask, &drop, (p_rec, p_ann))?
         };
         if self.kernels.fused_on(src.keys.ah.device()) && src.keys.shared.is_none() {
             // Every step reads the same keys and annotations: accumulate their gradients in place.
@@ -800,9 +821,10 @@ impl Model {
         }
         let e_all = drop.apply(
             &crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?,
+            Site::TargetEmbeddings,
             p_emb,
         )?; // [B*T, E]
-        let dec_drop = drop.mask_shaped((b, self.cell.hidden), &e_all, p_rec)?;
+        let dec_drop = drop.mask_shaped((b, self.cell.hidden), &e_all, Site::Decoder, p_rec)?;
         // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
         // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
         let e_prev = if !fused || self.is_conditional() {
@@ -842,7 +864,18 @@ impl Model {
                     .hidden(self.kernels, &(&ctxs).into(), &states, e_prev)?
             }
         };
-        let hid = drop.apply(&hid, p_readout)?;
+        // (Fused with the lengths, the readout keeps each sentence's words' rows only.)
+        let hid = match &lengths {
+            Some(l) if hid.dim(0)? != b * t_len => {
+                let d = hid.dim(1)?;
+                let counts: Vec<usize> = l.iter().map(|&n| n * d).collect();
+                match drop.mask_ragged(&counts, hid.shape(), &hid, Site::Readout, p_readout)? {
+                    Some(m) => hid.mul(&m)?,
+                    None => hid,
+                }
+            }
+            _ => drop.apply(&hid, Site::Readout, p_readout)?,
+        };
         self.output_nll(&hid, batch, lengths.as_deref(), opts.label_smoothing)
     }
 

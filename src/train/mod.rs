@@ -789,7 +789,16 @@ impl Step<'_> {
         let (loss, mut lv, mut tokens) = if idx.is_empty() {
             (None, 0.0, 0.0)
         } else {
-            let batch = Batch::new(&srcs, &tgts, data.tgt_vocab.eos(), self.dtype, self.dev)?;
+            // Each sentence's key is its corpus index: its dropout masks are the same at any number of ranks.
+            let keys: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
+            let batch = Batch::keyed(
+                &srcs,
+                &tgts,
+                &keys,
+                data.tgt_vocab.eos(),
+                self.dtype,
+                self.dev,
+            )?;
             let loss = self.model.loss_with(
                 &batch,
                 &crate::model::LossOptions::of(&self.cfg.train, step),

@@ -339,10 +339,24 @@ fn dropout_is_the_same_with_fused_and_reference_kernels() {
 }
 
 fn dropout_fused_and_reference_agree(cfg: &cgnmt::config::ModelConfig) {
+    // The masks follow each sentence's positions, so the fused path, which keeps only the words' rows when
+    // the target padding is skipped, drops what the composed one drops.
+    for padding in [
+        cgnmt::config::TargetPadding::Computed,
+        cgnmt::config::TargetPadding::Skipped,
+    ] {
+        dropout_fused_and_reference_agree_with(cfg, padding);
+    }
+}
+
+fn dropout_fused_and_reference_agree_with(
+    cfg: &cgnmt::config::ModelConfig,
+    padding: cgnmt::config::TargetPadding,
+) {
     use cgnmt::kernels::Kernels;
     let cfg = cfg.clone();
     let opts = cgnmt::model::LossOptions {
-        target_padding: cgnmt::config::TargetPadding::Computed,
+        target_padding: padding,
         dropout: Some(cgnmt::model::dropout::Dropout {
             embeddings: 0.2,
             annotations: 0.3,

@@ -359,8 +359,47 @@ fn logged_losses(run: &Path) -> Vec<(u64, f64)> {
         .collect()
 }
 
+/// Every dropout kind on, with label smoothing: each sentence's masks follow its corpus index, so N ranks
+/// draw what one process draws.
+const DROPOUT: [&str; 5] = [
+    "train.embedding_dropout=0.2",
+    "train.annotation_dropout=0.2",
+    "train.readout_dropout=0.3",
+    "train.recurrent_dropout=0.2",
+    "train.label_smoothing=0.1",
+];
+
+/// A run's last parameters.
+fn load_parameters(run: &Path) -> std::collections::HashMap<String, candle_core::Tensor> {
+    candle_core::safetensors::load(
+        run.join("last/model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap()
+}
+
+/// The largest absolute difference between two sets of the same parameters.
+fn largest_difference(
+    a: &std::collections::HashMap<String, candle_core::Tensor>,
+    b: &std::collections::HashMap<String, candle_core::Tensor>,
+) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .map(|(k, x)| {
+            (x - &b[k])
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap()
+        })
+        .fold(0f32, f32::max)
+}
+
 #[test]
-fn two_ranks_train_like_one_process_at_the_same_global_batch() {
+fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_dropout() {
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
     common::prepare(&prepared, 400);
@@ -383,60 +422,43 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
             ][..],
         ),
     ] {
-        let (one, two) = (
-            tmp.path().join(format!("{name}-1")),
-            tmp.path().join(format!("{name}-2")),
-        );
+        let one = tmp.path().join(format!("{name}-1"));
+        let two = tmp.path().join(format!("{name}-2"));
         let sets: Vec<&str> = ["train.max_steps=30", "train.eval_every=10"]
             .into_iter()
+            .chain(DROPOUT)
             .chain(variant.iter().copied())
             .collect();
         common::run_ok(&refs(&train_args(&prepared, &one, &sets)));
-        let (out, _) = mpiexec(2, &refs(&train_args(&prepared, &two, &sets)), &[]);
-        assert!(
-            out.status.success(),
-            "{name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The same losses, up to the order of the sums.
-        let (l1, l2) = (logged_losses(&one), logged_losses(&two));
+        let l1 = logged_losses(&one);
         assert_eq!(l1.len(), 3, "{name}: {l1:?}");
-        assert_eq!(l1.len(), l2.len(), "{name}: rank 0 alone logs ({l2:?})");
-        for ((s1, x), (s2, y)) in l1.iter().zip(&l2) {
-            assert_eq!(s1, s2);
+        let p1 = load_parameters(&one);
+        for n in [2, 3] {
+            let run = tmp.path().join(format!("{name}-{n}"));
+            let (out, _) = mpiexec(n, &refs(&train_args(&prepared, &run, &sets)), &[]);
             assert!(
-                (x - y).abs() <= 1e-4 * x.abs(),
-                "{name}, update {s1}: {x} against {y}"
+                out.status.success(),
+                "{name}, {n} ranks: {}",
+                String::from_utf8_lossy(&out.stderr)
             );
+            // The same losses, up to the order of the sums.
+            let ln = logged_losses(&run);
+            assert_eq!(l1.len(), ln.len(), "{name}: rank 0 alone logs ({ln:?})");
+            for ((s1, x), (s2, y)) in l1.iter().zip(&ln) {
+                assert_eq!(s1, s2);
+                assert!(
+                    (x - y).abs() <= 1e-4 * x.abs(),
+                    "{name}, {n} ranks, update {s1}: {x} against {y}"
+                );
+            }
+            // The same parameters, within what summation order does to 30 Adam updates.
+            let worst = largest_difference(&p1, &load_parameters(&run));
+            eprintln!(
+                "{name}: largest parameter difference after 30 updates with dropout, {n} ranks against 1: \
+                 {worst:e}"
+            );
+            assert!(worst < 1e-6, "{name}, {n} ranks: {worst}");
         }
-        // The same parameters, within what summation order does to 30 Adam updates.
-        let p1 = candle_core::safetensors::load(
-            one.join("last/model.safetensors"),
-            &candle_core::Device::Cpu,
-        )
-        .unwrap();
-        let p2 = candle_core::safetensors::load(
-            two.join("last/model.safetensors"),
-            &candle_core::Device::Cpu,
-        )
-        .unwrap();
-        assert_eq!(p1.len(), p2.len());
-        let mut worst = 0f32;
-        for (k, x) in &p1 {
-            let d = (x - &p2[k])
-                .unwrap()
-                .abs()
-                .unwrap()
-                .max_all()
-                .unwrap()
-                .to_scalar::<f32>()
-                .unwrap();
-            worst = worst.max(d);
-        }
-        eprintln!(
-            "{name}: largest parameter difference after 30 updates, 2 ranks against 1: {worst:e}"
-        );
-        assert!(worst < 1e-5, "{name}: {worst}");
         // The ranks' parameters were the same bits at every evaluation and at the end.
         let agreed = std::fs::read_to_string(two.join("train.log"))
             .unwrap()
@@ -491,16 +513,8 @@ fn two_ranks_train_like_one_process_at_the_same_global_batch() {
                 "{}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            let p3 = candle_core::safetensors::load(
-                half.join("last/model.safetensors"),
-                &candle_core::Device::Cpu,
-            )
-            .unwrap();
-            for (k, x) in &p1 {
-                let d = (x - &p3[k]).unwrap().abs().unwrap().max_all().unwrap();
-                let d = d.to_scalar::<f32>().unwrap();
-                assert!(d < 1e-5, "resumed on 2 ranks, {k}: {d}");
-            }
+            let worst = largest_difference(&p1, &load_parameters(&half));
+            assert!(worst < 1e-6, "resumed on 2 ranks with dropout: {worst}");
         }
         // Over TCP on 127.0.0.1 the job is the same bits as over shared memory (the same sums at rank 0).
         let tcp = tmp.path().join(format!("{name}-tcp"));

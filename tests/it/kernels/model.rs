@@ -47,6 +47,7 @@ fn fused_path_takes_any_row_order_and_mask() {
             tgt: pick(&sorted.tgt),
             tgt_mask: pick(&sorted.tgt_mask),
             tgt_tokens: sorted.tgt_tokens,
+            keys: sorted.keys.iter().rev().copied().collect(),
         };
         // Sentence 0's second word masked out.
         let mut m: Vec<f64> = sorted.tgt_mask.flatten_all().unwrap().to_vec1().unwrap();
@@ -57,6 +58,7 @@ fn fused_path_takes_any_row_order_and_mask() {
             tgt: sorted.tgt.clone(),
             tgt_mask: Tensor::from_vec(m, sorted.tgt_mask.dims(), &Device::Cpu).unwrap(),
             tgt_tokens: sorted.tgt_tokens - 1,
+            keys: sorted.keys.clone(),
         };
         let (l_sorted, _) = loss_and_grads_for(&cfg, Kernels::Reference, dtype, &sorted, false);
         for (what, batch) in [
@@ -80,6 +82,109 @@ fn fused_path_takes_any_row_order_and_mask() {
                 );
             }
         }
+    }
+}
+
+/// Under dropout, a batch split in shares (as MPI ranks split the global batch, each padded to its own
+/// lengths) gives, weighted by the shares' sizes, the whole batch's loss and gradients: each sentence's masks
+/// follow its key, not its row or its batch. Every dropout kind, label smoothing, tied embeddings; fused and
+/// composed kernels.
+#[test]
+fn dropout_masks_follow_the_sentence_across_any_split_of_the_batch() {
+    let mut rng = StdRng::seed_from_u64(29);
+    let src = random_seqs(&mut rng, 7, 11, 1, 7);
+    let tgt = random_seqs(&mut rng, 7, 9, 1, 7);
+    let keys: Vec<u64> = vec![310, 4, 77, 1202, 5, 6, 90];
+    let opts = cgnmt::model::LossOptions {
+        target_padding: TargetPadding::Skipped,
+        label_smoothing: 0.1,
+        dropout: Some(cgnmt::model::dropout::Dropout {
+            embeddings: 0.2,
+            annotations: 0.3,
+            readout: 0.25,
+            recurrent: 0.3,
+            seed: cgnmt::model::dropout::Dropout::step_seed(1, 12),
+        }),
+    };
+    for (sets, kernels) in [
+        (vec!["model.context_gate=both"], Kernels::Fused),
+        (
+            vec!["model.decoder=cgru", "model.context_gate=both"],
+            Kernels::Fused,
+        ),
+        (
+            vec![
+                "model.coverage=neural",
+                "model.context_gate=both",
+                "model.tied_output_embeddings=true",
+            ],
+            Kernels::Fused,
+        ),
+        (vec!["model.context_gate=both"], Kernels::Reference),
+    ] {
+        let cfg = tiny_model(&sets.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let (mut model, varmap) = Model::build(&cfg, 11, 9, 7, DType::F64, &Device::Cpu).unwrap();
+        model.set_kernels(kernels);
+        randomize(&varmap, 8, 0.4);
+        let vars = sorted_vars(&varmap);
+        // The loss times the share's size (the ranks' weighting) and its gradients.
+        let run = |rows: &[usize]| -> (f64, Vec<Vec<f64>>) {
+            let pick = |x: &[Vec<u32>]| rows.iter().map(|&i| x[i].clone()).collect::<Vec<_>>();
+            let k: Vec<u64> = rows.iter().map(|&i| keys[i]).collect();
+            let batch =
+                Batch::keyed(&pick(&src), &pick(&tgt), &k, 0, DType::F64, &Device::Cpu).unwrap();
+            let loss = model.loss_with(&batch, &opts).unwrap();
+            let g = model.backward(&loss).unwrap();
+            let w = rows.len() as f64;
+            let grads = vars
+                .iter()
+                .map(|(_, v)| match g.get(v.as_tensor()) {
+                    Some(t) => (t * w).unwrap().flatten_all().unwrap().to_vec1().unwrap(),
+                    None => vec![0.0; v.elem_count()],
+                })
+                .collect();
+            (loss.to_scalar::<f64>().unwrap() * w, grads)
+        };
+        let whole = run(&[0, 1, 2, 3, 4, 5, 6]);
+        for shares in [
+            vec![vec![0, 2, 4, 6], vec![1, 3, 5]],
+            vec![vec![6, 3, 0], vec![4, 1], vec![5, 2]],
+        ] {
+            let parts: Vec<_> = shares.iter().map(|r| run(r)).collect();
+            let loss: f64 = parts.iter().map(|p| p.0).sum();
+            assert!(
+                (loss - whole.0).abs() < 1e-10 * whole.0.abs(),
+                "{sets:?} {shares:?}: {loss} against {}",
+                whole.0
+            );
+            for (k, (name, _)) in vars.iter().enumerate() {
+                for (j, x) in whole.1[k].iter().enumerate() {
+                    let y: f64 = parts.iter().map(|p| p.1[k][j]).sum();
+                    assert!(
+                        (x - y).abs() <= 1e-9 * (1.0 + x.abs()),
+                        "{sets:?} {shares:?} {name}[{j}]: {y} against {x}"
+                    );
+                }
+            }
+        }
+        // And it is dropout: another update's masks give another loss.
+        let other = cgnmt::model::LossOptions {
+            dropout: opts.dropout.map(|d| cgnmt::model::dropout::Dropout {
+                seed: cgnmt::model::dropout::Dropout::step_seed(1, 13),
+                ..d
+            }),
+            ..opts
+        };
+        let batch = Batch::keyed(&src, &tgt, &keys, 0, DType::F64, &Device::Cpu).unwrap();
+        let l2 = model
+            .loss_with(&batch, &other)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert!(
+            (l2 * 7.0 - whole.0).abs() > 1e-6,
+            "{sets:?}: masks did not change"
+        );
     }
 }
 
