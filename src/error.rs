@@ -15,6 +15,9 @@ pub enum NmtError {
     ModelDir { dir: PathBuf, msg: String },
     #[error("{0}")]
     Data(String),
+    /// An option out of its range (a beam of 0, a negative penalty): the message names the option.
+    #[error("{0}")]
+    Options(String),
     #[error(transparent)]
     DataCrate(#[from] cgnmt_data::DataError),
     #[error("tensor error: {0}")]

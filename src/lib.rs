@@ -20,3 +20,9 @@ pub mod train;
 
 pub use cgnmt_data;
 pub use cgnmt_eval;
+
+pub use decode::alignment::Alignment;
+pub use decode::translate::{InputLimit, LongInput, LongLine, Translation};
+pub use decode::translator::{ShortlistOptions, TranslateOptions, Translator, TranslatorOptions};
+pub use error::{NmtError, Result};
+pub use model::store::LoadedModel;

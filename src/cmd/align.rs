@@ -5,10 +5,8 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use candle_core::{DType, Device};
 
 use crate::atomic_file::write_atomic;
-use crate::train::checkpoint;
 
 #[derive(clap::Args)]
 pub struct AlignArgs {
@@ -35,38 +33,19 @@ pub struct AlignArgs {
 }
 
 pub fn run(a: AlignArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
-    use cgnmt_data::bpe::word_index_of_subwords;
-    let dir = checkpoint::resolve_model_dir(&a.model);
-    let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
+    let tr = crate::Translator::open(&[&a.model], &Default::default())?;
     let (src, tgt) = cgnmt_data::corpus::read_parallel(&a.src, &a.tgt)?;
-    // Tokens as given; BPE (if the model has it) applied word by word and mapped back afterwards.
-    let words = |l: &String| -> Vec<String> { l.split_whitespace().map(str::to_string).collect() };
-    let (mut sids, mut tids, mut smap, mut tmap) = (vec![], vec![], vec![], vec![]);
     // This rank's pairs (all of them in one process).
     let mine = cluster.share(src.len());
-    for &i in &mine {
-        let (sw, tw) = (words(&src[i]), words(&tgt[i]));
-        let st = lm.preprocess.src_bpe_apply(&sw);
-        let tt = lm.preprocess.tgt_bpe_apply(&tw);
-        smap.push(word_index_of_subwords(&st));
-        tmap.push(word_index_of_subwords(&tt));
-        sids.push(lm.src_vocab.encode(&st));
-        tids.push(lm.tgt_vocab.encode(&tt));
-    }
-    let res = crate::decode::alignment::force_decode_all(
-        &lm.model.frozen(&lm.varmap)?,
-        &sids,
-        &tids,
-        lm.tgt_vocab.eos(),
-        a.batch,
-    )?;
+    let pick = |side: &[String]| -> Vec<String> { mine.iter().map(|&i| side[i].clone()).collect() };
+    let res = tr.align(&pick(&src), &pick(&tgt), a.batch)?;
     // Each pair's links line and attention record, in this rank's order.
     let mut lines: Vec<(String, String)> = Vec::with_capacity(res.len());
-    for (k, (att, gates)) in res.iter().enumerate() {
-        let m = crate::decode::alignment::to_words(att, &smap[k], &tmap[k]);
-        let links: Vec<String> = crate::decode::alignment::argmax_links(&m)
-            .into_iter()
-            .map(|(i, j)| {
+    for (k, al) in res.iter().enumerate() {
+        let links: Vec<String> = al
+            .links
+            .iter()
+            .map(|&(i, j)| {
                 if a.target_first {
                     format!("{j}-{i}")
                 } else {
@@ -75,7 +54,8 @@ pub fn run(a: AlignArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
             })
             .collect();
         let record = if a.soft.is_some() {
-            serde_json::json!({"id": mine[k], "attention": m, "gates": gates}).to_string()
+            serde_json::json!({"id": mine[k], "attention": al.attention, "gates": al.gates})
+                .to_string()
         } else {
             String::new()
         };

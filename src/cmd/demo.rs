@@ -11,7 +11,8 @@ use clap::Parser;
 
 use crate::config::Config;
 use crate::decode::beam_search::DecodeOptions;
-use crate::decode::translate::Translator;
+use crate::decode::translate::Pipeline;
+use crate::model::store;
 use crate::train::checkpoint;
 
 /// Arguments of `cgnmt demo`.
@@ -249,11 +250,11 @@ fn config(a: &DemoArgs, prepared: &Path, length: &[String]) -> Result<Config> {
 fn train_or_reuse(cfg: Config, run: &Path, length: &[String]) -> Result<Config> {
     let resume = run.join("last").exists();
     let (cfg, finished) = if resume {
-        let dir = checkpoint::complete_dir(&run.join("last")).context("incomplete checkpoint")?;
+        let dir = store::complete_dir(&run.join("last")).context("incomplete checkpoint")?;
         let state = checkpoint::load_state(&dir)?;
         // The saved run's configuration with this command's length: a finished run that reached the updates
         // asked for is reused; one that has fewer (a time cap stopped it, or more were asked for) goes on.
-        let cfg = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), length)?;
+        let cfg = Config::load(Some(&dir.join(store::CONFIG_FILE)), length)?;
         let finished = state.finished && state.step >= cfg.train.max_steps as u64;
         if finished {
             eprintln!(
@@ -319,7 +320,7 @@ fn translate_and_score(
     opts: &DecodeOptions,
     run: &Path,
 ) -> Result<()> {
-    let lm = checkpoint::load(model_dir, DType::F32, &Device::Cpu)?;
+    let lm = store::load(model_dir, DType::F32, &Device::Cpu)?;
     let src = cgnmt_data::corpus::read_lines(&files.test.0)?;
     let refs = cgnmt_data::corpus::read_lines(&files.test.1)?;
     eprintln!(
@@ -336,7 +337,7 @@ fn translate_and_score(
         }
     );
     let model = lm.model.frozen(&lm.varmap)?;
-    let tr = Translator::of(&model, &lm);
+    let tr = Pipeline::of(&model, &lm);
     let pb = indicatif::ProgressBar::new(src.len() as u64);
     let t0 = std::time::Instant::now();
     let out = tr.translate(&src, opts, 32, false, |d| pb.set_position(d as u64))?;

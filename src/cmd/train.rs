@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::config::Config;
-use crate::train::checkpoint;
+use crate::model::store;
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -39,13 +39,13 @@ pub fn run(a: TrainArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
         if a.config.is_some() {
             bail!("--resume takes the configuration saved in the run directory; use --set to change train.* settings");
         }
-        let dir = checkpoint::complete_dir(&run_dir.join("last")).with_context(|| {
+        let dir = store::complete_dir(&run_dir.join("last")).with_context(|| {
             format!(
                 "{}: no complete checkpoint in last/ to resume from",
                 run_dir.display()
             )
         })?;
-        Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &a.sets)?
+        Config::load(Some(&dir.join(store::CONFIG_FILE)), &a.sets)?
     } else {
         Config::load(a.config.as_deref(), &a.sets)?
     };

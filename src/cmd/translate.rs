@@ -5,12 +5,10 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 
 use crate::atomic_file::AtomicFile;
-use crate::decode::beam_search::DecodeOptions;
-use crate::decode::translate::Translator;
-use crate::train::checkpoint;
+use crate::decode::translate::InputLimit;
+use crate::{ShortlistOptions, TranslateOptions, Translator, TranslatorOptions};
 
 #[derive(clap::Args)]
 pub struct TranslateArgs {
@@ -137,14 +135,29 @@ fn read_input(path: Option<&Path>) -> Result<Vec<String>> {
 }
 
 pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
-    let dir = checkpoint::resolve_model_dir(&a.model[0]);
-    let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)?;
-    let mut members = Vec::new();
-    for m in &a.model[1..] {
-        let other = checkpoint::load(&checkpoint::resolve_model_dir(m), DType::F32, &Device::Cpu)?;
-        lm.check_ensemble(&other)?;
-        members.push(other);
+    if a.shortlist.is_some() && a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
+        bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
     }
+    let tr = Translator::open(
+        &a.model,
+        &TranslatorOptions {
+            int8: a.int8,
+            shortlist: a.shortlist.as_ref().map(|p| ShortlistOptions {
+                lexicon: p.clone(),
+                frequent: a.shortlist_frequent,
+                per_word: a.shortlist_per_word,
+            }),
+        },
+    )?;
+    if !a.quiet {
+        for note in tr.notes() {
+            eprintln!("warning: {note}");
+        }
+    }
+    let topts = translate_options(&a);
+    let opts = tr
+        .decode_options(&topts, |k| format!("--{}", k.replace('_', "-")))
+        .map_err(anyhow::Error::msg)?;
     let all_lines = read_input(a.input.as_deref())?;
     // Under MPI each rank decodes every size-th line; rank 0 writes them all back in input order.
     let total = all_lines.len();
@@ -154,14 +167,6 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
     } else {
         all_lines
     };
-    let opts = decode_options(&a, &lm)?;
-    let model = lm.model.frozen(&lm.varmap)?;
-    let others = members
-        .iter()
-        .map(|m| m.model.frozen(&m.varmap))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut tr = Translator::of(&model, &lm);
-    tr.others = others.iter().collect();
     let pb = if a.quiet || lines.len() < 50 || cluster.rank() > 0 {
         indicatif::ProgressBar::hidden()
     } else {
@@ -198,14 +203,8 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
         crate::decode::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     let mut base = 0;
     for part in lines.chunks(chunk) {
-        let limit = crate::decode::translate::InputLimit {
-            max_words: a.max_input_words,
-            long_input: a.long_input,
-        };
         let (out, long) =
-            tr.translate_within(part, &opts, a.batch, a.pretokenized, limit, |d| {
-                pb.set_position((base + d) as u64)
-            })?;
+            tr.translate_with(part, &topts, |d| pb.set_position((base + d) as u64))?;
         for l in &long {
             let what = match a.long_input {
                 crate::decode::translate::LongInput::Split => {
@@ -230,7 +229,7 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
         }
         for (k, t) in out.iter().enumerate() {
             let id = global(base + k);
-            let (text, record) = output_of(&a, &tr, &lm, t, id)?;
+            let (text, record) = output_of(&a, &tr, t, id)?;
             if sharded {
                 shard.push((id, text, record));
                 continue;
@@ -283,65 +282,38 @@ pub fn run(a: TranslateArgs, cluster: &crate::cluster::Cluster) -> Result<()> {
     Ok(())
 }
 
-/// The search's settings from the arguments, checked (and the shortlist loaded when one is given).
-fn decode_options(a: &TranslateArgs, lm: &checkpoint::LoadedModel) -> Result<DecodeOptions> {
-    let mut opts = DecodeOptions {
+/// The decoding options of the arguments.
+fn translate_options(a: &TranslateArgs) -> TranslateOptions {
+    TranslateOptions {
         beam: a.beam,
+        nbest: a.nbest,
         length_norm: a.length_norm,
         length_penalty: a.length_penalty,
         coverage_penalty: a.coverage_penalty,
-        nbest: a.nbest,
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
-        settle: !a.full_beam,
+        full_beam: a.full_beam,
         word_table: !a.no_word_table,
-        shortlist: None,
-        int8: a.int8,
-    };
-    opts.validate(lm.tgt_vocab.len(), usize::MAX, |k| {
-        format!("--{}", k.replace('_', "-"))
-    })
-    .map_err(anyhow::Error::msg)?;
-    if a.int8 && !crate::kernels::quantized_gemm::available() && !a.quiet {
-        eprintln!("warning: --int8 needs a CPU with AVX2; decoding in f32");
+        batch: a.batch,
+        pretokenized: a.pretokenized,
+        input_limit: InputLimit {
+            max_words: a.max_input_words,
+            long_input: a.long_input,
+        },
     }
-    if let Some(p) = &a.shortlist {
-        if a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
-            bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
-        }
-        let lex = crate::decode::shortlist::Lexicon::load(p)?;
-        let sl = crate::decode::shortlist::Shortlist::new(
-            &lex,
-            &lm.src_vocab,
-            &lm.tgt_vocab,
-            a.shortlist_frequent,
-            a.shortlist_per_word,
-        );
-        if sl.is_empty() && !a.quiet {
-            eprintln!(
-                "warning: no source word of {} is in the model's source vocabulary with a target word in its \
-                 target vocabulary: each batch decodes over the {} most frequent words only",
-                p.display(),
-                a.shortlist_frequent
-            );
-        }
-        opts.shortlist = Some(std::sync::Arc::new(sl));
-    }
-    Ok(opts)
 }
 
 /// One sentence's output lines (its translation, or its n-best list) and its `--dump` record (empty without).
 fn output_of(
     a: &TranslateArgs,
     tr: &Translator,
-    lm: &checkpoint::LoadedModel,
     t: &crate::decode::translate::Translation,
     id: usize,
 ) -> Result<(String, String)> {
     let mut text = String::new();
     if a.nbest > 1 {
         for h in &t.hyps {
-            let words = tr.detok(&lm.tgt_vocab.decode(&h.tokens));
+            let words = tr.hypothesis_text(h);
             text += &format!("{id} ||| {words} ||| {:.4}\n", h.score);
         }
     } else {

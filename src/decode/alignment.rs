@@ -5,7 +5,63 @@
 
 use candle_core::{DType, Result};
 
+use crate::model::store::LoadedModel;
 use crate::model::{pad, Model};
+
+/// One sentence pair's word alignment from attention.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Alignment {
+    /// Hard links `(source word, target word)`, 0-based.
+    pub links: Vec<(usize, usize)>,
+    /// Attention `[target word][source word]` over the given words (EOS left out), rows summing to 1.
+    pub attention: Vec<Vec<f64>>,
+    /// Mean gate value per target token (empty without a context gate).
+    pub gates: Vec<f32>,
+}
+
+/// Word alignments of `(source, target)` pairs tokenised with spaces (a gold alignment's tokens) from the
+/// attention of `model` (`lm`'s frozen model): each side through `lm`'s BPE word by word, force-decoded in
+/// batches of `batch` pairs, the matrix mapped back to the words, each target word linked to its most
+/// attended source word.
+pub fn align_words(
+    lm: &LoadedModel,
+    model: &Model,
+    sources: &[String],
+    targets: &[String],
+    batch: usize,
+) -> crate::error::Result<Vec<Alignment>> {
+    use cgnmt_data::bpe::word_index_of_subwords;
+    if sources.len() != targets.len() {
+        return Err(crate::error::NmtError::Data(format!(
+            "{} source sentences but {} target sentences",
+            sources.len(),
+            targets.len()
+        )));
+    }
+    let words = |l: &String| -> Vec<String> { l.split_whitespace().map(str::to_string).collect() };
+    let (mut sids, mut tids, mut smap, mut tmap) = (vec![], vec![], vec![], vec![]);
+    for (s, t) in sources.iter().zip(targets) {
+        let st = lm.preprocess.src_bpe_apply(&words(s));
+        let tt = lm.preprocess.tgt_bpe_apply(&words(t));
+        smap.push(word_index_of_subwords(&st));
+        tmap.push(word_index_of_subwords(&tt));
+        sids.push(lm.src_vocab.encode(&st));
+        tids.push(lm.tgt_vocab.encode(&tt));
+    }
+    let res = force_decode_all(model, &sids, &tids, lm.tgt_vocab.eos(), batch)?;
+    Ok(res
+        .into_iter()
+        .enumerate()
+        .map(|(k, (att, gates))| {
+            let attention = to_words(&att, &smap[k], &tmap[k]);
+            Alignment {
+                links: argmax_links(&attention),
+                attention,
+                gates,
+            }
+        })
+        .collect())
+}
 
 /// Attention `[target token][source token]` (EOS included on both sides) and mean gate values per target
 /// token (empty when the model has no gate), from teacher forcing on `(src, tgt)` pairs.

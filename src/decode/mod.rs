@@ -1,6 +1,6 @@
-//! Decoding: beam search over one model or an ensemble ([`beam_search`]), the ranking of its finished
-//! hypotheses ([`penalties`]), translation of raw or tokenised
-//! text ([`translate`]), vocabulary shortlists from an IBM Model 1 lexicon ([`shortlist`]), n-best rescoring
+//! Decoding: the front door, [`translator::Translator`] (open model directories, translate, align); beam
+//! search over one model or an ensemble ([`beam_search`]), the ranking of its finished hypotheses
+//! ([`penalties`]), the text pipeline over raw or tokenised text ([`translate`]), vocabulary shortlists from an IBM Model 1 lexicon ([`shortlist`]), n-best rescoring
 //! ([`rescore`]) and word alignments from attention ([`alignment`]).
 
 pub mod alignment;
@@ -9,3 +9,4 @@ pub mod penalties;
 pub mod rescore;
 pub mod shortlist;
 pub mod translate;
+pub mod translator;

@@ -54,7 +54,10 @@ pub struct Translation {
     pub hyps: Vec<Hypothesis>,
 }
 
-pub struct Translator<'a> {
+/// The text pipeline over decoding models (borrowed): tokenise and encode the source lines, decode them in
+/// length-sorted batches, decode and post-process the outputs. [`crate::Translator`] owns the models it
+/// borrows; training's evaluations build one over the model being trained.
+pub struct Pipeline<'a> {
     pub model: &'a Model,
     /// The other members of an ensemble with `model` (empty: `model` alone); they share its vocabularies
     /// and preprocessing.
@@ -64,10 +67,10 @@ pub struct Translator<'a> {
     pub preprocess: &'a Preprocessor,
 }
 
-impl<'a> Translator<'a> {
-    /// A translator of a loaded model directory, decoding with `model` (its frozen form).
-    pub fn of(model: &'a Model, lm: &'a crate::train::checkpoint::LoadedModel) -> Self {
-        Translator {
+impl<'a> Pipeline<'a> {
+    /// The pipeline of a loaded model directory, decoding with `model` (its frozen form).
+    pub fn of(model: &'a Model, lm: &'a crate::model::store::LoadedModel) -> Self {
+        Pipeline {
             model,
             others: vec![],
             src_vocab: &lm.src_vocab,
@@ -104,7 +107,7 @@ impl<'a> Translator<'a> {
             .0)
     }
 
-    /// [`Translator::translate`] with lines longer than `limit.max_words` model tokens split into pieces
+    /// [`Pipeline::translate`] with lines longer than `limit.max_words` model tokens split into pieces
     /// (each translated as a sentence, their outputs joined) or truncated; the long lines are returned so the
     /// caller can say which. A split line's n-best list holds one hypothesis, its pieces' best ones joined
     /// (scores added, attention rows placed over each piece's source positions).

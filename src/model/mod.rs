@@ -12,6 +12,7 @@ pub mod gate;
 pub mod gru;
 pub mod init;
 pub mod readout;
+pub mod store;
 
 use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use candle_nn::{VarBuilder, VarMap};

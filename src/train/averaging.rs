@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor};
 
+use crate::model::store;
 use crate::train::checkpoint;
 
 /// Average the parameters of `models` (checkpoints of one model) into the model directory `out`.
@@ -15,7 +16,7 @@ pub fn average(models: &[PathBuf], out: &Path) -> Result<()> {
     if models.is_empty() {
         bail!("no checkpoints to average into {}", out.display());
     }
-    let first = checkpoint::load(&models[0], DType::F32, &Device::Cpu)?;
+    let first = store::load(&models[0], DType::F32, &Device::Cpu)?;
     let vocab_bytes = |dir: &std::path::Path| -> Result<(Vec<u8>, Vec<u8>)> {
         let read = |f: &str| {
             std::fs::read(dir.join(f))
@@ -30,7 +31,7 @@ pub fn average(models: &[PathBuf], out: &Path) -> Result<()> {
         sums.insert(name.clone(), var.as_tensor().to_dtype(DType::F64)?);
     }
     for p in &models[1..] {
-        let m = checkpoint::load(p, DType::F32, &Device::Cpu)?;
+        let m = store::load(p, DType::F32, &Device::Cpu)?;
         if m.config.model != first.config.model {
             bail!(
                 "{}: another model configuration than {} ([model] differs); only checkpoints of one model can \

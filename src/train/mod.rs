@@ -23,8 +23,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::decode::beam_search::DecodeOptions;
-use crate::decode::translate::Translator;
+use crate::decode::translate::Pipeline;
 use crate::error::{NmtError, Result};
+use crate::model::store;
 use crate::model::{Batch, Model};
 use crate::train::batcher::{epoch_batches, Corpus};
 use crate::train::checkpoint::{EvalRecord, SaveRequest, TrainState};
@@ -279,7 +280,7 @@ pub fn evaluate_on(
     beam: usize,
     cluster: &Cluster,
 ) -> Result<DevScores> {
-    let tr = Translator {
+    let tr = Pipeline {
         model,
         others: vec![],
         src_vocab,
@@ -459,7 +460,7 @@ pub fn train_on(
     };
     let stop_reason;
     let rollback = tc.on_divergence == crate::config::OnDivergence::Rollback;
-    if rollback && checkpoint::complete_dir(&last_dir).is_none() {
+    if rollback && store::complete_dir(&last_dir).is_none() {
         // Something to roll back to before the first evaluation.
         save(&state, &opt, &last_dir, true)?;
     }
@@ -649,13 +650,13 @@ fn open_run(
 ) -> Result<Opened> {
     let last_dir = run_dir.join("last");
     if resume {
-        let dir = checkpoint::complete_dir(&last_dir).ok_or_else(|| {
+        let dir = store::complete_dir(&last_dir).ok_or_else(|| {
             NmtError::model_dir(
                 &last_dir,
                 "no complete checkpoint to resume from (run `cgnmt train` without --resume)",
             )
         })?;
-        let lm = checkpoint::load(&dir, dtype, dev)?;
+        let lm = store::load(&dir, dtype, dev)?;
         let mut opt = Optimizer::new(&cfg.train);
         checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
         let state = checkpoint::load_state(&dir)?;
@@ -671,7 +672,7 @@ fn open_run(
         });
     }
     // (`last.old` alone: killed between the two renames of a save; it is the checkpoint to resume.)
-    if last_dir.exists() || checkpoint::complete_dir(&last_dir).is_some() {
+    if last_dir.exists() || store::complete_dir(&last_dir).is_some() {
         return Err(NmtError::model_dir(
             run_dir,
             "already holds a training run (last/); use --resume to continue it or choose another --out",
@@ -857,7 +858,7 @@ impl Step<'_> {
         quiet: bool,
     ) -> Result<u64> {
         let at = state.step + 1;
-        let last = checkpoint::complete_dir(last_dir);
+        let last = store::complete_dir(last_dir);
         let kept = match &last {
             Some(d) => format!(
                 "the last checkpoint ({}, update {}) is intact",
@@ -879,7 +880,7 @@ impl Step<'_> {
                 }
             )));
         };
-        let weights = candle_core::safetensors::load(dir.join(checkpoint::WEIGHTS_FILE), self.dev)?;
+        let weights = candle_core::safetensors::load(dir.join(store::WEIGHTS_FILE), self.dev)?;
         for (name, var) in self.vars {
             let w = weights.get(name).ok_or_else(|| {
                 NmtError::model_dir(&dir, format!("{name} missing from the checkpoint"))

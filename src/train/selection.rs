@@ -23,7 +23,8 @@ use candle_core::{DType, Device};
 
 use crate::config::SelectBy;
 use crate::decode::beam_search::DecodeOptions;
-use crate::decode::translate::Translator;
+use crate::decode::translate::Pipeline;
+use crate::model::store;
 use crate::train::checkpoint::{self, EvalRecord};
 
 /// How far (in points of the selection score) below the run's best dev score a kept checkpoint may be and
@@ -117,14 +118,14 @@ pub fn converged_tail(run: &Path, last: usize, tolerance: f64) -> Result<Tail> {
     if !(tolerance >= 0.0) {
         bail!("the tolerance must be a non-negative number of points, not {tolerance}");
     }
-    let last_dir = checkpoint::complete_dir(&run.join("last")).with_context(|| {
+    let last_dir = store::complete_dir(&run.join("last")).with_context(|| {
         format!(
             "{}: no complete last/ checkpoint (is it a training run directory?)",
             run.display()
         )
     })?;
     let state = checkpoint::load_state(&last_dir)?;
-    let by = crate::config::Config::load(Some(&last_dir.join(checkpoint::CONFIG_FILE)), &[])?
+    let by = crate::config::Config::load(Some(&last_dir.join(store::CONFIG_FILE)), &[])?
         .train
         .select_by;
     let (best_step, best) = state
@@ -221,20 +222,20 @@ impl DevSet {
 
 /// A model directory loaded once, to decode dev with several settings.
 pub struct DevDecoder {
-    lm: checkpoint::LoadedModel,
+    lm: store::LoadedModel,
     model: crate::model::Model,
 }
 
 impl DevDecoder {
     pub fn load(dir: &Path) -> Result<DevDecoder> {
-        let lm = checkpoint::load(dir, DType::F32, &Device::Cpu)?;
+        let lm = store::load(dir, DType::F32, &Device::Cpu)?;
         let model = lm.model.frozen(&lm.varmap)?;
         Ok(DevDecoder { lm, model })
     }
 
     /// mteval-v11b case-insensitive BLEU of the dev set decoded with `opts`.
     pub fn bleu(&self, dev: &DevSet, opts: &DecodeOptions) -> Result<f64> {
-        let tr = Translator::of(&self.model, &self.lm);
+        let tr = Pipeline::of(&self.model, &self.lm);
         let out = tr.translate(&dev.src, opts, 32, true, |_| {})?;
         let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
         Ok(crate::train::bleu_v11b(&hyps, &dev.refs))
@@ -284,7 +285,7 @@ pub fn candidates(
         }
     }
     let smoothed = run.join(crate::train::SMOOTHED_DIR);
-    if checkpoint::complete_dir(&smoothed).is_some() {
+    if store::complete_dir(&smoothed).is_some() {
         c.push(("moving average".to_string(), smoothed));
     }
     Ok((c, tail))
@@ -409,19 +410,19 @@ pub fn choose_for_run(
     prepared: Option<&Path>,
     record: &Path,
 ) -> Result<Selection> {
-    let last_dir = checkpoint::complete_dir(&run.join("last")).with_context(|| {
+    let last_dir = store::complete_dir(&run.join("last")).with_context(|| {
         format!(
             "{}: no complete last/ checkpoint (not a training run?)",
             run.display()
         )
     })?;
-    if checkpoint::complete_dir(&run.join("best")).is_none() {
+    if store::complete_dir(&run.join("best")).is_none() {
         bail!("{}: no best/ model (has the run finished?)", run.display());
     }
     let prepared = match prepared {
         Some(p) => p.to_path_buf(),
         None => {
-            crate::config::Config::load(Some(&last_dir.join(checkpoint::CONFIG_FILE)), &[])?
+            crate::config::Config::load(Some(&last_dir.join(store::CONFIG_FILE)), &[])?
                 .data
                 .prepared
         }

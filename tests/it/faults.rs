@@ -16,6 +16,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
+use cgnmt::model::store;
 use cgnmt::train::checkpoint;
 use rand::{Rng, SeedableRng};
 
@@ -88,11 +89,11 @@ fn loads_never_mix_two_checkpoints() {
     );
     // Widen every window of a save (each file written, each rename).
     std::env::set_var("CGNMT_TEST_SAVE_PAUSE_MS", "1");
-    let mut lm = checkpoint::load(&run.join("last"), DType::F32, &Device::Cpu).unwrap();
+    let mut lm = store::load(&run.join("last"), DType::F32, &Device::Cpu).unwrap();
     let shared = tmp.path().join("shared");
     let saves = 120u64;
     // Generation k: every weight is k, the configuration's seed is k, the state's step is k.
-    let save = |lm: &mut checkpoint::LoadedModel, k: u64| {
+    let save = |lm: &mut store::LoadedModel, k: u64| {
         for var in lm.varmap.all_vars() {
             var.set(&Tensor::full(k as f32, var.shape(), &Device::Cpu).unwrap())
                 .unwrap();
@@ -125,7 +126,7 @@ fn loads_never_mix_two_checkpoints() {
                     let mut loads = 0usize;
                     let mut seen = std::collections::BTreeSet::new();
                     while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                        let m = checkpoint::load(&shared, DType::F32, &Device::Cpu)
+                        let m = store::load(&shared, DType::F32, &Device::Cpu)
                             .unwrap_or_else(|e| panic!("a load failed while saves went on: {e}"));
                         let k = m.config.train.seed;
                         for var in m.varmap.all_vars() {
@@ -186,7 +187,7 @@ fn translate_reads_whole_checkpoints_while_training_saves_into_them() {
         .spawn()
         .unwrap();
     let t0 = Instant::now();
-    while checkpoint::complete_dir(&run.join("last")).is_none() {
+    while store::complete_dir(&run.join("last")).is_none() {
         assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -347,10 +348,10 @@ fn training_on_a_full_disk_fails_clearly_and_keeps_its_last_checkpoint() {
     eprintln!("training on a full disk: {}", err.trim());
     // The previous checkpoint is there, whole and loadable; nothing partial is left.
     let run = kept.join("fs/run");
-    let last = checkpoint::complete_dir(&run.join("last")).expect("a complete checkpoint");
+    let last = store::complete_dir(&run.join("last")).expect("a complete checkpoint");
     assert_eq!(last, run.join("last"));
     assert_eq!(checkpoint::load_state(&last).unwrap().step, 4);
-    checkpoint::load(&last, DType::F32, &Device::Cpu).unwrap();
+    store::load(&last, DType::F32, &Device::Cpu).unwrap();
     let leftovers: Vec<_> = files_under(&run)
         .into_iter()
         .filter(|p| {
@@ -499,7 +500,7 @@ fn kill_soak_ends_bit_identical_to_an_uninterrupted_run() {
     // without an error: it is killed in turn while running, or finishes.
     let mut after_kill = false;
     while r.kills_tried < n {
-        let resume = checkpoint::complete_dir(&last).is_some();
+        let resume = store::complete_dir(&last).is_some();
         let args = if resume {
             vec![
                 "train".to_string(),
@@ -557,14 +558,14 @@ fn kill_soak_ends_bit_identical_to_an_uninterrupted_run() {
                 if during_save {
                     r.kills_during_save += 1;
                 }
-                if checkpoint::complete_dir(&last).is_none() {
+                if store::complete_dir(&last).is_none() {
                     r.kills_before_first_checkpoint += 1;
                 }
             }
         }
     }
     // The last resume runs to the end.
-    let o = if checkpoint::complete_dir(&last).is_some() {
+    let o = if store::complete_dir(&last).is_some() {
         r.resumes += 1;
         Command::new(bin())
             .args(["train", "--quiet", "--resume", b.to_str().unwrap()])

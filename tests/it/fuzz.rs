@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device};
 use cgnmt::config::Config;
+use cgnmt::model::store;
 use cgnmt::train::checkpoint;
 use cgnmt_data::preprocess::Preprocessor;
 use cgnmt_data::vocab::Vocab;
@@ -266,7 +267,7 @@ proptest! {
         copy_dir(model_dir(), &dir);
         apply(&dir.join(MODEL_FILES[file]), &d);
         timed("model dir", || {
-            if let Err(e) = checkpoint::load(&dir, DType::F32, &Device::Cpu) {
+            if let Err(e) = store::load(&dir, DType::F32, &Device::Cpu) {
                 let msg = e.to_string();
                 prop_assert!(!msg.is_empty());
             }

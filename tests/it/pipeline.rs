@@ -12,6 +12,7 @@ use std::sync::OnceLock;
 
 use candle_core::{DType, Device};
 use cgnmt::decode::beam_search::{beam_search, greedy, DecodeOptions};
+use cgnmt::model::store;
 use cgnmt::train::checkpoint;
 
 fn bin() -> &'static str {
@@ -120,7 +121,7 @@ fn lines(p: &Path) -> Vec<String> {
 fn overfits_200_pairs_to_near_zero_loss_and_bleu_above_90() {
     let o = overfit();
     // Mean per-token loss of the final model over the whole training set.
-    let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
+    let lm = store::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
     let tok = |p: &str| -> Vec<Vec<u32>> {
         let v = if p == "src" {
             &lm.src_vocab
@@ -179,7 +180,7 @@ fn overfits_200_pairs_to_near_zero_loss_and_bleu_above_90() {
     );
 }
 
-fn dev_ids(o: &Overfit, lm: &checkpoint::LoadedModel, n: usize) -> Vec<Vec<u32>> {
+fn dev_ids(o: &Overfit, lm: &store::LoadedModel, n: usize) -> Vec<Vec<u32>> {
     lines(&o.prepared.join("dev.src"))
         .iter()
         .chain(lines(&o.prepared.join("train.src")).iter())
@@ -195,7 +196,7 @@ fn dev_ids(o: &Overfit, lm: &checkpoint::LoadedModel, n: usize) -> Vec<Vec<u32>>
 #[test]
 fn greedy_equals_beam_one_and_batched_equals_single() {
     let o = overfit();
-    let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
+    let lm = store::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
     let srcs = dev_ids(o, &lm, 60);
     let eos = lm.tgt_vocab.eos();
     let g = greedy(&lm.model, &srcs, eos, (1.0, 1.0)).unwrap();
@@ -259,7 +260,7 @@ fn save_load_translate_is_byte_identical() {
     let input = o.prepared.join("dev.src");
     let tmp = tempfile::tempdir().unwrap();
     // In memory: load once, translate, save to a new directory, load that, translate again.
-    let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
+    let lm = store::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
     let resaved = tmp.path().join("copy");
     checkpoint::save(
         &resaved,
@@ -403,7 +404,7 @@ fn kill_and_resume_gives_the_same_parameters() {
                 tiny_train_args(&prepared, &b, SMOOTHED)
             };
             let mut child = Command::new(bin()).args(&args).spawn().unwrap();
-            let start_step = checkpoint::complete_dir(&b.join("last"))
+            let start_step = store::complete_dir(&b.join("last"))
                 .map(|d| checkpoint::load_state(&d).unwrap().step)
                 .unwrap_or(0);
             loop {
@@ -412,7 +413,7 @@ fn kill_and_resume_gives_the_same_parameters() {
                     assert!(st.success());
                     break;
                 }
-                if let Some(d) = checkpoint::complete_dir(&b.join("last")) {
+                if let Some(d) = store::complete_dir(&b.join("last")) {
                     if let Ok(s) = checkpoint::load_state(&d) {
                         if s.step >= start_step + 4 && !s.finished {
                             child.kill().unwrap(); // SIGKILL
@@ -561,10 +562,10 @@ fn align_writes_valid_links_and_soft_matrices_for_aer() {
 
 #[test]
 fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
-    use cgnmt::decode::translate::{InputLimit, LongInput, Translator};
+    use cgnmt::decode::translate::{InputLimit, LongInput, Pipeline};
     let o = overfit();
-    let lm = checkpoint::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
-    let tr = Translator {
+    let lm = store::load(&o.run.join("best"), DType::F32, &Device::Cpu).unwrap();
+    let tr = Pipeline {
         model: &lm.model,
         others: vec![],
         src_vocab: &lm.src_vocab,

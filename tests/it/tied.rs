@@ -69,7 +69,7 @@ fn a_tied_model_trains_saves_without_w2_and_decodes_with_the_embeddings() {
         losses.last().unwrap()
     );
     // The loaded model's output layer is the embeddings' transpose.
-    let lm = cgnmt::train::checkpoint::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
+    let lm = cgnmt::model::store::load(&model_dir, DType::F32, &Device::Cpu).unwrap();
     let w_2 = &lm.model.readout.w_2;
     let d = cgnmt::kernels::max_rel_diff(w_2, &e_y.t().unwrap()).unwrap();
     assert_eq!(d, 0.0);

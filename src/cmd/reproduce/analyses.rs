@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::plan::slug;
 use super::{read_result, run_child, Clock, RunResult, Setup, Task, Timing};
+use crate::model::store;
 use crate::train::checkpoint;
 
 /// Bootstrap resamples and randomisation trials of the significance tests.
@@ -33,10 +34,10 @@ pub fn score_run(
     let sacre_opts = BleuOptions::sacrebleu();
     let sacre = corpus_bleu(&hyps, &refs, &sacre_opts)?;
     let chrf = cgnmt_eval::chrf::corpus_chrf(&hyps, &refs, &cgnmt_eval::chrf::ChrfOptions::chrf())?;
-    let last = checkpoint::complete_dir(&run.join("last"))
+    let last = store::complete_dir(&run.join("last"))
         .with_context(|| format!("{}: no complete checkpoint", run.display()))?;
     let state = checkpoint::load_state(&last)?;
-    let lm = checkpoint::load(best, DType::F32, &Device::Cpu)?;
+    let lm = store::load(best, DType::F32, &Device::Cpu)?;
     let ref_words = refs
         .iter()
         .map(|r| r.iter().map(|l| word_count(l)).sum::<usize>() as f64)
@@ -1039,7 +1040,7 @@ struct AlignmentScores {
 /// An analysis that decodes needs the run's model; a kept record whose checkpoints are gone says so.
 fn need_model(s: &Setup, r: &RunResult) -> Result<()> {
     let dir = s.out.join(&r.dir);
-    if checkpoint::complete_dir(&best_dir(&dir)).is_none() {
+    if store::complete_dir(&best_dir(&dir)).is_none() {
         bail!(
             "{}: an analysis needs this run's model, but its checkpoints are not here (a kept record); \
              train the row again with --only {:?}",

@@ -474,7 +474,7 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         assert_ne!(old, t.config.to_toml());
-        std::fs::write(last.join(checkpoint::CONFIG_FILE), old).unwrap();
+        std::fs::write(last.join(store::CONFIG_FILE), old).unwrap();
         let mut state = checkpoint::TrainState {
             step: 100,
             finished: true,
@@ -485,7 +485,7 @@ mod tests {
             serde_json::to_string(&state).unwrap(),
         )
         .unwrap();
-        std::fs::write(last.join(checkpoint::COMPLETE_FILE), "").unwrap();
+        std::fs::write(last.join(store::COMPLETE_FILE), "").unwrap();
         // An early marker (fingerprint only).
         std::fs::write(tmp.path().join("COMPLETE"), r#"{"fingerprint":"0"}"#).unwrap();
         assert!(is_complete(&t));

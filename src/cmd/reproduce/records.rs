@@ -1,6 +1,7 @@
 //! The runs as tasks, and their records on disk: which run is finished, resumable or stale, and what it decided.
 
 use super::*;
+use crate::model::store;
 
 /// The runs in the order they are trained: table by table, seed by seed, row by row (so a table's rows are
 /// complete with every seed before the next table starts).
@@ -200,7 +201,7 @@ pub(super) enum RunMatch {
 }
 
 pub(super) fn run_match(t: &Task) -> Result<Option<RunMatch>> {
-    let Some(dir) = checkpoint::complete_dir(&t.run.join("last")) else {
+    let Some(dir) = store::complete_dir(&t.run.join("last")) else {
         // A kept record without its checkpoints (they are not put under version control): the configuration
         // it was trained with is beside it, and only the same configuration is that run.
         let record = t.dir.join(RECORD_CONFIG);
@@ -218,7 +219,7 @@ pub(super) fn run_match(t: &Task) -> Result<Option<RunMatch>> {
             RunMatch::Other("holds a training run of another configuration".into())
         }));
     };
-    let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
+    let saved = Config::load(Some(&dir.join(store::CONFIG_FILE)), &[])?;
     if identity_toml(&saved) == identity_toml(&t.config) {
         return Ok(Some(RunMatch::Same));
     }

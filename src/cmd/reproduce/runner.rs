@@ -1,6 +1,7 @@
 //! Running the tasks: `cgnmt` child processes (train, translate, align, select), their logs and timing.
 
 use super::*;
+use crate::model::store;
 
 /// Train and decode every unfinished run, `--jobs` at a time, with progress bars (or one line per run).
 pub(super) fn run_tasks(
@@ -343,7 +344,7 @@ pub(super) fn run_task(
 /// the plan's is an error that says how to train the row again.
 fn train_args(s: &Setup, t: &Task) -> Result<Option<Vec<String>>> {
     let run = &t.run;
-    let Some(dir) = checkpoint::complete_dir(&run.join("last")) else {
+    let Some(dir) = store::complete_dir(&run.join("last")) else {
         if run.exists() {
             // Started but killed before its first checkpoint: nothing to keep.
             std::fs::remove_dir_all(run)
@@ -362,7 +363,7 @@ fn train_args(s: &Setup, t: &Task) -> Result<Option<Vec<String>>> {
             run.display().to_string(),
         ]));
     };
-    let saved = Config::load(Some(&dir.join(checkpoint::CONFIG_FILE)), &[])?;
+    let saved = Config::load(Some(&dir.join(store::CONFIG_FILE)), &[])?;
     let state = checkpoint::load_state(&dir)?;
     check_continues(&saved, &state, &t.config).map_err(|why| {
         anyhow::anyhow!(
@@ -396,7 +397,7 @@ fn train_args(s: &Setup, t: &Task) -> Result<Option<Vec<String>>> {
 /// An ensemble row decodes only finished members.
 fn check_members_finished(t: &Task) -> Result<()> {
     for m in &t.members {
-        let dir = checkpoint::complete_dir(&m.join("last")).with_context(|| {
+        let dir = store::complete_dir(&m.join("last")).with_context(|| {
             format!(
                 "{}: an ensemble member has no complete checkpoint",
                 m.display()
@@ -416,13 +417,10 @@ fn check_members_finished(t: &Task) -> Result<()> {
 /// training log, beside the checkpoints that are not kept under version control.
 fn keep_training_record(t: &Task) -> Result<()> {
     let run = &t.run;
-    let last = checkpoint::complete_dir(&run.join("last"))
+    let last = store::complete_dir(&run.join("last"))
         .with_context(|| format!("{}: training left no complete checkpoint", run.display()))?;
     for (from, to) in [
-        (
-            last.join(checkpoint::CONFIG_FILE),
-            t.dir.join(RECORD_CONFIG),
-        ),
+        (last.join(store::CONFIG_FILE), t.dir.join(RECORD_CONFIG)),
         (run.join("train.log"), t.dir.join("train.log")),
     ] {
         if from.is_file() {
@@ -470,7 +468,7 @@ fn models_to_decode(s: &Setup, t: &Task, clock: &Clock) -> Result<Vec<PathBuf>> 
 
 /// The average of the last checkpoints `run` kept, made once into `out` (beside the row's own checkpoints).
 fn averaged(s: &Setup, t: &Task, run: &Path, out: PathBuf, clock: &Clock) -> Result<PathBuf> {
-    if checkpoint::complete_dir(&out).is_some() {
+    if store::complete_dir(&out).is_some() {
         return Ok(out);
     }
     let kept = checkpoint::kept_checkpoints(run)?;

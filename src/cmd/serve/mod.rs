@@ -20,12 +20,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use candle_core::{DType, Device};
 use serde::{Deserialize, Serialize};
 
 use crate::decode::beam_search::DecodeOptions;
-use crate::decode::translate::{Translation, Translator};
-use crate::train::checkpoint;
+use crate::decode::translate::Translation;
 
 mod pages;
 
@@ -73,8 +71,7 @@ pub struct ServeArgs {
 struct Served {
     name: String,
     dir: PathBuf,
-    model: crate::model::Model,
-    lm: checkpoint::LoadedModel,
+    tr: crate::Translator,
 }
 
 struct AppState {
@@ -178,15 +175,9 @@ fn load_models(specs: &[String]) -> Result<Vec<Served>> {
         if out.iter().any(|m| m.name == name) {
             bail!("two models are named {name:?}: name them with -m NAME=DIR");
         }
-        let lm = checkpoint::load(&dir, DType::F32, &Device::Cpu)
+        let tr = crate::Translator::open(&[&dir], &Default::default())
             .with_context(|| format!("model {name:?}"))?;
-        let model = lm.model.frozen(&lm.varmap)?;
-        out.push(Served {
-            name,
-            dir,
-            model,
-            lm,
-        });
+        out.push(Served { name, dir, tr });
     }
     Ok(out)
 }
@@ -300,10 +291,10 @@ async fn list_models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
             serde_json::json!({
                 "name": m.name,
                 "dir": m.dir.display().to_string(),
-                "decoder": format!("{:?}", m.lm.config.model.decoder).to_lowercase(),
-                "context_gate": format!("{:?}", m.lm.config.model.context_gate).to_lowercase(),
-                "src_vocab": m.lm.src_vocab.len(),
-                "tgt_vocab": m.lm.tgt_vocab.len(),
+                "decoder": format!("{:?}", m.tr.model().config.model.decoder).to_lowercase(),
+                "context_gate": format!("{:?}", m.tr.model().config.model.context_gate).to_lowercase(),
+                "src_vocab": m.tr.model().src_vocab.len(),
+                "tgt_vocab": m.tr.model().tgt_vocab.len(),
             })
         })
         .collect();
@@ -379,7 +370,7 @@ async fn translate_admitted(
     }
     let beam = req.beam.unwrap_or(10);
     let nbest = req.nbest.unwrap_or(1);
-    let vocab = st.models[k].lm.tgt_vocab.len();
+    let vocab = st.models[k].tr.model().tgt_vocab.len();
     let length_penalty = req.length_penalty.unwrap_or(0.0);
     let coverage_penalty = req.coverage_penalty.unwrap_or(0.0);
     DecodeOptions {
@@ -393,8 +384,7 @@ async fn translate_admitted(
     .validate(vocab, a.max_beam, |k| k.to_string())
     .map_err(bad)?;
     {
-        let m = &st.models[k];
-        let tr = Translator::of(&m.model, &m.lm);
+        let tr = st.models[k].tr.pipeline();
         for (i, s) in req.sentences.iter().enumerate() {
             let n = tr.source_tokens(s, false).len();
             if n > a.max_input_words {
@@ -466,8 +456,10 @@ struct OptionsKey {
 }
 
 impl OptionsKey {
-    fn options(&self) -> DecodeOptions {
-        DecodeOptions {
+    /// The decoding options of the key, in batches of `batch` (the request's lines were checked against
+    /// `--max-input-words` when it came in: no limit here).
+    fn options(&self, batch: usize) -> crate::TranslateOptions {
+        crate::TranslateOptions {
             beam: self.beam,
             nbest: self.nbest,
             length_norm: self.length_norm,
@@ -478,7 +470,9 @@ impl OptionsKey {
                 f64::from_bits(self.context_scale.1),
             ),
             record: self.record,
-            ..DecodeOptions::default()
+            batch,
+            input_limit: crate::InputLimit::NONE,
+            ..Default::default()
         }
     }
 }
@@ -538,8 +532,7 @@ fn batcher(
             }
         }
         for ((k, key), jobs) in groups {
-            let m = &models[k];
-            let tr = Translator::of(&m.model, &m.lm);
+            let tr = &models[k].tr;
             let all: Vec<String> = jobs
                 .iter()
                 .flat_map(|j| j.sentences.iter().cloned())
@@ -553,7 +546,7 @@ fn batcher(
             if let Some(d) = delay {
                 std::thread::sleep(d);
             }
-            match tr.translate(&all, &key.options(), max_batch, false, |_| {}) {
+            match tr.translate(&all, &key.options(max_batch)) {
                 Ok(out) => {
                     let mut it = out.into_iter();
                     for j in jobs {
@@ -573,7 +566,6 @@ fn batcher(
 
 /// A request's answer from its translations.
 fn respond(m: &Served, out: Vec<Translation>, nbest: usize, record: bool) -> TranslateResponse {
-    let tr = Translator::of(&m.model, &m.lm);
     let translations = out
         .into_iter()
         .map(|t| {
@@ -584,7 +576,7 @@ fn respond(m: &Served, out: Vec<Translation>, nbest: usize, record: bool) -> Tra
                     t.hyps
                         .iter()
                         .map(|h| Alternative {
-                            translation: tr.detok(&m.lm.tgt_vocab.decode(&h.tokens)),
+                            translation: m.tr.hypothesis_text(h),
                             score: h.score,
                         })
                         .collect()

@@ -1,0 +1,278 @@
+//! The library's front door for decoding: a [`Translator`] opens one model directory (or several, an
+//! ensemble) and translates batches of sentences with per-call [`TranslateOptions`], returning each
+//! sentence's text, tokens, score, n-best list and, on request, its attention, gate values and coverage. It
+//! also force-aligns sentence pairs ([`Translator::align`]). The command line (`translate`, `align`), the
+//! server and the Python package all call it.
+//!
+//! ```no_run
+//! use cgnmt::{TranslateOptions, Translator, TranslatorOptions};
+//!
+//! let tr = Translator::open(&["runs/demo/model-improved/best"], &TranslatorOptions::default())?;
+//! let out = tr.translate(&["我赢了。".to_string()], &TranslateOptions::default())?;
+//! println!("{} ({:.2})", out[0].text, out[0].hyps[0].score);
+//! # Ok::<(), cgnmt::NmtError>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+
+use crate::decode::alignment::Alignment;
+use crate::decode::beam_search::{DecodeOptions, Hypothesis};
+use crate::decode::shortlist::{Lexicon, Shortlist};
+use crate::decode::translate::{InputLimit, LongInput, LongLine, Pipeline, Translation};
+use crate::error::{NmtError, Result};
+use crate::model::store::{self, LoadedModel};
+use crate::model::Model;
+
+/// A shortlist to decode over (see [`crate::decode::shortlist`]): a lexicon from `cgnmt shortlist`, the most
+/// frequent target words every batch takes and the most probable ones per source word.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortlistOptions {
+    pub lexicon: PathBuf,
+    pub frequent: usize,
+    pub per_word: usize,
+}
+
+impl ShortlistOptions {
+    /// The lexicon at `lexicon` with the command line's defaults: 100 frequent words, 50 per source word.
+    pub fn new(lexicon: impl Into<PathBuf>) -> Self {
+        ShortlistOptions {
+            lexicon: lexicon.into(),
+            frequent: 100,
+            per_word: 50,
+        }
+    }
+}
+
+/// What a [`Translator`] fixes when it is opened.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TranslatorOptions {
+    /// Decode the per-step products in 8-bit integers (approximate; x86-64 with AVX2, else f32).
+    pub int8: bool,
+    /// Decode each batch over a shortlist of target words (approximate).
+    pub shortlist: Option<ShortlistOptions>,
+}
+
+/// The decoding options of one call. The defaults are the command line's: beam 10, one hypothesis,
+/// GroundHog's ranking by total log-probability, no context scaling, batches of 32 sentences, input lines of
+/// more than 200 model tokens translated in pieces.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranslateOptions {
+    /// Beam size (1: greedy).
+    pub beam: usize,
+    /// Hypotheses returned per sentence (at most `beam`).
+    pub nbest: usize,
+    /// Rank hypotheses by log-probability per word instead of the total.
+    pub length_norm: bool,
+    /// GNMT's length penalty α (0: the total log-probability).
+    pub length_penalty: f64,
+    /// GNMT's coverage penalty β (0: none).
+    pub coverage_penalty: f64,
+    /// Decode-time context scaling: source-context terms × the first, target-side terms × the second.
+    pub context_scale: (f64, f64),
+    /// Keep each hypothesis's attention rows, gate values and coverage.
+    pub record: bool,
+    /// Decode until the beam has shrunk to nothing (same output, more steps).
+    pub full_beam: bool,
+    /// Gather the words' products from a table formed once per call (same output, faster).
+    pub word_table: bool,
+    /// Sentences decoded together.
+    pub batch: usize,
+    /// The input is already tokenised (split on whitespace; no tokeniser or BPE applied).
+    pub pretokenized: bool,
+    /// Longest input in model tokens (0: no limit) and what happens to a longer one.
+    pub input_limit: InputLimit,
+}
+
+impl Default for TranslateOptions {
+    fn default() -> Self {
+        TranslateOptions {
+            beam: 10,
+            nbest: 1,
+            length_norm: false,
+            length_penalty: 0.0,
+            coverage_penalty: 0.0,
+            context_scale: (1.0, 1.0),
+            record: false,
+            full_beam: false,
+            word_table: true,
+            batch: 32,
+            pretokenized: false,
+            input_limit: InputLimit {
+                max_words: 200,
+                long_input: LongInput::Split,
+            },
+        }
+    }
+}
+
+/// An opened model (or ensemble) ready to translate. It can be shared by threads (`&self` everywhere).
+pub struct Translator {
+    members: Vec<LoadedModel>,
+    frozen: Vec<Model>,
+    shortlist: Option<Arc<Shortlist>>,
+    int8: bool,
+    notes: Vec<String>,
+}
+
+impl Translator {
+    /// Open model directories (a run directory means its `best/` model); several make an ensemble, whose
+    /// models must share vocabularies and preprocessing.
+    pub fn open<P: AsRef<Path>>(model_dirs: &[P], opts: &TranslatorOptions) -> Result<Translator> {
+        let Some(first) = model_dirs.first() else {
+            return Err(NmtError::Options("no model directory given".into()));
+        };
+        let load = |p: &Path| store::load(&store::resolve_model_dir(p), DType::F32, &Device::Cpu);
+        let mut members = vec![load(first.as_ref())?];
+        for p in &model_dirs[1..] {
+            let other = load(p.as_ref())?;
+            members[0].check_ensemble(&other)?;
+            members.push(other);
+        }
+        let frozen = members
+            .iter()
+            .map(|m| m.model.frozen(&m.varmap))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let mut notes = vec![];
+        if opts.int8 && !crate::kernels::quantized_gemm::available() {
+            notes.push("int8 decoding needs a CPU with AVX2; decoding in f32".to_string());
+        }
+        let shortlist = match &opts.shortlist {
+            None => None,
+            Some(s) => {
+                if s.frequent == 0 && s.per_word == 0 {
+                    return Err(NmtError::Options(
+                        "the shortlist's frequent and per-word counts are both 0: it would be empty".into(),
+                    ));
+                }
+                let lex = Lexicon::load(&s.lexicon)?;
+                let m = &members[0];
+                let sl = Shortlist::new(&lex, &m.src_vocab, &m.tgt_vocab, s.frequent, s.per_word);
+                if sl.is_empty() {
+                    notes.push(format!(
+                        "no source word of {} is in the model's source vocabulary with a target word in its \
+                         target vocabulary: each batch decodes over the {} most frequent words only",
+                        s.lexicon.display(),
+                        s.frequent
+                    ));
+                }
+                Some(Arc::new(sl))
+            }
+        };
+        Ok(Translator {
+            members,
+            frozen,
+            shortlist,
+            int8: opts.int8,
+            notes,
+        })
+    }
+
+    /// The first (or only) model: its directory, configuration, vocabularies and preprocessing.
+    pub fn model(&self) -> &LoadedModel {
+        &self.members[0]
+    }
+
+    /// Every model of the ensemble, the first one first.
+    pub fn members(&self) -> &[LoadedModel] {
+        &self.members
+    }
+
+    /// What opening noticed and the user should hear (int8 unavailable, a shortlist that matches nothing).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The text pipeline over the frozen models (tokenise, decode in batches, post-process).
+    pub fn pipeline(&self) -> Pipeline<'_> {
+        let m = &self.members[0];
+        Pipeline {
+            model: &self.frozen[0],
+            others: self.frozen[1..].iter().collect(),
+            src_vocab: &m.src_vocab,
+            tgt_vocab: &m.tgt_vocab,
+            preprocess: &m.preprocess,
+        }
+    }
+
+    /// The search's settings for `o`, checked; an error names the option as `name` spells it (the command
+    /// line passes `--beam`, the library and the Python package `beam`).
+    pub fn decode_options(
+        &self,
+        o: &TranslateOptions,
+        name: impl Fn(&str) -> String,
+    ) -> Result<DecodeOptions> {
+        let opts = DecodeOptions {
+            beam: o.beam,
+            length_norm: o.length_norm,
+            length_penalty: o.length_penalty,
+            coverage_penalty: o.coverage_penalty,
+            nbest: o.nbest,
+            context_scale: o.context_scale,
+            record: o.record,
+            settle: !o.full_beam,
+            word_table: o.word_table,
+            shortlist: self.shortlist.clone(),
+            int8: self.int8,
+        };
+        opts.validate(self.members[0].tgt_vocab.len(), usize::MAX, &name)
+            .map_err(NmtError::Options)?;
+        if o.batch == 0 {
+            return Err(NmtError::Options(format!(
+                "{} 0: it must be at least 1",
+                name("batch")
+            )));
+        }
+        Ok(opts)
+    }
+
+    /// Translate `lines`: one [`Translation`] per line, in order (an empty line gives an empty one).
+    pub fn translate(&self, lines: &[String], o: &TranslateOptions) -> Result<Vec<Translation>> {
+        Ok(self.translate_with(lines, o, |_| {})?.0)
+    }
+
+    /// [`Translator::translate`] reporting the lines done so far to `progress`, and returning the lines over
+    /// the input limit (translated in pieces, or truncated) so the caller can name them.
+    pub fn translate_with(
+        &self,
+        lines: &[String],
+        o: &TranslateOptions,
+        progress: impl FnMut(usize) + Send,
+    ) -> Result<(Vec<Translation>, Vec<LongLine>)> {
+        let opts = self.decode_options(o, str::to_string)?;
+        self.pipeline().translate_within(
+            lines,
+            &opts,
+            o.batch,
+            o.pretokenized,
+            o.input_limit,
+            progress,
+        )
+    }
+
+    /// A hypothesis's text (its tokens through the model's post-processing: BPE merged, detokenised).
+    pub fn hypothesis_text(&self, h: &Hypothesis) -> String {
+        let m = &self.members[0];
+        m.preprocess.postprocess_tgt(&m.tgt_vocab.decode(&h.tokens))
+    }
+
+    /// Word alignments of sentence pairs from the first model's attention: `sources` and `targets` are
+    /// tokenised with spaces (a gold alignment's tokens); a BPE model's subwords are mapped back to them. In
+    /// batches of `batch` pairs.
+    pub fn align(
+        &self,
+        sources: &[String],
+        targets: &[String],
+        batch: usize,
+    ) -> Result<Vec<Alignment>> {
+        crate::decode::alignment::align_words(
+            &self.members[0],
+            &self.frozen[0],
+            sources,
+            targets,
+            batch,
+        )
+    }
+}
