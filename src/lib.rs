@@ -9,13 +9,14 @@
 //! `cgnmt-eval`. What each part computes: `docs/model-spec.md`.
 
 pub mod atomic_file;
+pub mod bench;
 pub mod cluster;
-pub mod cmd;
 pub mod config;
 pub mod decode;
 pub mod error;
 pub mod kernels;
 pub mod model;
+pub mod process;
 pub mod train;
 
 pub use cgnmt_data;
@@ -26,3 +27,18 @@ pub use decode::translate::{InputLimit, LongInput, LongLine, Translation};
 pub use decode::translator::{ShortlistOptions, TranslateOptions, Translator, TranslatorOptions};
 pub use error::{NmtError, Result};
 pub use model::store::LoadedModel;
+
+/// The commit this library was built from (`-modified` when the working tree differed; "unknown" outside a
+/// git checkout), for records and reports.
+pub const COMMIT: &str = env!("CGNMT_COMMIT");
+
+/// The library's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The version and the commit, as `cgnmt --version` prints them.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("CGNMT_COMMIT"),
+    ")"
+);

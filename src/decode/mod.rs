@@ -5,6 +5,7 @@
 
 pub mod alignment;
 pub mod beam_search;
+pub mod output;
 pub mod penalties;
 pub mod rescore;
 pub mod shortlist;

@@ -7,27 +7,9 @@
 //! `translate` would (its first hypothesis of each sentence).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-
-/// Arguments of `cgnmt rescore`.
-#[derive(clap::Args, Debug)]
-pub struct RescoreArgs {
-    /// The n-best list (`INDEX ||| TEXT ||| SCORE [||| name=value ...]`, as `translate --nbest N` writes it,
-    /// one sentence's hypotheses after another's, indices from 0); plain or gzipped.
-    #[arg(short, long)]
-    pub input: PathBuf,
-    /// A feature from a file: one number per line of the n-best list, in its order (repeatable).
-    #[arg(long = "feature", value_name = "NAME=FILE")]
-    pub features: Vec<String>,
-    /// A feature's weight (repeatable); unnamed features weigh 0, `model` 1.
-    #[arg(short, long = "weight", value_name = "NAME=W")]
-    pub weights: Vec<String>,
-    /// Output file (one line per sentence; written whole or not at all). Default: the standard output.
-    #[arg(short, long)]
-    pub output: Option<PathBuf>,
-}
 
 /// One hypothesis of an n-best list with its features.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,11 +117,13 @@ pub fn pick<'a>(
     Ok(best.into_iter().map(|b| b.0).collect())
 }
 
-pub fn run(a: RescoreArgs) -> Result<()> {
-    let name = a.input.display().to_string();
-    let lines = cgnmt_data::corpus::read_lines(&a.input)?;
+/// The rescored n-best list `input` (plain or gzipped): with the `features` (`NAME=FILE`, one number per line of
+/// the list) added and the `weights` (`NAME=W`) applied, each sentence's best hypothesis, a line each.
+pub fn rescore_file(input: &Path, features: &[String], weights: &[String]) -> Result<String> {
+    let name = input.display().to_string();
+    let lines = cgnmt_data::corpus::read_lines(input)?;
     let mut cands = parse_nbest(&name, &lines)?;
-    for f in &a.features {
+    for f in features {
         let (k, path) = name_value("--feature", f)?;
         if k == "model" || k == "words" {
             bail!("--feature {f:?}: {k:?} is built in");
@@ -162,31 +146,20 @@ pub fn run(a: RescoreArgs) -> Result<()> {
             }
         }
     }
-    let mut weights = BTreeMap::from([("model".to_string(), 1.0)]);
-    for w in &a.weights {
+    let mut weighted = BTreeMap::from([("model".to_string(), 1.0)]);
+    for w in weights {
         let (k, v) = name_value("--weight", w)?;
         let v = parse_number(v).with_context(|| format!("--weight {w:?}"))?;
-        weights.insert(k.to_string(), v);
+        weighted.insert(k.to_string(), v);
     }
-    weights.retain(|_, w| *w != 0.0);
-    let best = pick(&cands, &weights).with_context(|| name.clone())?;
+    weighted.retain(|_, w| *w != 0.0);
+    let best = pick(&cands, &weighted).with_context(|| name.clone())?;
     let mut text = String::new();
     for c in best {
         text.push_str(&c.text);
         text.push('\n');
     }
-    match &a.output {
-        Some(p) => crate::atomic_file::write_atomic(p, text.as_bytes())
-            .with_context(|| format!("writing {}", p.display()))?,
-        None => {
-            use std::io::Write;
-            std::io::stdout()
-                .lock()
-                .write_all(text.as_bytes())
-                .context("writing the standard output")?;
-        }
-    }
-    Ok(())
+    Ok(text)
 }
 
 #[cfg(test)]

@@ -108,6 +108,20 @@ impl Default for TranslateOptions {
     }
 }
 
+/// A context scale written `a,b` (source-context terms × a, target-side terms × b), as the command line
+/// takes it; the range is checked with the other decoding options.
+pub fn parse_context_scale(s: &str) -> std::result::Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("expected A,B (e.g. 1.0,0.5), got {s:?}"))?;
+    let num = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("not a number: {x:?}"))
+    };
+    Ok((num(a)?, num(b)?))
+}
+
 /// An opened model (or ensemble) ready to translate. It can be shared by threads (`&self` everywhere).
 pub struct Translator {
     members: Vec<LoadedModel>,

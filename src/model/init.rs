@@ -114,6 +114,20 @@ pub fn count(varmap: &VarMap) -> usize {
     varmap.all_vars().iter().map(|v| v.elem_count()).sum()
 }
 
+/// The parameter counts (as [`count_by_component`]) of the model a configuration describes, with its
+/// vocabulary sizes (`data.src_vocab_size` / `data.tgt_vocab_size` words plus EOS and UNK), built without
+/// initialising it.
+pub fn parameter_counts(cfg: &crate::config::Config) -> crate::error::Result<Vec<(String, usize)>> {
+    let (_model, varmap) = crate::model::Model::build_uninit(
+        &cfg.model,
+        cfg.data.src_vocab_size + 2,
+        cfg.data.tgt_vocab_size + 2,
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )?;
+    Ok(count_by_component(&varmap))
+}
+
 /// Parameter count grouped by the first path component (`encoder`, `decoder`, ...) and by the second
 /// (`decoder.gate`, ...), in name order.
 pub fn count_by_component(varmap: &VarMap) -> Vec<(String, usize)> {

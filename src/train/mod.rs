@@ -558,21 +558,7 @@ pub fn train_on(
         log_ranks_agree(&mut log, &log_path, &vars, cluster, state.step)?;
     }
     state.finished = true;
-    save(&state, &opt, &last_dir, true)?;
-    if !best_dir.exists() {
-        save(&state, &opt, &best_dir, false)?;
-    }
-    if writer && !opt.smoothed.is_empty() {
-        save_smoothed(
-            &run_dir.join(SMOOTHED_DIR),
-            &cfg,
-            &data,
-            &vars,
-            &opt,
-            dtype,
-            &dev,
-        )?;
-    }
+    saver.finish(&state, &opt, &vars)?;
     if !quiet {
         eprintln!("{}", stopped(&state, &stop_reason, &best_dir));
     }
@@ -623,6 +609,29 @@ impl Saver<'_> {
                 &request(false),
             )?;
             checkpoint::prune_kept(self.run_dir, cfg.train.keep_checkpoints)?;
+        }
+        Ok(())
+    }
+
+    /// The finished run's saves: `last/`, `best/` when no evaluation made one, and the moving average's
+    /// model (`smoothed/`) when the run keeps one.
+    fn finish(&self, state: &TrainState, opt: &Optimizer, vars: &[(String, Var)]) -> Result<()> {
+        self.save(state, opt, &self.run_dir.join("last"), true)?;
+        let best_dir = self.run_dir.join("best");
+        if !best_dir.exists() {
+            self.save(state, opt, &best_dir, false)?;
+        }
+        if self.writer && !opt.smoothed.is_empty() {
+            let dir = self.run_dir.join(SMOOTHED_DIR);
+            save_smoothed(
+                &dir,
+                self.cfg,
+                self.data,
+                vars,
+                opt,
+                DType::F32,
+                &Device::Cpu,
+            )?;
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ pub mod vocab;
 pub use bpe::{merge_subwords, word_index_of_subwords, BpeModel, SubwordKind, BPE_MARKER};
 pub use corpus::{read_lines, read_parallel};
 pub use error::DataError;
-pub use prepare::{run_prepare, PrepareArgs};
+pub use prepare::{run_prepare, PrepareOptions};
 pub use preprocess::{Preprocessor, SideConfig, PREPROCESS_FILE};
 pub use tokenize::{default_for_lang, detokenize, Tokenizer, TokenizerConfig, TokenizerKind};
 pub use vocab::{count_tokens, coverage, Vocab, WordCounts, EOS_ID, EOS_TOKEN, UNK_ID, UNK_TOKEN};

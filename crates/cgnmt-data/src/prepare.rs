@@ -32,73 +32,83 @@ use crate::preprocess::{Preprocessor, SideConfig};
 use crate::tokenize::{default_for_lang, Tokenizer, TokenizerConfig, TokenizerKind};
 use crate::vocab::{count_tokens, coverage, Vocab, WordCounts};
 
-/// Arguments of `cgnmt prepare`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct PrepareArgs {
+/// What `cgnmt prepare` does: the corpus files, the tokenisation, the vocabularies and subword models
+/// (see [`PrepareOptions::new`] for the defaults).
+#[derive(Debug, Clone)]
+pub struct PrepareOptions {
     /// Training source file (plain or gzip), one sentence per line.
-    #[arg(long)]
     pub src: PathBuf,
     /// Training target file, line-aligned with --src.
-    #[arg(long)]
     pub tgt: PathBuf,
     /// Output directory (must not exist or be empty, unless --force).
-    #[arg(long)]
     pub out: PathBuf,
     /// Development source file.
-    #[arg(long, requires = "dev_tgt")]
     pub dev_src: Option<PathBuf>,
     /// Development target (reference) file.
-    #[arg(long, requires = "dev_src")]
     pub dev_tgt: Option<PathBuf>,
     /// Test source file.
-    #[arg(long, requires = "test_tgt")]
     pub test_src: Option<PathBuf>,
     /// Test target (reference) file.
-    #[arg(long, requires = "test_src")]
     pub test_tgt: Option<PathBuf>,
     /// Source language code; chooses the default source tokenizer.
-    #[arg(long, default_value = "zh")]
     pub src_lang: String,
     /// Target language code; chooses the default target tokenizer.
-    #[arg(long, default_value = "en")]
     pub tgt_lang: String,
     /// Source tokenizer (default: jieba for zh, char for ja, punct otherwise).
-    #[arg(long, value_enum)]
     pub src_tok: Option<TokenizerKind>,
     /// Target tokenizer (default: from --tgt-lang).
-    #[arg(long, value_enum)]
     pub tgt_tok: Option<TokenizerKind>,
     /// Lowercase both sides before tokenizing.
-    #[arg(long)]
     pub lowercase: bool,
     /// Source vocabulary size K (K most frequent tokens, plus </s> and <unk>).
-    #[arg(long, default_value_t = 30000)]
     pub src_vocab_size: usize,
     /// Target vocabulary size K.
-    #[arg(long, default_value_t = 30000)]
     pub tgt_vocab_size: usize,
     /// Drop training pairs with a side longer than this many model tokens.
-    #[arg(long, default_value_t = 80)]
     pub max_len: usize,
     /// Learn a source BPE model with this many subword types.
-    #[arg(long)]
     pub bpe_src: Option<usize>,
     /// Learn a target BPE model with this many subword types.
-    #[arg(long)]
     pub bpe_tgt: Option<usize>,
     /// Learn a source unigram subword model (SentencePiece's algorithm) with this many pieces, instead of
     /// BPE.
-    #[arg(long, conflicts_with = "bpe_src")]
     pub unigram_src: Option<usize>,
     /// Learn a target unigram subword model with this many pieces, instead of BPE.
-    #[arg(long, conflicts_with = "bpe_tgt")]
     pub unigram_tgt: Option<usize>,
     /// Use only the first N training pairs.
-    #[arg(long)]
     pub limit: Option<usize>,
     /// Replace a non-empty output directory.
-    #[arg(long)]
     pub force: bool,
+}
+
+impl PrepareOptions {
+    /// The command line's defaults for a training corpus `src`/`tgt` prepared into `out`: zh → en, the
+    /// languages' default tokenizers, vocabularies of 30,000, pairs of at most 80 tokens, no subwords.
+    pub fn new(src: impl Into<PathBuf>, tgt: impl Into<PathBuf>, out: impl Into<PathBuf>) -> Self {
+        PrepareOptions {
+            src: src.into(),
+            tgt: tgt.into(),
+            out: out.into(),
+            dev_src: None,
+            dev_tgt: None,
+            test_src: None,
+            test_tgt: None,
+            src_lang: "zh".into(),
+            tgt_lang: "en".into(),
+            src_tok: None,
+            tgt_tok: None,
+            lowercase: false,
+            src_vocab_size: 30000,
+            tgt_vocab_size: 30000,
+            max_len: 80,
+            bpe_src: None,
+            bpe_tgt: None,
+            unigram_src: None,
+            unigram_tgt: None,
+            limit: None,
+            force: false,
+        }
+    }
 }
 
 /// Statistics of one side, in `prepare.json`.
@@ -166,7 +176,7 @@ pub struct PrepareSummary {
 }
 
 /// Runs `cgnmt prepare`; see the module documentation for what it writes.
-pub fn run_prepare(args: &PrepareArgs) -> Result<()> {
+pub fn run_prepare(args: &PrepareOptions) -> Result<()> {
     let summary = prepare(args)?;
     for (name, s) in [("source", &summary.src), ("target", &summary.tgt)] {
         println!(
@@ -181,7 +191,7 @@ pub fn run_prepare(args: &PrepareArgs) -> Result<()> {
 }
 
 /// Like [`run_prepare`] but returns the summary instead of printing it.
-pub fn prepare(args: &PrepareArgs) -> Result<PrepareSummary> {
+pub fn prepare(args: &PrepareOptions) -> Result<PrepareSummary> {
     if args.max_len == 0 {
         bail!("--max-len must be at least 1");
     }
@@ -359,7 +369,7 @@ struct SidePlan {
     suffix: &'static str,
 }
 
-fn side_plan(args: &PrepareArgs, tgt: bool) -> SidePlan {
+fn side_plan(args: &PrepareOptions, tgt: bool) -> SidePlan {
     let (lang, tok, bpe, unigram, vs, suffix) = if tgt {
         (
             &args.tgt_lang,
@@ -396,7 +406,7 @@ fn side_plan(args: &PrepareArgs, tgt: bool) -> SidePlan {
     }
 }
 
-fn prepare_into(args: &PrepareArgs, dir: &Path) -> Result<PrepareSummary> {
+fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
     let plans = [side_plan(args, false), side_plan(args, true)];
 
     // Training data.

@@ -11,8 +11,8 @@
 //!   translation dumps and training logs;
 //! - [`plot`]: PNG / SVG figures (attention heatmap with gates, length groups, context
 //!   scaling, training curves) with fonts compiled in;
-//! - [`cli`]: `clap` argument structs and run functions for the `score`, `compare`, `aer`,
-//!   `analyze …` and `plot …` subcommands of the main binary;
+//! - [`report`]: the evaluation over files as the `score`, `compare`, `aer`, `analyze …` and
+//!   `plot …` commands run it (options in, a text or JSON report out);
 //! - [`io`]: reading UTF-8 text files with errors that name file and line.
 //!
 //! Every metric is checked against the oracle fixtures in `shared/fixtures` (see README.md).
@@ -21,10 +21,10 @@ pub mod aer;
 pub mod analysis;
 pub mod bleu;
 pub mod chrf;
-pub mod cli;
 mod error;
 pub mod io;
 pub mod plot;
+pub mod report;
 pub mod significance;
 pub mod tokenize;
 

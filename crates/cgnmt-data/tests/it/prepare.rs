@@ -2,82 +2,41 @@ use std::path::{Path, PathBuf};
 
 use cgnmt_data::prepare::prepare;
 use cgnmt_data::{
-    read_lines, run_prepare, PrepareArgs, Preprocessor, TokenizerKind, Vocab, WordCounts,
+    read_lines, run_prepare, PrepareOptions, Preprocessor, TokenizerKind, Vocab, WordCounts,
 };
-use clap::Parser;
 
 use crate::common::tatoeba;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: PrepareArgs,
-}
-
-fn args(out: &Path, extra: &[&str]) -> PrepareArgs {
-    let mut argv: Vec<String> = vec![
-        "prepare".into(),
-        "--src".into(),
-        tatoeba("train.zh").display().to_string(),
-        "--tgt".into(),
-        tatoeba("train.en").display().to_string(),
-        "--out".into(),
-        out.display().to_string(),
-        "--limit".into(),
-        "500".into(),
-    ];
-    argv.extend(extra.iter().map(|s| s.to_string()));
-    Cli::try_parse_from(argv).unwrap().args
+/// The first 500 Tatoeba training pairs into `out`, with settings `extra` named as `cgnmt prepare`'s flags
+/// (`--bpe-tgt 300`, `--lowercase`; the command line's own parsing is tested with the binary).
+fn args(out: &Path, extra: &[&str]) -> PrepareOptions {
+    let mut a = PrepareOptions::new(tatoeba("train.zh"), tatoeba("train.en"), out);
+    a.limit = Some(500);
+    let mut it = extra.iter();
+    while let Some(&flag) = it.next() {
+        let mut value = || it.next().expect("a value").to_string();
+        match flag {
+            "--lowercase" => a.lowercase = true,
+            "--force" => a.force = true,
+            "--dev-src" => a.dev_src = Some(value().into()),
+            "--dev-tgt" => a.dev_tgt = Some(value().into()),
+            "--test-src" => a.test_src = Some(value().into()),
+            "--test-tgt" => a.test_tgt = Some(value().into()),
+            "--src-vocab-size" => a.src_vocab_size = value().parse().unwrap(),
+            "--tgt-vocab-size" => a.tgt_vocab_size = value().parse().unwrap(),
+            "--max-len" => a.max_len = value().parse().unwrap(),
+            "--bpe-src" => a.bpe_src = Some(value().parse().unwrap()),
+            "--bpe-tgt" => a.bpe_tgt = Some(value().parse().unwrap()),
+            "--unigram-src" => a.unigram_src = Some(value().parse().unwrap()),
+            "--unigram-tgt" => a.unigram_tgt = Some(value().parse().unwrap()),
+            other => panic!("the test helper does not know {other}"),
+        }
+    }
+    a
 }
 
 fn read(dir: &Path, f: &str) -> Vec<String> {
     read_lines(&dir.join(f)).unwrap()
-}
-
-#[test]
-fn cli_flags_parse() {
-    let a = args(
-        Path::new("x"),
-        &[
-            "--src-tok",
-            "whitespace",
-            "--tgt-tok",
-            "char",
-            "--lowercase",
-            "--src-vocab-size",
-            "10",
-            "--max-len",
-            "5",
-            "--bpe-tgt",
-            "300",
-            "--force",
-        ],
-    );
-    assert_eq!(a.src_tok, Some(TokenizerKind::Whitespace));
-    assert_eq!(a.tgt_tok, Some(TokenizerKind::Char));
-    assert!(a.lowercase && a.force);
-    assert_eq!(
-        (a.src_vocab_size, a.tgt_vocab_size, a.max_len),
-        (10, 30000, 5)
-    );
-    assert_eq!(
-        (a.bpe_src, a.bpe_tgt, a.limit),
-        (None, Some(300), Some(500))
-    );
-    assert_eq!((a.src_lang.as_str(), a.tgt_lang.as_str()), ("zh", "en"));
-    // --dev-src without --dev-tgt is rejected by clap.
-    let argv = [
-        "prepare",
-        "--src",
-        "a",
-        "--tgt",
-        "b",
-        "--out",
-        "c",
-        "--dev-src",
-        "d",
-    ];
-    assert!(Cli::try_parse_from(argv).is_err());
 }
 
 #[test]
@@ -286,20 +245,9 @@ fn prepare_with_unigram_subwords() {
         })
         .count();
     assert!(ok as f64 >= 0.95 * 2049.0, "{ok}");
-    assert!(Cli::try_parse_from([
-        "prepare",
-        "--src",
-        "a",
-        "--tgt",
-        "b",
-        "--out",
-        "c",
-        "--bpe-src",
-        "5",
-        "--unigram-src",
-        "5"
-    ])
-    .is_err());
+    // A side takes BPE or unigram subwords, not both.
+    let both = args(&out, &["--bpe-src", "5", "--unigram-src", "5"]);
+    assert!(prepare(&both).is_err());
 }
 
 #[test]
@@ -359,24 +307,12 @@ fn full_hansards() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("hansards");
-    let argv: Vec<String> = vec![
-        "prepare".into(),
-        "--src".into(),
-        d.join("train.en.gz").display().to_string(),
-        "--tgt".into(),
-        d.join("train.fr.gz").display().to_string(),
-        "--out".into(),
-        out.display().to_string(),
-        "--src-lang".into(),
-        "en".into(),
-        "--tgt-lang".into(),
-        "fr".into(),
-        "--src-tok".into(),
-        "whitespace".into(),
-        "--tgt-tok".into(),
-        "whitespace".into(),
-    ];
-    let a = Cli::try_parse_from(argv).unwrap().args;
+    let mut a = PrepareOptions::new(d.join("train.en.gz"), d.join("train.fr.gz"), &out);
+    (a.src_lang, a.tgt_lang) = ("en".into(), "fr".into());
+    (a.src_tok, a.tgt_tok) = (
+        Some(TokenizerKind::Whitespace),
+        Some(TokenizerKind::Whitespace),
+    );
     let t = std::time::Instant::now();
     run_prepare(&a).unwrap();
     eprintln!(

@@ -1,0 +1,57 @@
+//! Argument groups more than one command takes, and the conversion of a command's arguments into the
+//! library's options.
+
+use cgnmt_eval::report as R;
+use cgnmt_eval::report::{SmoothArg, TokenizeArg};
+
+/// `From<Args> for Options`, field by field: `options!(A => O { plain, fields; converted, fields })` moves the
+/// first list as they are and converts the second with `into()`; `options!(enum A => O { Variants })` maps
+/// each variant's arguments.
+macro_rules! options {
+    ($from:ident => $to:path { $($f:ident),* ; $($g:ident),* }) => {
+        impl From<$from> for $to {
+            fn from(a: $from) -> Self {
+                $to { $($f: a.$f,)* $($g: a.$g.into(),)* }
+            }
+        }
+    };
+    (enum $from:ident => $to:path { $($v:ident),* }) => {
+        impl From<$from> for $to {
+            fn from(c: $from) -> Self {
+                match c {
+                    $($from::$v(x) => <$to>::$v(x.into()),)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use options;
+
+/// Options shared by `score` and `compare` that configure BLEU / chrF.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricArgs {
+    /// BLEU tokenisation (default 13a).
+    #[arg(long = "tokenize", visible_alias = "tok", value_enum)]
+    pub tokenize: Option<TokenizeArg>,
+    /// Case-insensitive scoring (`-lc` works as in sacreBLEU).
+    #[arg(short = 'l', long = "lowercase", visible_alias = "lc")]
+    pub lowercase: bool,
+    /// (Hidden: makes sacreBLEU's `-lc` parse as `-l -c`.)
+    #[arg(short = 'c', hide = true)]
+    pub lc_c: bool,
+    /// BLEU smoothing (default exp).
+    #[arg(long = "smooth", value_enum)]
+    pub smooth: Option<SmoothArg>,
+    /// Value for floor / add-k smoothing.
+    #[arg(long = "smooth-value")]
+    pub smooth_value: Option<f64>,
+    /// NIST mteval-v11b.pl BLEU (the paper's metric): its tokenisation, shortest reference
+    /// length, no smoothing, case-insensitive unless --cased.
+    #[arg(long = "mteval-v11b")]
+    pub mteval_v11b: bool,
+    /// With --mteval-v11b: case-sensitive (mteval's `-c`).
+    #[arg(long = "cased", requires = "mteval_v11b")]
+    pub cased: bool,
+}
+
+options!(MetricArgs => R::MetricOptions { tokenize, lowercase, lc_c, smooth, smooth_value, mteval_v11b, cased;  });

@@ -1,0 +1,42 @@
+//! `cgnmt info`: the parameter count of a configuration's model, per component.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use cgnmt::config::Config;
+
+#[derive(clap::Args)]
+pub struct InfoArgs {
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+}
+
+pub fn run(a: InfoArgs) -> Result<()> {
+    let cfg = Config::load(a.config.as_deref(), &a.sets)?;
+    let counts = cgnmt::model::init::parameter_counts(&cfg)?;
+    println!(
+        "model: decoder {:?}, context_gate {:?}, gate_form {:?}, coverage {:?}; E {} H {} V {}+2 / {}+2",
+        cfg.model.decoder,
+        cfg.model.context_gate,
+        cfg.model.gate_form,
+        cfg.model.coverage,
+        cfg.model.embedding_dim,
+        cfg.model.hidden_dim,
+        cfg.data.src_vocab_size,
+        cfg.data.tgt_vocab_size
+    );
+    for (k, n) in &counts {
+        println!("{k:<28} {n:>12}  ({:.2}M)", *n as f64 / 1e6);
+    }
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    println!(
+        "{:<28} {:>12}  ({:.1}M)",
+        "total",
+        total,
+        total as f64 / 1e6
+    );
+    Ok(())
+}
