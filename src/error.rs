@@ -18,6 +18,9 @@ pub enum NmtError {
     /// An option out of its range (a beam of 0, a negative penalty): the message names the option.
     #[error("{0}")]
     Options(String),
+    /// Stopped on request (an interrupted caller) before the work was done.
+    #[error("{0}")]
+    Interrupted(String),
     #[error(transparent)]
     DataCrate(#[from] cgnmt_data::DataError),
     #[error("tensor error: {0}")]

@@ -17,9 +17,11 @@ pub fn decode_concurrently() {
     }
 }
 
+/// The thread pools' sizes, fixed once (also for the Python package, which does not run [`set_up`]).
+///
 /// candle asks for the thread count on every matmul and, without `RAYON_NUM_THREADS`, counts the physical
 /// cores from /proc each time; fix it once (same default: physical cores).
-fn set_thread_defaults() {
+pub fn set_thread_defaults() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         std::env::set_var(
             "RAYON_NUM_THREADS",

@@ -51,6 +51,9 @@ pub struct DecodeOptions {
     /// bits per row ([`crate::kernels::quantized_gemm`]): an approximate search,
     /// on CPUs with AVX2 and fused kernels (elsewhere the products stay f32). `false` (the default) is f32.
     pub int8: bool,
+    /// A flag that, once set (by another thread: an interrupted caller), makes [`beam_search_batches`] start
+    /// no further batch and return an error (`None`, the default: never).
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// The largest word table [`beam_search_batches`] forms (see [`DecodeOptions::word_table`]): 512 MiB (a
@@ -139,6 +142,7 @@ impl Default for DecodeOptions {
             word_table: true,
             shortlist: None,
             int8: false,
+            stop: None,
         }
     }
 }
@@ -988,6 +992,13 @@ pub fn beam_search_batches(
     batches
         .par_iter()
         .map(|b| {
+            if opts
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+            {
+                candle_core::bail!("decoding stopped");
+            }
             let h = beam_search_ensemble(&members, b, eos, opts)?;
             done(b.len());
             Ok(h)

@@ -58,7 +58,7 @@ pub struct TranslatorOptions {
 /// The decoding options of one call. The defaults are the command line's: beam 10, one hypothesis,
 /// GroundHog's ranking by total log-probability, no context scaling, batches of 32 sentences, input lines of
 /// more than 200 model tokens translated in pieces.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct TranslateOptions {
     /// Beam size (1: greedy).
     pub beam: usize,
@@ -84,6 +84,9 @@ pub struct TranslateOptions {
     pub pretokenized: bool,
     /// Longest input in model tokens (0: no limit) and what happens to a longer one.
     pub input_limit: InputLimit,
+    /// A flag another thread may set to stop the call before its next batch (an error then; see
+    /// [`DecodeOptions::stop`]).
+    pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Default for TranslateOptions {
@@ -104,6 +107,7 @@ impl Default for TranslateOptions {
                 max_words: 200,
                 long_input: LongInput::Split,
             },
+            stop: None,
         }
     }
 }
@@ -230,6 +234,7 @@ impl Translator {
             word_table: o.word_table,
             shortlist: self.shortlist.clone(),
             int8: self.int8,
+            stop: o.stop.clone(),
         };
         opts.validate(self.members[0].tgt_vocab.len(), usize::MAX, &name)
             .map_err(NmtError::Options)?;

@@ -370,7 +370,19 @@ pub struct TrainSummary {
 /// Train into `run_dir`. With `resume`, continue from `run_dir/last` (configuration, weights, optimiser state,
 /// data position) with the given overrides applied to its configuration.
 pub fn train(cfg: Config, run_dir: &Path, resume: bool, quiet: bool) -> Result<TrainSummary> {
-    train_on(cfg, run_dir, resume, quiet, &Cluster::single())
+    train_on(cfg, run_dir, resume, quiet, &Cluster::single(), None)
+}
+
+/// [`train`] that another thread can stop: once `stop` is set, the run saves its checkpoint after the update
+/// in progress (`last/`, resumable) and returns [`NmtError::Interrupted`].
+pub fn train_until(
+    cfg: Config,
+    run_dir: &Path,
+    resume: bool,
+    quiet: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<TrainSummary> {
+    train_on(cfg, run_dir, resume, quiet, &Cluster::single(), Some(stop))
 }
 
 /// [`train`] as one rank of an MPI job (`mpiexec -n N cgnmt train …`): synchronous data parallelism. Rank 0's
@@ -387,6 +399,7 @@ pub fn train_on(
     resume: bool,
     quiet: bool,
     cluster: &Cluster,
+    stop: Option<&std::sync::atomic::AtomicBool>,
 ) -> Result<TrainSummary> {
     let quiet = quiet || cluster.rank() > 0;
     let writer = cluster.rank() == 0;
@@ -544,6 +557,15 @@ pub fn train_on(
             if at_limit {
                 stop_reason = limit_reason(&tc, &state);
                 break 'outer;
+            }
+            if stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+                pb.finish_and_clear();
+                save(&state, &opt, &last_dir, true)?;
+                return Err(NmtError::Interrupted(format!(
+                    "training stopped after update {}; its checkpoint is in {} (resume to continue)",
+                    state.step,
+                    last_dir.display()
+                )));
             }
         }
         state.epoch += 1;

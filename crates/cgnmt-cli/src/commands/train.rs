@@ -54,6 +54,6 @@ pub fn run(a: TrainArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         return Ok(());
     }
     cgnmt::kernels::set_threads(cfg.train.threads);
-    cgnmt::train::train_on(cfg, &run_dir, resume, a.quiet, cluster)?;
+    cgnmt::train::train_on(cfg, &run_dir, resume, a.quiet, cluster, None)?;
     Ok(())
 }

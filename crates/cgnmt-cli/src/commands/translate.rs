@@ -129,6 +129,7 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
             max_words: a.max_input_words,
             long_input: a.long_input,
         },
+        stop: None,
     };
     // The options checked before the input is read, named as the command line names them.
     tr.decode_options(&opts, |k| format!("--{}", k.replace('_', "-")))?;

@@ -88,39 +88,62 @@ pub fn run_aer_to(args: &AerOptions, o: &mut dyn Write) -> anyhow::Result<()> {
             aer::validate_ranges(&pred, &lens, p)?;
         }
     }
-    let r = aer::aer(&gold, &pred).context("computing AER")?;
-    let s = match &soft {
-        Some(m) => Some(aer::saer(&gold, m).with_context(|| {
+    let soft_name = args
+        .soft
+        .as_deref()
+        .unwrap_or(Path::new(""))
+        .display()
+        .to_string();
+    let (v, text) = aer_report(&gold, &pred, soft.as_deref(), &soft_name)?;
+    if args.json {
+        writeln!(o, "{}", serde_json::to_string_pretty(&v)?)?;
+    } else {
+        write!(o, "{text}")?;
+    }
+    o.flush()?;
+    Ok(())
+}
+
+/// Corpus AER of `pred` against `gold` (and soft AER of the attention matrices `soft`, named `soft_name` in
+/// errors): the JSON record `aer --json` prints, and its text lines.
+pub fn aer_report(
+    gold: &[aer::GoldLinks],
+    pred: &[Vec<aer::Link>],
+    soft: Option<&[Vec<Vec<f64>>]>,
+    soft_name: &str,
+) -> anyhow::Result<(serde_json::Value, String)> {
+    use std::fmt::Write as _;
+    let r = aer::aer(gold, pred).context("computing AER")?;
+    let s = match soft {
+        Some(m) => Some(aer::saer(gold, m).with_context(|| {
             format!(
-                "soft AER of {} (rows = target words, columns = source words; gold i-j = source-target)",
-                args.soft.as_deref().unwrap_or(Path::new("")).display()
+                "soft AER of {soft_name} (rows = target words, columns = source words; gold i-j = \
+                 source-target)"
             )
         })?),
         None => None,
     };
-    if args.json {
-        let mut v = json!({
-            "precision": r.precision,
-            "recall": r.recall,
-            "aer": r.aer,
-            "a": r.a,
-            "s": r.s,
-            "p": r.p,
-            "a_and_s": r.a_and_s,
-            "a_and_p": r.a_and_p,
-            "sentences": gold.len(),
-        });
-        if let Some(s) = &s {
-            v["saer"] = json!(s.saer);
-            v["saer_macro"] = json!(s.macro_saer);
-            v["sum_ma"] = json!(s.totals.sum_ma);
-            v["sum_ma_ms"] = json!(s.totals.sum_ma_ms);
-            v["sum_ma_mp"] = json!(s.totals.sum_ma_mp);
-        }
-        writeln!(o, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else {
-        writeln!(
-            o,
+    let mut v = json!({
+        "precision": r.precision,
+        "recall": r.recall,
+        "aer": r.aer,
+        "a": r.a,
+        "s": r.s,
+        "p": r.p,
+        "a_and_s": r.a_and_s,
+        "a_and_p": r.a_and_p,
+        "sentences": gold.len(),
+    });
+    if let Some(s) = &s {
+        v["saer"] = json!(s.saer);
+        v["saer_macro"] = json!(s.macro_saer);
+        v["sum_ma"] = json!(s.totals.sum_ma);
+        v["sum_ma_ms"] = json!(s.totals.sum_ma_ms);
+        v["sum_ma_mp"] = json!(s.totals.sum_ma_mp);
+    }
+    let mut text = String::new();
+    writeln!(
+            text,
             "AER = {:.2}% (precision {:.2}%, recall {:.2}%; |A| = {}, |S| = {}, |P| = {}, |A∩S| = {}, |A∩P| = {}; {} sentences)",
             100.0 * r.aer,
             100.0 * r.precision,
@@ -132,9 +155,9 @@ pub fn run_aer_to(args: &AerOptions, o: &mut dyn Write) -> anyhow::Result<()> {
             r.a_and_p,
             gold.len()
         )?;
-        if let Some(s) = &s {
-            writeln!(
-                o,
+    if let Some(s) = &s {
+        writeln!(
+                text,
                 "SAER = {:.2}% (micro; macro {:.2}%; |M_A| = {:.4}, |M_A·M_S| = {:.4}, |M_A·M_P| = {:.4})",
                 100.0 * s.saer,
                 100.0 * s.macro_saer,
@@ -142,8 +165,6 @@ pub fn run_aer_to(args: &AerOptions, o: &mut dyn Write) -> anyhow::Result<()> {
                 s.totals.sum_ma_ms,
                 s.totals.sum_ma_mp
             )?;
-        }
     }
-    o.flush()?;
-    Ok(())
+    Ok((v, text))
 }

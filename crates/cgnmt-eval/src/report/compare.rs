@@ -52,32 +52,22 @@ pub fn run_compare(args: &CompareOptions) -> anyhow::Result<()> {
     run_compare_to(args, &mut std::io::stdout().lock())
 }
 
-/// Like [`run_compare`] but writes to `o`.
-pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Result<()> {
-    let (base, refs) = read_inputs(&args.refs, Some(&args.baseline))?;
-    let mut systems = Vec::with_capacity(args.systems.len());
-    for s in &args.systems {
-        let lines = read_nonempty_lines(s)?;
-        if lines.len() != base.len() {
-            return Err(EvalError::LineCountMismatch {
-                a: args.baseline.clone(),
-                a_lines: base.len(),
-                b: s.clone(),
-                b_lines: lines.len(),
-            }
-            .into());
-        }
-        systems.push(lines);
-    }
+/// The significance tests of `options` (its metrics, tests, seed, resamples and trials) of `systems` (named
+/// outputs) against `baseline` on the references `refs` (`refs[k][line]`): per metric, the JSON record that
+/// `compare --json` prints, and the table's lines.
+pub fn compare_systems(
+    args: &CompareOptions,
+    baseline: &(String, Vec<String>),
+    systems: &[(String, Vec<String>)],
+    refs: &[Vec<String>],
+) -> anyhow::Result<(Vec<serde_json::Value>, Vec<String>)> {
     let want = |t: TestArg| args.test == t || args.test == TestArg::All;
     let mut report = Vec::new();
     let nw = args
         .systems
         .iter()
         .map(|p| p.display().to_string().chars().count())
-        .chain(std::iter::once(
-            args.baseline.display().to_string().chars().count() + 11,
-        ))
+        .chain(std::iter::once(baseline.0.chars().count() + 11))
         .max()
         .unwrap_or(6)
         .max(6);
@@ -88,12 +78,12 @@ pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Resul
     ));
     for &m in &args.metrics {
         let metric = args.opts.metric(m)?;
-        let bst = metric.segment_stats(&base, &refs)?;
+        let bst = metric.segment_stats(&baseline.1, refs)?;
         let base_score = metric.corpus_score(&bst);
         let mut base_ci: Option<(f64, f64)> = None;
         let mut rows = Vec::new();
-        for (path, hyps) in args.systems.iter().zip(&systems) {
-            let sst = metric.segment_stats(hyps, &refs)?;
+        for (name, hyps) in systems {
+            let sst = metric.segment_stats(hyps, refs)?;
             let score = metric.corpus_score(&sst);
             let bs = if want(TestArg::Bs) {
                 let r = significance::paired_bootstrap(
@@ -125,7 +115,7 @@ pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Resul
                 None
             };
             rows.push(json!({
-                "file": path.display().to_string(),
+                "file": name,
                 "score": score,
                 "bootstrap": bs,
                 "ar": ar,
@@ -134,7 +124,7 @@ pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Resul
             table.push(format!(
                 "{:<8} {:<nw$} {:>7.2} {:>17} {:>8} {:>8} {:>16} {:>8}",
                 metric.name(),
-                path.display().to_string(),
+                name,
                 score,
                 bs.map_or("-".into(), |b| format!(
                     "{:.2} ± {:.2}",
@@ -152,7 +142,7 @@ pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Resul
         let base_row = format!(
             "{:<8} {:<nw$} {:>7.2} {:>17} {:>8} {:>8} {:>16} {:>8}",
             metric.name(),
-            format!("{} (baseline)", args.baseline.display()),
+            format!("{} (baseline)", baseline.0),
             base_score,
             base_ci.map_or("-".into(), |(m, c)| format!("{m:.2} ± {c:.2}")),
             "-",
@@ -169,7 +159,7 @@ pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Resul
             "bs_samples": args.bs_samples,
             "ar_trials": args.ar_trials,
             "baseline": {
-                "file": args.baseline.display().to_string(),
+                "file": baseline.0,
                 "score": base_score,
                 "bs_mean": base_ci.map(|x| x.0),
                 "bs_ci": base_ci.map(|x| x.1),
@@ -177,6 +167,28 @@ pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Resul
             "systems": rows,
         }));
     }
+    Ok((report, table))
+}
+
+/// Like [`run_compare`] but writes to `o`.
+pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Result<()> {
+    let (base, refs) = read_inputs(&args.refs, Some(&args.baseline))?;
+    let mut systems = Vec::with_capacity(args.systems.len());
+    for s in &args.systems {
+        let lines = read_nonempty_lines(s)?;
+        if lines.len() != base.len() {
+            return Err(EvalError::LineCountMismatch {
+                a: args.baseline.clone(),
+                a_lines: base.len(),
+                b: s.clone(),
+                b_lines: lines.len(),
+            }
+            .into());
+        }
+        systems.push((s.display().to_string(), lines));
+    }
+    let baseline = (args.baseline.display().to_string(), base);
+    let (report, table) = compare_systems(args, &baseline, &systems, &refs)?;
     if args.json {
         writeln!(
             o,

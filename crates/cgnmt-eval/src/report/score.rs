@@ -23,7 +23,7 @@ pub struct ScoreOptions {
 }
 
 /// Reads the references and the hypothesis (file or stdin) and checks the line counts.
-pub(super) fn read_inputs(
+pub fn read_inputs(
     refs: &[PathBuf],
     input: Option<&Path>,
 ) -> anyhow::Result<(Vec<String>, Vec<Vec<String>>)> {
@@ -57,7 +57,7 @@ pub(super) fn read_inputs(
     Ok((hyps, rs))
 }
 
-pub(super) fn bleu_json(b: &BleuScore) -> serde_json::Value {
+pub fn bleu_json(b: &BleuScore) -> serde_json::Value {
     json!({
         "name": "BLEU",
         "score": b.score,
@@ -71,11 +71,11 @@ pub(super) fn bleu_json(b: &BleuScore) -> serde_json::Value {
     })
 }
 
-pub(super) fn chrf_json(c: &ChrfScore) -> serde_json::Value {
+pub fn chrf_json(c: &ChrfScore) -> serde_json::Value {
     json!({ "name": c.name, "score": c.score, "signature": c.signature })
 }
 
-pub(super) fn bleu_line(b: &BleuScore, w: usize) -> String {
+pub fn bleu_line(b: &BleuScore, w: usize) -> String {
     let ratio = if b.ref_len > 0 {
         b.sys_len as f64 / b.ref_len as f64
     } else {

@@ -1,0 +1,389 @@
+"""cgnmt: context-gated neural machine translation (Tu et al., TACL 2017) from Python.
+
+Translate with attention-based RNN models (GroundHog / RNNsearch with context gates) trained by cgnmt, and
+inspect what no other toolkit exposes: each target word's attention over the source and the context gate's
+values, as NumPy arrays. Align sentence pairs from attention, score translations (BLEU as sacreBLEU and NIST
+mteval-v11b compute it, chrF, significance tests, AER) and train models, in-process.
+
+    >>> import cgnmt
+    >>> tr = cgnmt.Translator("runs/demo/model-improved/best")
+    >>> out = tr.translate(["我赢了。"], beam=10, return_attention=True, return_gates=True)
+    >>> out[0].text, out[0].attention.shape, out[0].gates
+    ('I won.', (4, 4), array([...], dtype=float32))
+
+Every call releases the GIL while it works (a ``Translator`` can be shared by Python threads) and stops at its
+next batch on Ctrl-C. Errors are Python exceptions: ``FileNotFoundError`` for a missing model directory or
+file, ``ValueError`` for a bad option or input, ``RuntimeError`` for a failure inside the library.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from os import PathLike, fspath
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _cgnmt, metrics
+
+__version__ = "0.1.0"
+__all__ = [
+    "Alignment",
+    "Hypothesis",
+    "Model",
+    "TrainSummary",
+    "Translation",
+    "Translator",
+    "align",
+    "metrics",
+    "select",
+    "set_threads",
+    "train",
+]
+
+PathType = Union[str, "PathLike[str]"]
+
+
+def _f32(buf: bytes, shape: Optional[Tuple[int, ...]] = None) -> np.ndarray:
+    a = np.frombuffer(buf, dtype="<f4").astype(np.float32)
+    return a.reshape(shape) if shape is not None else a
+
+
+def _sentences(name: str, xs: Sequence[str]) -> List[str]:
+    if isinstance(xs, (str, bytes)):
+        raise TypeError(f"{name} must be a list of sentences, not a single string")
+    out = list(xs)
+    for i, x in enumerate(out):
+        if not isinstance(x, str):
+            raise TypeError(f"{name}[{i}] is {type(x).__name__}, not str")
+    return out
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One hypothesis of a sentence's n-best list: its post-processed text, its model tokens and its total
+    log-probability (the search's ranking applies the length and coverage penalties on top of it)."""
+
+    text: str
+    tokens: List[str]
+    score: float
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One sentence's translation.
+
+    ``text`` is the best hypothesis post-processed (subwords merged, detokenised); ``tokens`` its model
+    tokens; ``source_tokens`` the source as the model saw it; ``score`` its log-probability (``None`` for an
+    empty input); ``hypotheses`` the n-best list, best first.
+
+    With ``return_attention``: ``attention``, float32 ``[target, source]``: one row per emitted word (the
+    final EOS included when the search emitted it), one column per source token plus EOS; each row sums
+    to 1. With ``return_gates``: ``gates``, float32 ``[len(tokens)]``: the context gate's mean value in the
+    transition that read each output word (empty for an ungated model). With ``return_coverage``:
+    ``coverage``, float32 ``[source + 1]``: the coverage model's final value per source position (empty
+    without coverage).
+    """
+
+    text: str
+    tokens: List[str]
+    source_tokens: List[str]
+    score: Optional[float]
+    hypotheses: List[Hypothesis]
+    attention: Optional[np.ndarray] = None
+    gates: Optional[np.ndarray] = None
+    coverage: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """A sentence pair's word alignment from attention: ``links`` as ``(source word, target word)`` pairs,
+    0-based (each target word linked to its most attended source word); with ``soft=True`` also
+    ``attention``, float64 ``[target words, source words]`` (rows sum to 1), and ``gates``, the mean gate
+    value per target token."""
+
+    links: List[Tuple[int, int]]
+    attention: Optional[np.ndarray] = None
+    gates: Optional[np.ndarray] = None
+
+
+class Translator:
+    """A trained model (or an ensemble of models sharing vocabularies) opened for translation.
+
+    ``model_dir`` is a model directory written by ``cgnmt train`` (a run directory means its ``best/``
+    model), or a list of them for an ensemble (log-probabilities averaged at every step). ``threads``: the
+    threads of the matrix products (0: the physical cores; process-wide). ``int8``: the decoder's per-step
+    products in 8-bit integers (faster, approximate; x86-64 with AVX2). ``shortlist``: a lexicon from
+    ``cgnmt shortlist``, to decode each batch over the most frequent target words and each source word's
+    most probable translations (faster, approximate).
+
+    Raises ``FileNotFoundError`` when a directory or the lexicon is missing, ``ValueError`` when a model
+    directory is damaged or an ensemble's models do not share vocabularies.
+    """
+
+    def __init__(
+        self,
+        model_dir: Union[PathType, Sequence[PathType]],
+        threads: int = 0,
+        int8: bool = False,
+        shortlist: Optional[PathType] = None,
+        shortlist_frequent: int = 100,
+        shortlist_per_word: int = 50,
+    ) -> None:
+        dirs = [model_dir] if isinstance(model_dir, (str, PathLike)) else list(model_dir)
+        if threads < 0:
+            raise ValueError(f"threads {threads}: 0 (the physical cores) or more")
+        if threads:
+            _cgnmt.set_threads(threads)
+        self._inner = _cgnmt.Translator(
+            [fspath(d) for d in dirs],
+            int8,
+            None if shortlist is None else fspath(shortlist),
+            shortlist_frequent,
+            shortlist_per_word,
+        )
+
+    @property
+    def model_dirs(self) -> List[str]:
+        """The directories of the models read (a run directory's ``best/``), the first one first."""
+        return [fspath(d) for d in self._inner.model_dirs()]
+
+    @property
+    def notes(self) -> List[str]:
+        """What opening noticed: int8 unavailable on this CPU, a shortlist that matches nothing."""
+        return list(self._inner.notes())
+
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam: int = 10,
+        nbest: int = 1,
+        length_penalty: Optional[float] = None,
+        coverage_penalty: Optional[float] = None,
+        length_norm: bool = False,
+        context_scale: Tuple[float, float] = (1.0, 1.0),
+        pretokenized: bool = False,
+        return_attention: bool = False,
+        return_gates: bool = False,
+        return_coverage: bool = False,
+        batch: int = 32,
+        max_input_words: int = 200,
+        long_input: str = "split",
+    ) -> List[Translation]:
+        """Translate ``sentences`` (raw text, or whitespace-tokenised with ``pretokenized``): one
+        :class:`Translation` per sentence, in order; an empty sentence gives an empty translation.
+
+        ``beam``: the beam size (1: greedy). ``nbest``: hypotheses per sentence (at most ``beam``).
+        ``length_penalty``: GNMT's α (``None`` or 0: rank by total log-probability, GroundHog's way);
+        ``coverage_penalty``: GNMT's β; ``length_norm``: rank by log-probability per word instead.
+        ``context_scale``: ``(a, b)`` scales the source-context terms by ``a`` and the target-side terms by
+        ``b`` at every step (the paper's Figure 2). ``batch``: sentences decoded together.
+        ``max_input_words``: a longer input (in model tokens) is translated in pieces (``long_input =
+        "split"``) or cut (``"truncate"``); 0: no limit.
+
+        Raises ``ValueError`` for an option out of its range (a beam of 0, a negative penalty, a context scale
+        outside [0, 4]).
+        """
+        if long_input not in ("split", "truncate"):
+            raise ValueError(f'long_input {long_input!r}: "split" or "truncate"')
+        record = return_attention or return_gates or return_coverage
+        raw = self._inner.translate(
+            _sentences("sentences", sentences),
+            beam,
+            nbest,
+            length_norm,
+            0.0 if length_penalty is None else float(length_penalty),
+            0.0 if coverage_penalty is None else float(coverage_penalty),
+            (float(context_scale[0]), float(context_scale[1])),
+            pretokenized,
+            record,
+            batch,
+            max_input_words,
+            long_input == "truncate",
+        )
+        out = []
+        for r in raw:
+            hyps = [Hypothesis(text=t, tokens=list(k), score=s) for (t, k, s) in r["hypotheses"]]
+            out.append(
+                Translation(
+                    text=r["text"],
+                    tokens=list(r["tokens"]),
+                    source_tokens=list(r["source_tokens"]),
+                    score=hyps[0].score if hyps else None,
+                    hypotheses=hyps,
+                    attention=_f32(r["attention"], tuple(r["attention_shape"]))
+                    if return_attention
+                    else None,
+                    gates=_f32(r["gates"]) if return_gates else None,
+                    coverage=_f32(r["coverage"]) if return_coverage else None,
+                )
+            )
+        return out
+
+    translate_batch = translate
+
+    def align(
+        self, sources: Sequence[str], targets: Sequence[str], soft: bool = False, batch: int = 32
+    ) -> List[Alignment]:
+        """Word alignments of the first model for sentence pairs tokenised with spaces (see :func:`align`)."""
+        raw = self._inner.align(
+            _sentences("sources", sources), _sentences("targets", targets), batch
+        )
+        out = []
+        for links, att, shape, gates in raw:
+            out.append(
+                Alignment(
+                    links=[tuple(l) for l in links],
+                    attention=_f32(att, tuple(shape)).astype(np.float64) if soft else None,
+                    gates=_f32(gates) if soft else None,
+                )
+            )
+        return out
+
+    def source_vocabulary(self) -> List[str]:
+        """The source vocabulary, by id (``</s>`` and ``<unk>`` first)."""
+        return list(self._inner.source_vocabulary())
+
+    def target_vocabulary(self) -> List[str]:
+        """The target vocabulary, by id (``</s>`` and ``<unk>`` first)."""
+        return list(self._inner.target_vocabulary())
+
+    def info(self) -> Dict[str, Any]:
+        """The first model's directory, configuration (TOML text) and parameter counts per component."""
+        return dict(self._inner.info())
+
+
+class Model:
+    """A model directory, read for its description (no decoding): ``Model(dir).info()``, its
+    ``config`` (TOML text) and vocabularies."""
+
+    def __init__(self, model_dir: PathType) -> None:
+        self._info = dict(_cgnmt.model_info(fspath(model_dir)))
+        self.directory: str = fspath(self._info["directory"])
+        self.config: str = self._info["config"]
+
+    def info(self) -> Dict[str, Any]:
+        """``directory``, ``config`` (TOML), ``parameters`` (per component), ``total_parameters`` and the
+        vocabularies' sizes."""
+        return dict(self._info)
+
+
+def align(
+    model_dir: Union[PathType, Translator],
+    sources: Sequence[str],
+    targets: Sequence[str],
+    soft: bool = False,
+    batch: int = 32,
+) -> List[Alignment]:
+    """Word alignments from attention (as ``cgnmt align``): force-decode each ``target`` given its
+    ``source`` (both tokenised with spaces, a gold alignment's tokens; a BPE model's subwords are mapped back
+    to them) and link every target word to its most attended source word. With ``soft``, each pair's
+    word-level attention matrix and gate values too (for soft AER)."""
+    tr = model_dir if isinstance(model_dir, Translator) else Translator(model_dir)
+    return tr.align(sources, targets, soft=soft, batch=batch)
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    """What a training run left: its directory, parameter count, updates, epochs, best dev BLEU and the step
+    that reached it, its evaluation history, and the whole training state (``state``)."""
+
+    run_dir: str
+    parameters: int
+    steps: int
+    epochs: int
+    best_dev_bleu: Optional[float]
+    best_step: int
+    history: List[Dict[str, Any]] = field(default_factory=list)
+    state: Dict[str, Any] = field(default_factory=dict)
+
+
+def _settings(set: Union[None, Mapping[str, Any], Sequence[str]]) -> List[str]:
+    if set is None:
+        return []
+    if isinstance(set, Mapping):
+        out = []
+        for k, v in set.items():
+            if isinstance(v, bool):
+                v = "true" if v else "false"
+            elif isinstance(v, (int, float)):
+                v = repr(v)
+            elif isinstance(v, (str, PathLike)):
+                v = json.dumps(fspath(v))
+            else:
+                raise TypeError(f"{k}: a bool, number, string or path, not {type(v).__name__}")
+            out.append(f"{k}={v}")
+        return out
+    if isinstance(set, str):
+        raise TypeError("set must be a dict or a list of 'section.key=value' strings")
+    return list(set)
+
+
+def train(
+    config: Optional[PathType] = None,
+    set: Union[None, Mapping[str, Any], Sequence[str]] = None,
+    out: PathType = "runs/model",
+    resume: bool = False,
+    quiet: bool = False,
+) -> TrainSummary:
+    """Train a model in this process, as ``cgnmt train`` does (the same progress output, or none with
+    ``quiet``): the TOML ``config`` (the defaults without one) with ``set`` overrides (a dict such as
+    ``{"train.max_steps": 3000, "data.prepared": "runs/prep"}`` or ``section.key=value`` strings), into the
+    run directory ``out``; with ``resume``, continue the run in ``out`` from its last checkpoint. Ctrl-C
+    stops it after the update in progress with its checkpoint saved (``resume=True`` continues)."""
+    raw = json.loads(
+        _cgnmt.train(
+            fspath(out),
+            None if config is None else fspath(config),
+            _settings(set),
+            resume,
+            quiet,
+        )
+    )
+    st = raw["state"]
+    return TrainSummary(
+        run_dir=fspath(raw["run_dir"]),
+        parameters=raw["parameters"],
+        steps=st["step"],
+        epochs=st["epoch"],
+        best_dev_bleu=st.get("best_bleu"),
+        best_step=st["best_step"],
+        history=list(st.get("history", [])),
+        state=st,
+    )
+
+
+def select(
+    run: PathType,
+    tune: bool = False,
+    last: int = 4,
+    tolerance: float = 1.0,
+    beam: int = 10,
+    length_penalty: float = 0.0,
+    coverage_penalty: float = 0.0,
+    dev_sentences: int = 0,
+    prepared: Optional[PathType] = None,
+) -> Dict[str, Any]:
+    """Choose a finished run's model on dev, as ``cgnmt select``: ``best/``, the average of its converged
+    tail (the last ``last`` kept checkpoints within ``tolerance`` BLEU of its best) or the moving average;
+    with ``tune``, also its length and coverage penalties. Returns the selection record (also written to
+    ``RUN/selection.json``): every candidate's dev BLEU, the chosen one and the penalties."""
+    return json.loads(
+        _cgnmt.select(
+            fspath(run),
+            tune,
+            last,
+            tolerance,
+            beam,
+            length_penalty,
+            coverage_penalty,
+            dev_sentences,
+            None if prepared is None else fspath(prepared),
+        )
+    )
+
+
+def set_threads(n: int) -> None:
+    """The threads of the library's matrix products and row loops (0: the physical cores; process-wide)."""
+    _cgnmt.set_threads(n)

@@ -1,0 +1,237 @@
+"""Translation and alignment metrics, computed as ``cgnmt score``, ``cgnmt compare`` and ``cgnmt aer`` compute
+them (the same code): BLEU as sacreBLEU 2.x and NIST mteval-v11b (the paper's metric), chrF and chrF++, paired
+significance tests, and the alignment error rate.
+
+``refs`` is a list of reference streams, as in sacreBLEU (``[refs_a, refs_b]`` for two references per
+sentence); a plain list of strings is one reference stream.
+
+    >>> from cgnmt import metrics
+    >>> metrics.bleu(["the cat sat"], [["the cat sat"]]).score
+    100.0
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import _cgnmt
+
+__all__ = ["AERScore", "BLEUScore", "CHRFScore", "Comparison", "aer", "bleu", "chrf", "compare"]
+
+Refs = Union[Sequence[str], Sequence[Sequence[str]]]
+
+
+def _streams(refs: Refs) -> List[List[str]]:
+    if isinstance(refs, str):
+        raise TypeError("refs must be a list of reference streams (or one stream), not a string")
+    refs = list(refs)
+    if refs and isinstance(refs[0], str):
+        return [list(refs)]
+    return [list(r) for r in refs]
+
+
+def _lines(name: str, xs: Sequence[str]) -> List[str]:
+    if isinstance(xs, str):
+        raise TypeError(f"{name} must be a list of sentences, not a single string")
+    return list(xs)
+
+
+@dataclass(frozen=True)
+class BLEUScore:
+    """Corpus BLEU on the 0–100 scale with its parts: clipped n-gram ``counts`` and ``totals`` (n = 1..4),
+    ``precisions``, the brevity penalty ``bp``, the output's and references' lengths, and the ``signature``
+    (``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:…`` or mteval-v11b's). ``str()`` gives the line
+    ``cgnmt score`` prints."""
+
+    score: float
+    counts: List[int]
+    totals: List[int]
+    precisions: List[float]
+    bp: float
+    sys_len: int
+    ref_len: int
+    signature: str
+
+    def __str__(self) -> str:
+        ratio = self.sys_len / self.ref_len if self.ref_len else 0.0
+        p = self.precisions
+        return (
+            f"BLEU|{self.signature} = {self.score:.2f} {p[0]:.1f}/{p[1]:.1f}/{p[2]:.1f}/{p[3]:.1f} "
+            f"(BP = {self.bp:.3f} ratio = {ratio:.3f} hyp_len = {self.sys_len} ref_len = {self.ref_len})"
+        )
+
+
+@dataclass(frozen=True)
+class CHRFScore:
+    """chrF (or chrF++) on the 0–100 scale, its ``name`` (``chrF2``, ``chrF2++``) and ``signature``."""
+
+    name: str
+    score: float
+    signature: str
+
+    def __str__(self) -> str:
+        return f"{self.name}|{self.signature} = {self.score:.2f}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired significance test of a system against a baseline on one metric: both corpus scores, the
+    paired bootstrap (``bootstrap``: the system's mean and 95% interval, ``p_value``), approximate
+    randomisation (``ar``: ``p_value``) and the sign test (``sign``: sentences better, worse, tied,
+    ``p_value``), each ``None`` when not run, and the metric's ``signature``."""
+
+    metric: str
+    signature: str
+    baseline_score: float
+    score: float
+    bootstrap: Optional[Dict[str, Any]]
+    ar: Optional[Dict[str, Any]]
+    sign: Optional[Dict[str, Any]]
+    seed: int
+    record: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AERScore:
+    """Alignment error rate (0–1) with precision, recall and the link counts (``a`` predicted, ``s`` sure,
+    ``p`` possible, ``a_and_s``, ``a_and_p``); with soft matrices also ``saer`` (micro) and ``saer_macro``."""
+
+    aer: float
+    precision: float
+    recall: float
+    a: int
+    s: int
+    p: int
+    a_and_s: int
+    a_and_p: int
+    sentences: int
+    saer: Optional[float] = None
+    saer_macro: Optional[float] = None
+
+
+def bleu(
+    hyps: Sequence[str],
+    refs: Refs,
+    mteval: bool = False,
+    lowercase: Optional[bool] = None,
+    tokenize: Optional[str] = None,
+    smooth: Optional[str] = None,
+    smooth_value: Optional[float] = None,
+) -> BLEUScore:
+    """Corpus BLEU. By default sacreBLEU's (13a tokenisation, mixed case, exp smoothing, closest reference
+    length); ``tokenize`` one of ``13a``, ``intl``, ``zh``, ``char``, ``none``, ``mteval-v11b``,
+    ``mteval-v13a``, ``mteval-v13a-intl``, ``multi-bleu``; ``smooth`` one of ``exp``, ``none``, ``floor``,
+    ``add-k``. With ``mteval=True``, NIST mteval-v11b.pl's BLEU (the paper's metric: its tokenisation, the
+    shortest reference length, no smoothing), case-insensitive unless ``lowercase=False``."""
+    hyps = _lines("hyps", hyps)
+    if mteval:
+        if tokenize is not None or smooth is not None or smooth_value is not None:
+            raise ValueError("mteval fixes tokenisation and smoothing; drop tokenize/smooth")
+        r = _cgnmt.bleu(hyps, _streams(refs), True, False, None, None, None, lowercase is False)
+    else:
+        r = _cgnmt.bleu(
+            hyps, _streams(refs), False, bool(lowercase), tokenize, smooth, smooth_value, False
+        )
+    d = json.loads(r)
+    return BLEUScore(
+        score=d["score"],
+        counts=d["counts"],
+        totals=d["totals"],
+        precisions=d["precisions"],
+        bp=d["bp"],
+        sys_len=d["sys_len"],
+        ref_len=d["ref_len"],
+        signature=d["signature"],
+    )
+
+
+def chrf(hyps: Sequence[str], refs: Refs, plus_plus: bool = False, lowercase: bool = False) -> CHRFScore:
+    """Corpus chrF2 (character 6-grams, β = 2), or chrF2++ (word bigrams too) with ``plus_plus``, as
+    sacreBLEU computes it."""
+    d = json.loads(_cgnmt.chrf(_lines("hyps", hyps), _streams(refs), plus_plus, lowercase))
+    return CHRFScore(name=d["name"], score=d["score"], signature=d["signature"])
+
+
+def compare(
+    baseline: Sequence[str],
+    system: Sequence[str],
+    refs: Refs,
+    test: str = "bootstrap",
+    metric: str = "bleu",
+    mteval: bool = False,
+    lowercase: bool = False,
+    seed: Optional[int] = None,
+    bs_samples: Optional[int] = None,
+    ar_trials: Optional[int] = None,
+) -> Comparison:
+    """A paired significance test of ``system`` against ``baseline`` (``test``: ``"bootstrap"`` (Koehn
+    2004, as sacreBLEU's ``--paired-bs``), ``"ar"`` (approximate randomisation), ``"sign"`` (Collins et al.
+    2005) or ``"all"``) on ``metric`` (``"bleu"``, ``"chrf"``, ``"chrf++"``). The seed, resamples and trials
+    default to ``cgnmt compare``'s."""
+    kw = {}
+    if seed is not None:
+        kw["seed"] = seed
+    if bs_samples is not None:
+        kw["bs_samples"] = bs_samples
+    if ar_trials is not None:
+        kw["ar_trials"] = ar_trials
+    records = json.loads(
+        _cgnmt.compare(
+            _lines("baseline", baseline),
+            _lines("system", system),
+            _streams(refs),
+            test,
+            metric,
+            mteval,
+            lowercase and not mteval,
+            None,
+            **kw,
+        )
+    )
+    r = records[0]
+    row = r["systems"][0]
+    return Comparison(
+        metric=r["metric"],
+        signature=r["signature"],
+        baseline_score=r["baseline"]["score"],
+        score=row["score"],
+        bootstrap=row["bootstrap"],
+        ar=row["ar"],
+        sign=row["sign"],
+        seed=r["seed"],
+        record=r,
+    )
+
+
+def aer(
+    gold: Sequence[str],
+    pred: Optional[Sequence[str]] = None,
+    soft: Optional[Sequence[Any]] = None,
+) -> AERScore:
+    """Alignment error rate of predicted links against gold ones, both as ``.talp`` lines (one per sentence
+    pair: ``i-j`` a sure link, ``i?j`` a possible one, 0-based), and, with ``soft`` (per pair a ``[target
+    words][source words]`` matrix, e.g. :attr:`cgnmt.Alignment.attention`), the soft AER. Without ``pred``,
+    the soft matrices' row-wise argmax links are scored."""
+    soft_lists = None if soft is None else [[list(map(float, row)) for row in m] for m in soft]
+    d = json.loads(
+        _cgnmt.aer(
+            _lines("gold", gold),
+            None if pred is None else _lines("pred", pred),
+            soft_lists,
+        )
+    )
+    return AERScore(
+        aer=d["aer"],
+        precision=d["precision"],
+        recall=d["recall"],
+        a=d["a"],
+        s=d["s"],
+        p=d["p"],
+        a_and_s=d["a_and_s"],
+        a_and_p=d["a_and_p"],
+        sentences=d["sentences"],
+        saer=d.get("saer"),
+        saer_macro=d.get("saer_macro"),
+    )
