@@ -63,6 +63,6 @@ for row in "${rows[@]}"; do
 done
 {
   echo
-  echo "cgnmt $(git -C "$top" rev-parse --short HEAD)$(git -C "$top" diff --quiet HEAD -- src crates || echo '+changes'), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, MPICH $(mpiexec --version 2>/dev/null | sed -n "s/^ *Version: *//p" | head -1)"
+  echo "$("$bin" --version), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), MPICH $(mpiexec --version 2>/dev/null | sed -n "s/^ *Version: *//p" | head -1)"
 } >>"$out/table.md"
 cat "$out/table.md"
