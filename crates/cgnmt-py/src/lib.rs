@@ -28,13 +28,22 @@ fn exception(e: &NmtError, msg: String) -> PyErr {
     match e {
         NmtError::Io { source, .. } => io_exception(source, msg),
         NmtError::ModelDir { dir, .. } if !dir.exists() => PyFileNotFoundError::new_err(msg),
+        NmtError::DataCrate(d) => data_exception(d, msg),
         NmtError::ModelDir { .. }
         | NmtError::Config(_)
         | NmtError::Data(_)
-        | NmtError::Options(_)
-        | NmtError::DataCrate(_) => PyValueError::new_err(msg),
+        | NmtError::Options(_) => PyValueError::new_err(msg),
         NmtError::Interrupted(_) => PyKeyboardInterrupt::new_err(msg),
         NmtError::Candle(_) => PyRuntimeError::new_err(msg),
+    }
+}
+
+/// A data file's error: missing is a `FileNotFoundError`, unreadable an `OSError`, malformed a `ValueError`.
+fn data_exception(e: &cgnmt_data::DataError, msg: String) -> PyErr {
+    match e {
+        cgnmt_data::DataError::NotFound { .. } => PyFileNotFoundError::new_err(msg),
+        cgnmt_data::DataError::Io { source, .. } => io_exception(source, msg),
+        _ => PyValueError::new_err(msg),
     }
 }
 
@@ -61,6 +70,9 @@ fn py_err_any(e: anyhow::Error) -> PyErr {
         }
         if let Some(n) = cause.downcast_ref::<NmtError>() {
             return exception(n, msg);
+        }
+        if let Some(d) = cause.downcast_ref::<cgnmt_data::DataError>() {
+            return data_exception(d, msg);
         }
     }
     PyValueError::new_err(msg)

@@ -251,7 +251,14 @@ class Translator:
 
     def info(self) -> Dict[str, Any]:
         """The first model's directory, configuration (TOML text) and parameter counts per component."""
-        return dict(self._inner.info())
+        return _info(self._inner.info())
+
+
+def _info(raw: Mapping[str, Any]) -> Dict[str, Any]:
+    d = dict(raw)
+    d["directory"] = fspath(d["directory"])
+    d["parameters"] = [(str(k), int(n)) for k, n in d["parameters"]]
+    return d
 
 
 class Model:
@@ -259,7 +266,7 @@ class Model:
     ``config`` (TOML text) and vocabularies."""
 
     def __init__(self, model_dir: PathType) -> None:
-        self._info = dict(_cgnmt.model_info(fspath(model_dir)))
+        self._info = _info(_cgnmt.model_info(fspath(model_dir)))
         self.directory: str = fspath(self._info["directory"])
         self.config: str = self._info["config"]
 

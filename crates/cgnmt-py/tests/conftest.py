@@ -1,0 +1,107 @@
+"""Shared fixtures: the cgnmt binary, the data and metric fixtures of ../shared, and two tiny models trained
+with the package itself on the first 400 Tatoeba zh-en pairs (one with a context gate on both sides and a
+coverage model, one with the gate only, from the same prepared data: an ensemble)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import cgnmt
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _data_dir() -> Path:
+    d = os.environ.get("CGNMT_DATA")
+    return Path(d) if d else REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def cgnmt_bin() -> Path:
+    """The command-line tool built from the same checkout (`cargo build --release`; `CGNMT_BIN` to override)."""
+    b = Path(os.environ.get("CGNMT_BIN", REPO / "target" / "release" / "cgnmt"))
+    if not b.is_file():
+        pytest.fail(f"{b}: no cgnmt binary (cargo build --release, or set CGNMT_BIN)")
+    return b
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    d = Path(os.environ.get("CGNMT_SHARED", REPO.parent / "shared")) / "fixtures"
+    if not d.is_dir():
+        pytest.fail(f"{d}: the metric fixtures are missing (set CGNMT_SHARED to the shared/ directory)")
+    return d
+
+
+def run(cgnmt_bin: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    """`cgnmt ARGS` under a timeout; a failure fails the test with its standard error."""
+    p = subprocess.run(
+        [str(cgnmt_bin), *map(str, args)], capture_output=True, timeout=600, **kw
+    )
+    if p.returncode != 0:
+        pytest.fail(f"cgnmt {' '.join(map(str, args))} failed:\n{p.stderr.decode()}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def tatoeba() -> Path:
+    t = _data_dir() / "tatoeba-zh-en"
+    if not (t / "train.zh").is_file():
+        pytest.fail(f"{t}: Tatoeba zh-en is missing (set CGNMT_DATA)")
+    return t
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, cgnmt_bin, tatoeba) -> Path:
+    out = tmp_path_factory.mktemp("prep") / "prepared"
+    run(
+        cgnmt_bin, "prepare",
+        "--src", tatoeba / "train.zh", "--tgt", tatoeba / "train.en",
+        "--dev-src", tatoeba / "dev.zh", "--dev-tgt", tatoeba / "dev.en",
+        "--limit", "400", "--out", out, "--force",
+    )
+    return out
+
+
+def _train(prepared: Path, out: Path, seed: int, extra: dict) -> cgnmt.TrainSummary:
+    settings = {
+        "data.prepared": str(prepared),
+        "model.embedding_dim": 16,
+        "model.hidden_dim": 24,
+        "model.attention_dim": 16,
+        "model.decoder": "gru",
+        "model.context_gate": "both",
+        "train.batch_size": 16,
+        "train.max_steps": 150,
+        "train.eval_every": 0,
+        "train.eval_max_sentences": 20,
+        "train.eval_beam": 2,
+        "train.threads": 1,
+        "train.seed": seed,
+        "train.optimizer": "adam",
+        "train.learning_rate": 0.01,
+    }
+    settings.update(extra)
+    return cgnmt.train(set=settings, out=out, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory, prepared) -> tuple:
+    """(gated + coverage model's run directory, gated model's run directory), trained in this process."""
+    root = tmp_path_factory.mktemp("runs")
+    a = _train(prepared, root / "a", 1, {"model.coverage": "neural"})
+    b = _train(prepared, root / "b", 2, {})
+    assert a.steps == 150 and b.steps == 150
+    return Path(a.run_dir), Path(b.run_dir)
+
+
+@pytest.fixture(scope="session")
+def dev_lines(tatoeba) -> list:
+    """100 raw dev sentences (Chinese), and an empty line among them."""
+    lines = (tatoeba / "dev.zh").read_text(encoding="utf-8").splitlines()[:100]
+    lines.insert(17, "")
+    return lines

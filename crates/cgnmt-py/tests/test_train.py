@@ -1,0 +1,118 @@
+"""`cgnmt.train` trains as `cgnmt train` does, resumes, refuses bad configurations; `cgnmt.select`; the
+examples under examples/python run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import cgnmt
+from conftest import REPO, run
+
+
+def tiny(prepared, **extra):
+    s = {
+        "data.prepared": str(prepared),
+        "model.embedding_dim": 8,
+        "model.hidden_dim": 12,
+        "model.attention_dim": 8,
+        "train.batch_size": 16,
+        "train.max_steps": 20,
+        "train.eval_every": 10,
+        "train.eval_max_sentences": 10,
+        "train.eval_beam": 2,
+        "train.threads": 1,
+        "train.optimizer": "adam",
+    }
+    s.update(extra)
+    return s
+
+
+def test_train_equals_the_command_line_and_resumes(prepared, cgnmt_bin, tmp_path):
+    s = tiny(prepared)
+    py = cgnmt.train(set=s, out=tmp_path / "py", quiet=True)
+    assert py.steps == 20 and py.parameters > 0 and len(py.history) == 2
+    assert py.best_dev_bleu is not None and py.state["finished"]
+    args = ["train", "-q", "--out", tmp_path / "cli"]
+    for kv in cgnmt._settings(s):
+        args += ["--set", kv]
+    run(cgnmt_bin, *args)
+    # The same updates: the same bits.
+    assert (tmp_path / "py/last/model.safetensors").read_bytes() == (
+        tmp_path / "cli/last/model.safetensors"
+    ).read_bytes()
+    # Ten updates, then ten more with resume=True: the uninterrupted run's parameters.
+    cgnmt.train(set=tiny(prepared, **{"train.max_steps": 10}), out=tmp_path / "half", quiet=True)
+    more = cgnmt.train(set={"train.max_steps": 20}, out=tmp_path / "half", resume=True, quiet=True)
+    assert more.steps == 20
+    assert (tmp_path / "half/last/model.safetensors").read_bytes() == (
+        tmp_path / "py/last/model.safetensors"
+    ).read_bytes()
+
+
+def test_train_refuses_bad_settings_with_python_exceptions(prepared, tmp_path):
+    with pytest.raises(ValueError, match="model.decoder"):
+        cgnmt.train(set=tiny(prepared, **{"model.decoder": "lstm"}), out=tmp_path / "x", quiet=True)
+    with pytest.raises(ValueError):
+        cgnmt.train(set=tiny(prepared, **{"train.label_smoothing": 1.5}), out=tmp_path / "y", quiet=True)
+    with pytest.raises(FileNotFoundError):
+        cgnmt.train(config=tmp_path / "no.toml", out=tmp_path / "z", quiet=True)
+    with pytest.raises(FileNotFoundError, match="resume"):
+        cgnmt.train(out=tmp_path / "never-trained", resume=True, quiet=True)
+    with pytest.raises(TypeError):
+        cgnmt.train(set={"train.seed": [1, 2]}, out=tmp_path / "w", quiet=True)
+
+
+def test_select_chooses_on_dev(prepared, tmp_path):
+    cgnmt.train(
+        set=tiny(prepared, **{"train.keep_checkpoints": 2, "train.exponential_smoothing": 0.01}),
+        out=tmp_path / "run",
+        quiet=True,
+    )
+    sel = cgnmt.select(tmp_path / "run", tune=False, dev_sentences=10, beam=2)
+    names = [c["name"] for c in sel["candidates"]]
+    assert "best" in names and 0 <= sel["chosen"] < len(names)
+    assert json.loads((tmp_path / "run" / "selection.json").read_text())["chosen"] == sel["chosen"]
+
+
+def test_the_examples_run(models, tatoeba, tmp_path):
+    ex = REPO / "examples" / "python"
+    src = tmp_path / "src.zh"
+    src.write_text("".join(l + "\n" for l in (tatoeba / "test.zh").read_text(encoding="utf-8").splitlines()[:30]),
+                   encoding="utf-8")
+    ref = tmp_path / "ref.en"
+    ref.write_text("".join(l + "\n" for l in (tatoeba / "test.en").read_text(encoding="utf-8").splitlines()[:30]),
+                   encoding="utf-8")
+
+    def py(*args):
+        p = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+
+    py(ex / "translate_file.py", models[0], src, tmp_path / "out.en", "--beam", "5")
+    assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == 30
+    out = py(ex / "figure6.py", models[0], "日本比加拿大小。", "--png", tmp_path / "fig.png")
+    assert "gate" in out
+    py(ex / "gate_stats.py", models[0], src, ref, tmp_path / "gates.csv")
+    rows = (tmp_path / "gates.csv").read_text().splitlines()
+    assert rows[0].startswith("line,") and len(rows) == 31
+
+
+def test_ctrl_c_stops_training_with_its_checkpoint_saved_and_resume_continues(prepared, tmp_path):
+    import os
+    import signal
+    import threading
+
+    s = tiny(prepared, **{"train.max_steps": 100000, "train.eval_every": 0, "train.save_every": 0})
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        cgnmt.train(set=s, out=tmp_path / "run", quiet=True)
+    timer.join()
+    state = json.loads((tmp_path / "run" / "last" / "train_state.json").read_text())
+    assert 0 < state["step"] < 100000 and not state["finished"]
+    more = cgnmt.train(set={"train.max_steps": state["step"] + 5}, out=tmp_path / "run", resume=True, quiet=True)
+    assert more.steps == state["step"] + 5

@@ -1,0 +1,200 @@
+"""`Translator.translate` equals `cgnmt translate`, byte for byte; attention, gates and coverage as arrays;
+errors as Python exceptions; threads; Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cgnmt
+from conftest import run
+
+
+def cli_translate(cgnmt_bin, model_dirs, lines, tmp_path, *flags):
+    inp = tmp_path / "in.txt"
+    inp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out, dump = tmp_path / "out.txt", tmp_path / "dump.jsonl"
+    args = ["translate", "-q", "-i", inp, "-o", out, "--dump", dump]
+    for m in model_dirs:
+        args += ["-m", m]
+    run(cgnmt_bin, *args, *flags)
+    return out.read_bytes(), [json.loads(l) for l in dump.read_text().splitlines()]
+
+
+def rendered(results, nbest):
+    """The output `cgnmt translate` writes for these results."""
+    text = ""
+    for i, t in enumerate(results):
+        if nbest > 1:
+            text += "".join(f"{i} ||| {h.text} ||| {h.score:.4f}\n" for h in t.hypotheses)
+        else:
+            text += t.text + "\n"
+    return text.encode("utf-8")
+
+
+CASES = [
+    ("beam 1", {"beam": 1}, ["--beam", "1"]),
+    ("beam 5", {"beam": 5}, ["--beam", "5"]),
+    ("n-best 3", {"beam": 5, "nbest": 3}, ["--beam", "5", "--nbest", "3"]),
+    (
+        "penalties",
+        {"beam": 5, "length_penalty": 1.0, "coverage_penalty": 0.2},
+        ["--beam", "5", "--length-penalty", "1.0", "--coverage-penalty", "0.2"],
+    ),
+    ("length norm", {"beam": 4, "length_norm": True}, ["--beam", "4", "--length-norm"]),
+    ("context scale", {"context_scale": (1.0, 0.5)}, ["--context-scale", "1.0,0.5"]),
+    ("int8", {"beam": 5, "int8": True}, ["--beam", "5", "--int8"]),
+    ("ensemble", {"beam": 5, "ensemble": True}, ["--beam", "5"]),
+]
+
+
+@pytest.mark.parametrize("name,kw,flags", CASES, ids=[c[0] for c in CASES])
+def test_translate_equals_the_command_line_byte_for_byte(
+    name, kw, flags, models, dev_lines, cgnmt_bin, tmp_path
+):
+    kw = dict(kw)
+    dirs = [models[0], models[1]] if kw.pop("ensemble", False) else [models[0]]
+    tr = cgnmt.Translator(dirs if len(dirs) > 1 else dirs[0], int8=kw.pop("int8", False))
+    got = tr.translate(dev_lines, return_attention=True, return_gates=True, return_coverage=True, **kw)
+    want, dump = cli_translate(cgnmt_bin, dirs, dev_lines, tmp_path, *flags)
+    assert rendered(got, kw.get("nbest", 1)) == want
+    assert len(dump) == len(got)
+    for t, d in zip(got, dump):
+        # The dump's attention rows, gates and coverage are the same float32 values.
+        assert t.attention.shape == (len(d["attention"]), len(d["attention"][0]) if d["attention"] else 0)
+        np.testing.assert_array_equal(t.attention, np.array(d["attention"], dtype=np.float32).reshape(t.attention.shape))
+        np.testing.assert_array_equal(t.gates, np.array(d["gates"], dtype=np.float32))
+        np.testing.assert_array_equal(t.coverage, np.array(d["coverage"], dtype=np.float32))
+        if t.score is not None:
+            assert abs(t.score - d["score"]) < 1e-9
+
+
+def test_attention_rows_sum_to_one_gates_lie_in_the_unit_interval(models, dev_lines):
+    tr = cgnmt.Translator(models[0])
+    out = tr.translate(dev_lines, beam=5, return_attention=True, return_gates=True, return_coverage=True)
+    assert out[17].text == "" and out[17].score is None and out[17].hypotheses == []
+    words = 0
+    for t in out:
+        if not t.source_tokens:
+            continue
+        s = len(t.source_tokens) + 1
+        assert t.attention.dtype == np.float32 and t.attention.shape[1] == s
+        assert t.attention.shape[0] in (len(t.tokens), len(t.tokens) + 1)
+        np.testing.assert_allclose(t.attention.sum(axis=1), 1.0, atol=1e-5)
+        assert t.gates.shape == (len(t.tokens),)
+        assert ((t.gates > 0) & (t.gates < 1)).all()
+        assert t.coverage.shape == (s,)
+        words += len(t.tokens)
+    assert words > 200
+    # Without the flags, nothing is recorded.
+    plain = tr.translate(dev_lines[:3])
+    assert plain[0].attention is None and plain[0].gates is None and plain[0].coverage is None
+    assert [p.text for p in plain] == [t.text for t in tr.translate(dev_lines[:3], return_gates=True)]
+
+
+def test_align_equals_the_command_line(models, prepared, cgnmt_bin, tmp_path):
+    src = (prepared / "dev.src").read_text(encoding="utf-8").splitlines()[:40]
+    tgt = (prepared / "dev.tgt").read_text(encoding="utf-8").splitlines()[:40]
+    got = cgnmt.align(models[0], src, tgt, soft=True)
+    s, t = tmp_path / "s", tmp_path / "t"
+    s.write_text("\n".join(src) + "\n", encoding="utf-8")
+    t.write_text("\n".join(tgt) + "\n", encoding="utf-8")
+    run(cgnmt_bin, "align", "-m", models[0], "--src", s, "--tgt", t, "-o", tmp_path / "links",
+        "--soft", tmp_path / "soft.jsonl")
+    lines = (tmp_path / "links").read_text().splitlines()
+    soft = [json.loads(l) for l in (tmp_path / "soft.jsonl").read_text().splitlines()]
+    assert len(got) == len(lines) == 40
+    for a, l, rec in zip(got, lines, soft):
+        assert " ".join(f"{i}-{j}" for i, j in a.links) == l
+        np.testing.assert_allclose(a.attention, np.array(rec["attention"]), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a.attention.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_model_info_and_vocabularies(models, cgnmt_bin):
+    info = cgnmt.Model(models[0]).info()
+    assert info["directory"].endswith("best")
+    assert "context_gate" in info["config"] and info["total_parameters"] == sum(n for _, n in info["parameters"])
+    tr = cgnmt.Translator(models[0])
+    assert tr.info()["total_parameters"] == info["total_parameters"]
+    assert tr.source_vocabulary()[:2] == ["</s>", "<unk>"]
+    assert len(tr.target_vocabulary()) == info["target_vocabulary_size"]
+
+
+def test_errors_are_python_exceptions(models, tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        cgnmt.Translator(tmp_path / "missing")
+    broken = tmp_path / "broken"
+    shutil.copytree(models[0] / "best", broken)
+    w = broken / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="model.safetensors"):
+        cgnmt.Translator(broken)
+    (broken / "vocab.src").unlink()
+    with pytest.raises(ValueError, match="missing file vocab.src"):
+        cgnmt.Translator(broken)
+    tr = cgnmt.Translator(models[0])
+    for bad, what in [
+        ({"beam": 0}, "beam 0"),
+        ({"nbest": 20, "beam": 5}, "nbest"),
+        ({"length_penalty": -1.0}, "length_penalty"),
+        ({"coverage_penalty": float("nan")}, "coverage_penalty"),
+        ({"context_scale": (1.0, 5.0)}, "context_scale"),
+        ({"batch": 0}, "batch"),
+        ({"long_input": "drop"}, "long_input"),
+    ]:
+        with pytest.raises(ValueError, match=what):
+            tr.translate(["你好。"], **bad)
+    with pytest.raises(TypeError):
+        tr.translate("你好。")
+    with pytest.raises(FileNotFoundError):
+        cgnmt.Translator(models[0], shortlist=tmp_path / "no-lexicon.tsv")
+    with pytest.raises(RuntimeError, match="panicked"):
+        cgnmt._cgnmt._panic_for_test()
+    with pytest.raises(ValueError, match="source sentences"):
+        tr.align(["a b"], [])
+
+
+def test_two_threads_translating_at_once_give_the_outputs_of_one(models, dev_lines):
+    tr = cgnmt.Translator(models[0])
+    alone = [t.text for t in tr.translate(dev_lines, beam=5)]
+    results = [None, None]
+
+    def work(k):
+        results[k] = [t.text for t in tr.translate(dev_lines, beam=5)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0] == alone and results[1] == alone
+
+
+def test_ctrl_c_stops_a_long_batch_within_two_seconds(models, dev_lines):
+    tr = cgnmt.Translator(models[0])
+    many = [l for l in dev_lines if l] * 400  # about 40,000 sentences: far longer than the test waits
+    sent = {}
+
+    def interrupt():
+        sent["at"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(1.0, interrupt)
+    started = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        tr.translate(many, beam=10)
+    stopped = time.monotonic()
+    timer.join()
+    assert "at" in sent, f"the call ended after {stopped - started:.1f} s, before the interrupt"
+    assert stopped - sent["at"] < 2.0, f"stopped {stopped - sent['at']:.2f} s after Ctrl-C"
+    # The translator still works after an interrupted call.
+    assert tr.translate(dev_lines[:2])[0].text
