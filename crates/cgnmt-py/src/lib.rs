@@ -355,6 +355,8 @@ fn model_info_dict<'py>(py: Python<'py>, m: &cgnmt::LoadedModel) -> PyResult<Bou
     d.set_item("total_parameters", total)?;
     d.set_item("source_vocabulary_size", m.src_vocab.len())?;
     d.set_item("target_vocabulary_size", m.tgt_vocab.len())?;
+    d.set_item("source_vocabulary", vocabulary(&m.src_vocab))?;
+    d.set_item("target_vocabulary", vocabulary(&m.tgt_vocab))?;
     Ok(d)
 }
 

@@ -126,6 +126,9 @@ def test_model_info_and_vocabularies(models, cgnmt_bin):
     assert tr.info()["total_parameters"] == info["total_parameters"]
     assert tr.source_vocabulary()[:2] == ["</s>", "<unk>"]
     assert len(tr.target_vocabulary()) == info["target_vocabulary_size"]
+    m = cgnmt.Model(models[0])
+    assert m.source_vocabulary == tr.source_vocabulary() and m.target_vocabulary == tr.target_vocabulary()
+    assert "source_vocabulary" not in m.info() and "target_vocabulary" not in tr.info()
 
 
 def test_errors_are_python_exceptions(models, tmp_path):

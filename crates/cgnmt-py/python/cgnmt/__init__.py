@@ -251,7 +251,10 @@ class Translator:
 
     def info(self) -> Dict[str, Any]:
         """The first model's directory, configuration (TOML text) and parameter counts per component."""
-        return _info(self._inner.info())
+        d = _info(self._inner.info())
+        d.pop("source_vocabulary")
+        d.pop("target_vocabulary")
+        return d
 
 
 def _info(raw: Mapping[str, Any]) -> Dict[str, Any]:
@@ -262,13 +265,17 @@ def _info(raw: Mapping[str, Any]) -> Dict[str, Any]:
 
 
 class Model:
-    """A model directory, read for its description (no decoding): ``Model(dir).info()``, its
-    ``config`` (TOML text) and vocabularies."""
+    """A model directory, read for its description (no decoding): ``Model(dir).info()``, its ``config``
+    (TOML text) and its vocabularies (``source_vocabulary``, ``target_vocabulary``: the tokens by id,
+    ``</s>`` and ``<unk>`` first)."""
 
     def __init__(self, model_dir: PathType) -> None:
-        self._info = _info(_cgnmt.model_info(fspath(model_dir)))
-        self.directory: str = fspath(self._info["directory"])
-        self.config: str = self._info["config"]
+        raw = _info(_cgnmt.model_info(fspath(model_dir)))
+        self.source_vocabulary: List[str] = list(raw.pop("source_vocabulary"))
+        self.target_vocabulary: List[str] = list(raw.pop("target_vocabulary"))
+        self._info = raw
+        self.directory: str = raw["directory"]
+        self.config: str = raw["config"]
 
     def info(self) -> Dict[str, Any]:
         """``directory``, ``config`` (TOML), ``parameters`` (per component), ``total_parameters`` and the
