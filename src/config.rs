@@ -214,6 +214,50 @@ pub struct TrainConfig {
     /// later the last `1/rate` updates. 0 (the paper's recipe): off. The smoothed weights are saved as
     /// `RUN/smoothed/` when training ends, a candidate for the model selection on dev.
     pub exponential_smoothing: f64,
+    /// Linear warm-up of the learning rate (Adam) over the first N updates: update `t` uses `lr · t / N`
+    /// (0: none; Marian's `--lr-warmup`).
+    pub lr_warmup: usize,
+    /// How the learning rate decays: `none`; `inv-sqrt`, `lr · sqrt(N / t)` from update `N =
+    /// lr_decay_start` (the warm-up's length when 0; Marian's `--lr-decay-inv-sqrt`); `stalled`, `× lr_decay_factor`
+    /// after every `lr_decay_patience` evaluations without a dev improvement (Marian's
+    /// `--lr-decay-strategy stalled`, Nematus's). The schedule's state is in the checkpoint.
+    pub lr_decay: LrDecay,
+    /// With `lr_decay = "inv-sqrt"`: the update the decay starts from (0: the warm-up's end).
+    pub lr_decay_start: usize,
+    /// With `lr_decay = "stalled"`: the factor each decay multiplies the learning rate by, in (0, 1).
+    pub lr_decay_factor: f64,
+    /// With `lr_decay = "stalled"`: evaluations without improvement before each decay.
+    pub lr_decay_patience: usize,
+    /// The learning rate's floor under decay (0: none; the warm-up starts below it).
+    pub lr_min: f64,
+    /// Batches by target tokens: each batch takes length-sorted sentences while their target tokens (EOS
+    /// included) stay within N, instead of `batch_size` sentences (0: by sentences; Marian's
+    /// `--mini-batch-words`). The read-ahead window sorts `sort_batches` batches' worth of tokens.
+    pub batch_tokens: usize,
+    /// Gradient accumulation: one update per N batches, the same update as one batch of their union
+    /// (Marian's `--optimizer-delay`; 1: none).
+    pub accumulate: usize,
+    /// Word dropout on the source side: each input word replaced by `<unk>` with this probability, drawn
+    /// per sentence and update (Nematus's `--dropout_source`; 0: none).
+    pub source_word_dropout: f64,
+    /// Word dropout on the target side: each previous word the decoder reads replaced by `<unk>` with this
+    /// probability (the loss still scores the true words; Nematus's `--dropout_target`; 0: none).
+    pub target_word_dropout: f64,
+    /// Fine-tuning: start from this model directory's parameters (a fresh optimiser state and data
+    /// position), with its vocabularies; its architecture (`[model]`) must be this configuration's, and
+    /// `data.prepared` must have been prepared with its preprocessing (`cgnmt prepare --like DIR`).
+    /// `cgnmt train --init DIR` sets it (none: a new model).
+    pub init: Option<PathBuf>,
+}
+
+/// The learning rate's decay (see [`TrainConfig::lr_decay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LrDecay {
+    #[default]
+    None,
+    InvSqrt,
+    Stalled,
 }
 
 /// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
@@ -273,6 +317,17 @@ impl Default for TrainConfig {
             readout_dropout: 0.0,
             recurrent_dropout: 0.0,
             exponential_smoothing: 0.0,
+            lr_warmup: 0,
+            lr_decay: LrDecay::None,
+            lr_decay_start: 0,
+            lr_decay_factor: 0.5,
+            lr_decay_patience: 1,
+            lr_min: 0.0,
+            batch_tokens: 0,
+            accumulate: 1,
+            source_word_dropout: 0.0,
+            target_word_dropout: 0.0,
+            init: None,
         }
     }
 }
@@ -289,14 +344,64 @@ impl Config {
     /// Read a TOML file (or start from the defaults when `path` is `None`), apply `section.key=value`
     /// overrides, and validate.
     pub fn load(path: Option<&Path>, sets: &[String]) -> Result<Config> {
-        let mut value = match path {
+        let value = Self::read_table(path)?;
+        Self::from_table(value, path, sets)
+    }
+
+    /// The configuration of a run that fine-tunes the model of `init_dir` (its configuration `init`):
+    /// `path`'s settings (the defaults without a file) with the model's `[model]` section when `path` has
+    /// none, then `sets`. The architecture must then be the model's: a difference is an error naming the
+    /// keys. `train.init` names the directory.
+    pub fn load_for_init(
+        path: Option<&Path>,
+        sets: &[String],
+        init: &Config,
+        init_dir: &Path,
+    ) -> Result<Config> {
+        let mut value = Self::read_table(path)?;
+        if !value.contains_key("model") {
+            let model = toml::Value::try_from(&init.model)
+                .map_err(|e| NmtError::Config(format!("{}: {e}", init_dir.display())))?;
+            value.insert("model".into(), model);
+        }
+        let mut cfg = Self::from_table(value, path, sets)?;
+        if cfg.model != init.model {
+            let ours = toml::Value::try_from(&cfg.model).expect("model section serialises");
+            let theirs = toml::Value::try_from(&init.model).expect("model section serialises");
+            let differ: Vec<String> = match (ours, theirs) {
+                (toml::Value::Table(a), toml::Value::Table(b)) => a
+                    .iter()
+                    .filter(|(k, v)| b.get(*k) != Some(*v))
+                    .map(|(k, v)| {
+                        let them = b.get(k).map_or("none".to_string(), |x| x.to_string());
+                        format!("model.{k} = {v} against the model's {them}")
+                    })
+                    .collect(),
+                _ => vec![],
+            };
+            return Err(NmtError::Config(format!(
+                "--init {}: fine-tuning keeps the model's architecture, but {} (leave the [model] section out \
+                 to take the model's)",
+                init_dir.display(),
+                differ.join("; ")
+            )));
+        }
+        cfg.train.init = Some(init_dir.to_path_buf());
+        Ok(cfg)
+    }
+
+    fn read_table(path: Option<&Path>) -> Result<toml::Table> {
+        match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p).map_err(|e| NmtError::io(p, e))?;
                 text.parse::<toml::Table>()
-                    .map_err(|e| NmtError::Config(format!("{}: {e}", p.display())))?
+                    .map_err(|e| NmtError::Config(format!("{}: {e}", p.display())))
             }
-            None => toml::Table::new(),
-        };
+            None => Ok(toml::Table::new()),
+        }
+    }
+
+    fn from_table(mut value: toml::Table, path: Option<&Path>, sets: &[String]) -> Result<Config> {
         for s in sets {
             apply_set(&mut value, s)?;
         }
@@ -402,10 +507,41 @@ impl Config {
             ("train.annotation_dropout", t.annotation_dropout),
             ("train.readout_dropout", t.readout_dropout),
             ("train.recurrent_dropout", t.recurrent_dropout),
+            ("train.source_word_dropout", t.source_word_dropout),
+            ("train.target_word_dropout", t.target_word_dropout),
         ] {
             if !(0.0..1.0).contains(&p) {
                 return bad(key, "must be in [0, 1) (0: none)");
             }
+        }
+        if t.accumulate == 0 {
+            return bad(
+                "train.accumulate",
+                "must be at least 1 (1: an update per batch)",
+            );
+        }
+        let scheduled = t.lr_warmup > 0 || t.lr_decay != LrDecay::None;
+        if scheduled && t.optimizer != OptimizerKind::Adam {
+            return bad(
+                "train.lr_warmup",
+                "learning-rate schedules (lr_warmup, lr_decay) need train.optimizer = \"adam\" (Adadelta has no \
+                 learning rate)",
+            );
+        }
+        if !(t.lr_decay_factor > 0.0 && t.lr_decay_factor < 1.0) {
+            return bad("train.lr_decay_factor", "must be in (0, 1)");
+        }
+        if t.lr_decay_patience == 0 {
+            return bad("train.lr_decay_patience", "must be at least 1");
+        }
+        if !(t.lr_min >= 0.0 && t.lr_min.is_finite()) {
+            return bad("train.lr_min", "must be a finite number ≥ 0 (0: no floor)");
+        }
+        if t.lr_decay == LrDecay::Stalled && t.eval_every == 0 {
+            return bad(
+                "train.lr_decay",
+                "\"stalled\" decays after evaluations without improvement: set train.eval_every",
+            );
         }
 
         if !(0.0..1.0).contains(&t.exponential_smoothing) {

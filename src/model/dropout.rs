@@ -158,6 +158,21 @@ impl Dropper {
     }
 }
 
+/// Word dropout: `ids` with each word replaced by `unk` with probability `p`, drawn from a stream of its own
+/// for the sentence `key` (its corpus index) on `side` (0 source, 1 target) in the pass seeded with `seed` (the
+/// update's [`Dropout::step_seed`]): the same words drop at any number of ranks.
+pub fn word_dropout(ids: &[u32], p: f64, unk: u32, seed: u64, key: u64, side: u64) -> Vec<u32> {
+    if p <= 0.0 {
+        return ids.to_vec();
+    }
+    // (The pass's seed moved by the side, so that the words' streams are apart from the masks'.)
+    let words_seed = seed ^ 0xa076_1d64_78bd_642f_u64.wrapping_mul(side + 1);
+    let mut rng = StdRng::seed_from_u64(sentence_seed(words_seed, Site::SourceEmbeddings, key));
+    ids.iter()
+        .map(|&w| if rng.random::<f64>() < p { unk } else { w })
+        .collect()
+}
+
 /// The seed of a sentence's stream at a site in a pass seeded with `seed` (SplitMix64's finaliser over the
 /// three, so that nearby keys give unrelated streams).
 fn sentence_seed(seed: u64, site: Site, key: u64) -> u64 {

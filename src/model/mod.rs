@@ -70,6 +70,9 @@ pub struct Batch {
     /// batch was made from): what the sentence's dropout masks are drawn from (see
     /// [`crate::model::dropout::Dropper`]).
     pub keys: Vec<u64>,
+    /// The words the decoder reads as its previous words when they differ from `tgt` (target-side word
+    /// dropout: some replaced by `<unk>`); `None`: `tgt` itself.
+    pub tgt_in: Option<Tensor>,
 }
 
 impl Batch {
@@ -97,6 +100,20 @@ impl Batch {
         dtype: DType,
         dev: &Device,
     ) -> Result<Batch> {
+        Self::keyed_with_inputs(src, tgt, None, keys, eos, dtype, dev)
+    }
+
+    /// [`Batch::keyed`] whose decoder reads `inputs` as its previous words (each as long as its target:
+    /// target-side word dropout) while the loss scores `tgt`.
+    pub fn keyed_with_inputs(
+        src: &[Vec<u32>],
+        tgt: &[Vec<u32>],
+        inputs: Option<&[Vec<u32>]>,
+        keys: &[u64],
+        eos: u32,
+        dtype: DType,
+        dev: &Device,
+    ) -> Result<Batch> {
         if src.len() != tgt.len() || keys.len() != src.len() {
             candle_core::bail!(
                 "batch: {} source sentences, {} target sentences and {} keys",
@@ -105,6 +122,13 @@ impl Batch {
                 keys.len()
             );
         }
+        if let Some(inp) = inputs {
+            if inp.len() != tgt.len() || inp.iter().zip(tgt).any(|(a, b)| a.len() != b.len()) {
+                candle_core::bail!(
+                    "batch: the decoder's input words must be as long as the targets"
+                );
+            }
+        }
         let mut order: Vec<usize> = (0..tgt.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(tgt[i].len()));
         let src: Vec<Vec<u32>> = order.iter().map(|&i| src[i].clone()).collect();
@@ -112,6 +136,13 @@ impl Batch {
         let keys: Vec<u64> = order.iter().map(|&i| keys[i]).collect();
         let (s, sm) = pad(&src, eos, dtype, dev)?;
         let (t, tm) = pad(&tgt, eos, dtype, dev)?;
+        let tgt_in = match inputs {
+            Some(inp) => {
+                let inp: Vec<Vec<u32>> = order.iter().map(|&i| inp[i].clone()).collect();
+                Some(pad(&inp, eos, dtype, dev)?.0)
+            }
+            None => None,
+        };
         let tgt_tokens = tgt.iter().map(|x| x.len() + 1).sum();
         Ok(Batch {
             src: s,
@@ -120,6 +151,7 @@ impl Batch {
             tgt_mask: tm,
             tgt_tokens,
             keys,
+            tgt_in,
         })
     }
 }
@@ -820,8 +852,10 @@ impl Model {
                 crate::kernels::Shared::new(&src.keys.annotations)?,
             ));
         }
+        // The decoder's previous words: the targets, or their word-dropped copy.
+        let inputs = batch.tgt_in.as_ref().unwrap_or(&batch.tgt);
         let e_all = drop.apply(
-            &crate::kernels::embedding(self.kernels, &self.tgt_emb, &batch.tgt.flatten_all()?)?,
+            &crate::kernels::embedding(self.kernels, &self.tgt_emb, &inputs.flatten_all()?)?,
             Site::TargetEmbeddings,
             p_emb,
         )?; // [B*T, E]

@@ -1,6 +1,7 @@
 //! Training batches as the paper makes them: shuffle the corpus (seeded per epoch), read ahead
-//! `sort_batches` batches, sort them by length, and cut batches of `batch_size` sentences. The order is a pure
-//! function of (seed, epoch), so a resumed run can skip to any batch.
+//! `sort_batches` batches, sort them by length, and cut batches of `batch_size` sentences — or, with
+//! `train.batch_tokens`, of as many sentences as fit that many target tokens. The order is a pure function of
+//! (seed, epoch), so a resumed run can skip to any batch.
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -19,6 +20,75 @@ impl Corpus {
     pub fn is_empty(&self) -> bool {
         self.src.is_empty()
     }
+}
+
+/// How batches are sized: `sentences` per batch, or (when `tokens` > 0) as many length-sorted sentences as
+/// fit `tokens` target tokens (EOS included; a longer sentence is a batch alone); `sort_batches` batches'
+/// worth read ahead and sorted together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSize {
+    pub sentences: usize,
+    pub tokens: usize,
+    pub sort_batches: usize,
+}
+
+impl BatchSize {
+    pub fn of(t: &crate::config::TrainConfig) -> Self {
+        BatchSize {
+            sentences: t.batch_size,
+            tokens: t.batch_tokens,
+            sort_batches: t.sort_batches,
+        }
+    }
+}
+
+/// The batches of one epoch sized by `size` (see [`BatchSize`]; by sentences, [`epoch_batches`]'s).
+pub fn epoch_batches_sized(
+    corpus: &Corpus,
+    size: BatchSize,
+    seed: u64,
+    epoch: u64,
+) -> Vec<Vec<usize>> {
+    if size.tokens == 0 {
+        return epoch_batches(corpus, size.sentences, size.sort_batches, seed, epoch);
+    }
+    let mut rng =
+        StdRng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(epoch));
+    let mut order: Vec<usize> = (0..corpus.len()).collect();
+    order.shuffle(&mut rng);
+    let tokens = |i: usize| corpus.tgt[i].len() + 1;
+    let window = size.tokens.saturating_mul(size.sort_batches);
+    let mut batches = Vec::new();
+    let mut at = 0;
+    while at < order.len() {
+        // A read-ahead window of `sort_batches` batches' worth of target tokens, sorted by length.
+        let mut end = at;
+        let mut sum = 0;
+        while end < order.len() && (end == at || sum + tokens(order[end]) <= window) {
+            sum += tokens(order[end]);
+            end += 1;
+        }
+        let mut chunk = order[at..end].to_vec();
+        chunk.sort_by_key(|&i| (corpus.tgt[i].len(), corpus.src[i].len()));
+        let mut group: Vec<Vec<usize>> = vec![];
+        let mut cur: Vec<usize> = vec![];
+        let mut cur_tokens = 0;
+        for i in chunk {
+            if !cur.is_empty() && cur_tokens + tokens(i) > size.tokens {
+                group.push(std::mem::take(&mut cur));
+                cur_tokens = 0;
+            }
+            cur_tokens += tokens(i);
+            cur.push(i);
+        }
+        if !cur.is_empty() {
+            group.push(cur);
+        }
+        group.shuffle(&mut rng);
+        batches.extend(group);
+        at = end;
+    }
+    batches
 }
 
 /// The batches (lists of pair indices) of one epoch.
@@ -47,6 +117,52 @@ pub fn epoch_batches(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_batches_cover_the_corpus_once_within_the_budget_and_repeat() {
+        let corpus = Corpus {
+            src: (0..211).map(|i| vec![1; 1 + i % 9]).collect(),
+            tgt: (0..211).map(|i| vec![1; 1 + (i * 7) % 23]).collect(),
+        };
+        let size = BatchSize {
+            sentences: 0,
+            tokens: 40,
+            sort_batches: 5,
+        };
+        let a = epoch_batches_sized(&corpus, size, 3, 0);
+        assert_eq!(a, epoch_batches_sized(&corpus, size, 3, 0));
+        assert_ne!(a, epoch_batches_sized(&corpus, size, 3, 1));
+        let mut all: Vec<usize> = a.iter().flatten().copied().collect();
+        all.sort();
+        assert_eq!(all, (0..211).collect::<Vec<_>>());
+        let tokens = |b: &Vec<usize>| b.iter().map(|&i| corpus.tgt[i].len() + 1).sum::<usize>();
+        for b in &a {
+            assert!(
+                !b.is_empty() && tokens(b) <= 40,
+                "{b:?}: {} tokens",
+                tokens(b)
+            );
+            let l: Vec<usize> = b.iter().map(|&i| corpus.tgt[i].len()).collect();
+            assert!(l.windows(2).all(|w| w[0] <= w[1]), "sorted within a batch");
+        }
+        // Batches are full: sorted sentences of similar length fill them (few batches under half the budget).
+        let thin = a.iter().filter(|b| tokens(b) < 20).count();
+        assert!(
+            thin * 10 < a.len(),
+            "{thin} of {} batches under half full",
+            a.len()
+        );
+        // Without a token budget: the sentence batches of `epoch_batches`.
+        let by_count = BatchSize {
+            sentences: 8,
+            tokens: 0,
+            sort_batches: 4,
+        };
+        assert_eq!(
+            epoch_batches_sized(&corpus, by_count, 7, 0),
+            epoch_batches(&corpus, 8, 4, 7, 0)
+        );
+    }
 
     #[test]
     fn batches_cover_the_corpus_once_and_are_deterministic() {

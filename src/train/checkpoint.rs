@@ -68,6 +68,9 @@ pub struct TrainState {
     /// The best dev score of `train.select_by` so far (runs from before it was kept: `best_bleu`).
     #[serde(default)]
     pub best_selection: Option<f64>,
+    /// The learning rate's multiplier left by `train.lr_decay = "stalled"` (1 before any decay).
+    #[serde(default = "one")]
+    pub lr_decay_scale: f64,
 }
 
 fn one() -> f64 {
@@ -91,6 +94,7 @@ impl Default for TrainState {
             loss_window: (0.0, 0),
             last_train_loss: None,
             best_selection: None,
+            lr_decay_scale: 1.0,
         }
     }
 }
@@ -250,5 +254,49 @@ mod tests {
         assert_ne!(old, json);
         let back: TrainState = serde_json::from_str(&old).unwrap();
         assert_eq!((back.loss_window, back.last_train_loss), ((0.0, 0), None));
+    }
+}
+
+/// The configuration of a training run in `run_dir`: resumed (the configuration saved in its last
+/// checkpoint, with `sets` applied; no other file may be given), fine-tuning the model of `init` (see
+/// [`Config::load_for_init`]), or new (`config`, the defaults without one, and `sets`).
+pub fn run_config(
+    config: Option<&Path>,
+    sets: &[String],
+    run_dir: &Path,
+    resume: bool,
+    init: Option<&Path>,
+) -> Result<Config> {
+    if resume {
+        if config.is_some() || init.is_some() {
+            return Err(NmtError::Config(
+                "a resumed run takes the configuration saved in its directory (and its starting model); use \
+                 --set to change train.* settings"
+                    .into(),
+            ));
+        }
+        let dir = store::complete_dir(&run_dir.join("last")).ok_or_else(|| {
+            NmtError::model_dir(
+                &run_dir.join("last"),
+                "no complete checkpoint to resume from (run `cgnmt train` without --resume)",
+            )
+        })?;
+        return Config::load(Some(&dir.join(store::CONFIG_FILE)), sets);
+    }
+    match init {
+        Some(d) => {
+            let dir = store::resolve_model_dir(d);
+            let path = dir.join(store::CONFIG_FILE);
+            if !path.is_file() {
+                return Err(NmtError::model_dir(
+                    &dir,
+                    "not a model directory (no config.toml): --init takes a model written by `cgnmt train`",
+                ));
+            }
+            let text = std::fs::read_to_string(&path).map_err(|e| NmtError::io(&path, e))?;
+            let theirs = Config::from_toml_str(&text, &path.display().to_string())?;
+            Config::load_for_init(config, sets, &theirs, &dir)
+        }
+        None => Config::load(config, sets),
     }
 }

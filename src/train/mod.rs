@@ -7,8 +7,11 @@
 pub mod averaging;
 pub mod batcher;
 pub mod checkpoint;
+pub mod data;
 pub mod data_parallel;
+pub mod evaluation;
 pub mod optim;
+pub mod schedule;
 pub mod selection;
 
 use std::io::Write;
@@ -17,19 +20,19 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Var};
 use cgnmt_data::preprocess::Preprocessor;
-use cgnmt_data::vocab::{Vocab, WordCounts};
+use cgnmt_data::vocab::Vocab;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cluster::Cluster;
 use crate::config::Config;
-use crate::decode::beam_search::DecodeOptions;
-use crate::decode::translate::Pipeline;
 use crate::error::{NmtError, Result};
 use crate::model::store;
 use crate::model::{Batch, Model};
-use crate::train::batcher::{epoch_batches, Corpus};
+use crate::train::batcher::{epoch_batches_sized, BatchSize, Corpus};
 use crate::train::checkpoint::{EvalRecord, SaveRequest, TrainState};
 use crate::train::optim::Optimizer;
+pub use data::{load_data, read_tokenized, TrainData};
+pub use evaluation::{bleu_v11b, corpus_loss, evaluate, evaluate_on, DevScores};
 
 /// The run's subdirectory with the parameters' moving average (`train.exponential_smoothing`).
 pub const SMOOTHED_DIR: &str = "smoothed";
@@ -55,310 +58,6 @@ fn injected_panic(rank: usize, step: u64) -> bool {
     let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     var("CGNMT_INJECT_PANIC_AT") == Some(step)
         && var("CGNMT_INJECT_FAIL_RANK").unwrap_or(0) == rank as u64
-}
-
-/// Tokenised sentences of a prepared-data file (one per line, tokens separated by spaces).
-pub fn read_tokenized(path: &Path) -> Result<Vec<Vec<String>>> {
-    Ok(cgnmt_data::corpus::read_lines(path)?
-        .into_iter()
-        .map(|l| l.split_whitespace().map(str::to_string).collect())
-        .collect())
-}
-
-/// Training data prepared for the model.
-pub struct TrainData {
-    pub corpus: Corpus,
-    pub src_vocab: Vocab,
-    pub tgt_vocab: Vocab,
-    pub dev_src: Vec<String>,
-    pub dev_ref: Vec<String>,
-    /// Tokenised dev targets (for the dev loss), aligned with `dev_src`; empty when `dev.tgt` is absent.
-    pub dev_tgt: Vec<String>,
-    pub dropped_long: usize,
-}
-
-/// Load `data.prepared`: vocabularies of the K most frequent words (or the given ones on resume), training pairs
-/// filtered by `data.max_len`, the dev set.
-pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> Result<TrainData> {
-    let dir = &cfg.data.prepared;
-    if !dir.is_dir() {
-        return Err(NmtError::Data(format!(
-            "data.prepared = {}: not a directory; create it with `cgnmt prepare`",
-            dir.display()
-        )));
-    }
-    let (src_vocab, tgt_vocab) = match vocabs {
-        Some(v) => v,
-        None => {
-            let cs = WordCounts::load(&dir.join("counts.src"))?;
-            let ct = WordCounts::load(&dir.join("counts.tgt"))?;
-            let vs = Vocab::build(&cs, cfg.data.src_vocab_size);
-            let vt = Vocab::build(&ct, cfg.data.tgt_vocab_size);
-            if !quiet {
-                eprintln!(
-                    "vocabulary: source {} words cover {:.1}% of training tokens, target {} words cover {:.1}%",
-                    vs.len() - 2,
-                    100.0 * cgnmt_data::vocab::coverage(&vs, &cs),
-                    vt.len() - 2,
-                    100.0 * cgnmt_data::vocab::coverage(&vt, &ct)
-                );
-            }
-            (vs, vt)
-        }
-    };
-    let src = read_tokenized(&dir.join("train.src"))?;
-    let tgt = read_tokenized(&dir.join("train.tgt"))?;
-    if src.len() != tgt.len() {
-        return Err(NmtError::Data(format!(
-            "{}: train.src has {} lines but train.tgt has {}",
-            dir.display(),
-            src.len(),
-            tgt.len()
-        )));
-    }
-    let mut corpus = Corpus {
-        src: vec![],
-        tgt: vec![],
-    };
-    let mut dropped_long = 0;
-    for (s, t) in src.iter().zip(&tgt) {
-        if s.is_empty() || t.is_empty() {
-            continue;
-        }
-        if s.len() > cfg.data.max_len || t.len() > cfg.data.max_len {
-            dropped_long += 1;
-            continue;
-        }
-        corpus.src.push(src_vocab.encode(s));
-        corpus.tgt.push(tgt_vocab.encode(t));
-        if cfg.data.limit > 0 && corpus.len() >= cfg.data.limit {
-            break;
-        }
-    }
-    if corpus.is_empty() {
-        return Err(NmtError::Data(format!(
-            "{}: no training pairs left after filtering",
-            dir.display()
-        )));
-    }
-    if !quiet {
-        eprintln!(
-            "training pairs: {} ({} dropped as longer than data.max_len = {})",
-            corpus.len(),
-            dropped_long,
-            cfg.data.max_len
-        );
-    }
-    let (dev_src, dev_ref, dev_tgt) =
-        if dir.join("dev.src").is_file() && dir.join("dev.ref").is_file() {
-            let mut s = cgnmt_data::corpus::read_lines(&dir.join("dev.src"))?;
-            let mut r = cgnmt_data::corpus::read_lines(&dir.join("dev.ref"))?;
-            let mut t = if dir.join("dev.tgt").is_file() {
-                cgnmt_data::corpus::read_lines(&dir.join("dev.tgt"))?
-            } else {
-                vec![]
-            };
-            if !t.is_empty() && t.len() != s.len() {
-                return Err(NmtError::Data(format!(
-                    "{}: dev.src and dev.tgt differ in line count",
-                    dir.display()
-                )));
-            }
-            if s.len() != r.len() {
-                return Err(NmtError::Data(format!(
-                    "{}: dev.src and dev.ref differ in line count",
-                    dir.display()
-                )));
-            }
-            let n = cfg.train.eval_max_sentences;
-            if n > 0 && s.len() > n {
-                // An evenly spaced subset: dev sets are often sorted by length, and a prefix would hold only the
-                // shortest sentences.
-                let pick: Vec<usize> = (0..n).map(|k| k * s.len() / n).collect();
-                s = pick.iter().map(|&i| s[i].clone()).collect();
-                r = pick.iter().map(|&i| r[i].clone()).collect();
-                if !t.is_empty() {
-                    t = pick.iter().map(|&i| t[i].clone()).collect();
-                }
-            }
-            (s, r, t)
-        } else {
-            (vec![], vec![], vec![])
-        };
-    Ok(TrainData {
-        corpus,
-        src_vocab,
-        tgt_vocab,
-        dev_src,
-        dev_ref,
-        dev_tgt,
-        dropped_long,
-    })
-}
-
-/// Case-insensitive BLEU as NIST mteval-v11b (the paper's metric) of detokenised hypotheses.
-pub fn bleu_v11b(hyps: &[String], refs: &[String]) -> f64 {
-    let opts = cgnmt_eval::bleu::BleuOptions::mteval_v11b();
-    match cgnmt_eval::bleu::corpus_bleu(hyps, &[refs.to_vec()], &opts) {
-        Ok(s) => s.score,
-        Err(_) => 0.0,
-    }
-}
-
-/// The dev scores of one evaluation (see `train.select_by`).
-#[derive(Debug, Clone, Copy)]
-pub struct DevScores {
-    /// mteval-v11b BLEU (the paper's).
-    pub bleu: f64,
-    /// The same with sacreBLEU's `exp` smoothing of zero n-gram matches.
-    pub bleu_smoothed: f64,
-    /// chrF2.
-    pub chrf: f64,
-}
-
-impl DevScores {
-    /// The scores of detokenised hypotheses against one reference each.
-    pub fn of(hyps: &[String], refs: &[String]) -> DevScores {
-        let refs = [refs.to_vec()];
-        let mut smoothed = cgnmt_eval::bleu::BleuOptions::mteval_v11b();
-        smoothed.smooth = cgnmt_eval::bleu::Smooth::Exp;
-        DevScores {
-            bleu: bleu_v11b(hyps, &refs[0]),
-            bleu_smoothed: cgnmt_eval::bleu::corpus_bleu(hyps, &refs, &smoothed)
-                .map_or(0.0, |s| s.score),
-            chrf: cgnmt_eval::chrf::corpus_chrf(
-                hyps,
-                &refs,
-                &cgnmt_eval::chrf::ChrfOptions::chrf(),
-            )
-            .map_or(0.0, |s| s.score),
-        }
-    }
-
-    /// The score `select_by` names.
-    pub fn selected(&self, by: crate::config::SelectBy) -> f64 {
-        match by {
-            crate::config::SelectBy::Bleu => self.bleu,
-            crate::config::SelectBy::SmoothedBleu => self.bleu_smoothed,
-            crate::config::SelectBy::Chrf => self.chrf,
-        }
-    }
-}
-
-/// Dev scores with beam search.
-pub fn evaluate(
-    model: &Model,
-    src_vocab: &Vocab,
-    tgt_vocab: &Vocab,
-    pre: &Preprocessor,
-    dev_src: &[String],
-    dev_ref: &[String],
-    beam: usize,
-) -> Result<DevScores> {
-    evaluate_on(
-        model,
-        src_vocab,
-        tgt_vocab,
-        pre,
-        dev_src,
-        dev_ref,
-        beam,
-        &Cluster::single(),
-    )
-}
-
-/// [`evaluate`] sharded over the ranks of a job: each rank decodes every N-th sentence, rank 0 scores the
-/// whole set and every rank gets its scores (the same decisions everywhere).
-#[allow(clippy::too_many_arguments)]
-pub fn evaluate_on(
-    model: &Model,
-    src_vocab: &Vocab,
-    tgt_vocab: &Vocab,
-    pre: &Preprocessor,
-    dev_src: &[String],
-    dev_ref: &[String],
-    beam: usize,
-    cluster: &Cluster,
-) -> Result<DevScores> {
-    let tr = Pipeline {
-        model,
-        others: vec![],
-        src_vocab,
-        tgt_vocab,
-        preprocess: pre,
-    };
-    let opts = DecodeOptions {
-        beam,
-        ..Default::default()
-    };
-    let mine = cluster.share(dev_src.len());
-    let lines: Vec<String> = mine.iter().map(|&i| dev_src[i].clone()).collect();
-    let out = tr.translate(&lines, &opts, 32, true, |_| {})?;
-    let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
-    if cluster.size() == 1 {
-        return Ok(DevScores::of(&hyps, dev_ref));
-    }
-    let mut scores = [0f64; 3];
-    if let Some(all) = cluster.gather(hyps.join("\n").into_bytes()) {
-        // Rank r decoded lines r, r + N, r + 2N, …
-        let mut whole = vec![String::new(); dev_src.len()];
-        for (r, bytes) in all.iter().enumerate() {
-            let text = String::from_utf8_lossy(bytes);
-            let theirs: Vec<&str> = if text.is_empty() {
-                vec![]
-            } else {
-                text.split('\n').collect()
-            };
-            for (k, h) in theirs.into_iter().enumerate() {
-                whole[r + k * cluster.size()] = h.to_string();
-            }
-        }
-        let s = DevScores::of(&whole, dev_ref);
-        scores = [s.bleu, s.bleu_smoothed, s.chrf];
-    }
-    cluster.broadcast_f64(&mut scores);
-    Ok(DevScores {
-        bleu: scores[0],
-        bleu_smoothed: scores[1],
-        chrf: scores[2],
-    })
-}
-
-/// Mean per-token loss (EOS included) on tokenised pairs; over the ranks of a job, each computes every N-th
-/// batch of 64.
-pub fn corpus_loss(
-    model: &Model,
-    src_vocab: &Vocab,
-    tgt_vocab: &Vocab,
-    src: &[String],
-    tgt: &[String],
-    cluster: &Cluster,
-) -> Result<f64> {
-    let (mut total, mut tokens) = (0.0f64, 0usize);
-    let enc = |v: &Vocab, l: &String| v.encode(&l.split_whitespace().collect::<Vec<_>>());
-    let pairs: Vec<(Vec<u32>, Vec<u32>)> = src
-        .iter()
-        .zip(tgt)
-        .map(|(s, t)| (enc(src_vocab, s), enc(tgt_vocab, t)))
-        .filter(|(s, t)| !s.is_empty() && !t.is_empty())
-        .collect();
-    let chunks: Vec<&[(Vec<u32>, Vec<u32>)]> = pairs.chunks(64).collect();
-    for k in cluster.share(chunks.len()) {
-        let chunk = chunks[k];
-        let s: Vec<Vec<u32>> = chunk.iter().map(|p| p.0.clone()).collect();
-        let t: Vec<Vec<u32>> = chunk.iter().map(|p| p.1.clone()).collect();
-        let b = Batch::new(&s, &t, tgt_vocab.eos(), DType::F32, &Device::Cpu)?;
-        total += model.loss(&b)?.to_scalar::<f32>()? as f64 * s.len() as f64;
-        tokens += b.tgt_tokens;
-    }
-    let mut sums = [total, tokens as f64];
-    cluster.sum_f64(&mut sums);
-    let (total, tokens) = (sums[0], sums[1]);
-    Ok(if tokens > 0.0 {
-        total / tokens
-    } else {
-        f64::NAN
-    })
 }
 
 pub struct TrainSummary {
@@ -471,6 +170,10 @@ pub fn train_on(
             cluster,
         )
     };
+    if tc.init.is_some() && state.step == 0 && state.history.is_empty() {
+        // Fine-tuning: where the model starts, on the new dev set (and `best/` until it improves).
+        evaluate(&mut state, &opt, &mut log, f64::NAN)?;
+    }
     let stop_reason;
     let rollback = tc.on_divergence == crate::config::OnDivergence::Rollback;
     if rollback && store::complete_dir(&last_dir).is_none() {
@@ -482,15 +185,11 @@ pub fn train_on(
             stop_reason = format!("reached train.max_epochs = {}", tc.max_epochs);
             break;
         }
-        let batches = epoch_batches(
-            &data.corpus,
-            tc.batch_size,
-            tc.sort_batches,
-            tc.seed,
-            state.epoch,
-        );
+        let batches = epoch_batches_sized(&data.corpus, BatchSize::of(&tc), tc.seed, state.epoch);
         while (state.batch_in_epoch as usize) < batches.len() {
-            let all = &batches[state.batch_in_epoch as usize];
+            // An update's batches: `train.accumulate` of them (fewer at the epoch's end).
+            let from = state.batch_in_epoch as usize;
+            let parts = &batches[from..(from + tc.accumulate).min(batches.len())];
             let step = Step {
                 model: &model,
                 cfg: &cfg,
@@ -500,7 +199,8 @@ pub fn train_on(
                 dtype,
                 dev: &dev,
             };
-            let (lv, tokens, diverged) = step.update(all, state.step, &mut opt, &mut exchange)?;
+            opt.lr = schedule::learning_rate(&tc, &state, state.step + 1);
+            let (lv, tokens, diverged) = step.update(parts, state.step, &mut opt, &mut exchange)?;
             if let Some(what) = diverged {
                 let at = state.step + 1;
                 let to =
@@ -516,26 +216,24 @@ pub fn train_on(
                 continue 'outer;
             }
             state.step += 1;
-            state.batch_in_epoch += 1;
+            state.batch_in_epoch += parts.len() as u64;
             if injected_panic(cluster.rank(), state.step) {
                 panic!("injected panic after update {}", state.step);
             }
             state.seconds = base_seconds + start.elapsed().as_secs_f64();
-            loss_acc.0 += lv * all.len() as f64;
+            loss_acc.0 += lv * parts.iter().map(Vec::len).sum::<usize>() as f64;
             loss_acc.1 += tokens as usize;
             tok_acc.0 += tokens as usize;
             pb.inc(1);
             if state.step % 10 == 0 {
-                // In an MPI job, rank 0's seconds per update in its own work, waiting and exchanging.
-                let data_parallel = (cluster.size() > 1)
-                    .then(|| serde_json::Value::from(exchange.stats.take().per_update_json()));
+                let extra = window_extras(cluster, &mut exchange, &tc, &opt);
                 last_loss = log_window(
                     &mut log,
                     &log_path,
                     &pb,
                     &state,
                     (&mut loss_acc, &mut tok_acc),
-                    data_parallel,
+                    extra,
                 )?;
             }
             state.loss_window = (loss_acc.0, loss_acc.1 as u64);
@@ -691,7 +389,6 @@ fn open_run(
         let mut opt = Optimizer::new(&cfg.train);
         checkpoint::load_optimizer(&mut opt, &dir.join(checkpoint::OPTIM_FILE))?;
         let state = checkpoint::load_state(&dir)?;
-        opt.scale_learning_rate(state.lr_scale);
         let data = load_data(&cfg, Some((lm.src_vocab, lm.tgt_vocab)), quiet)?;
         return Ok(Opened {
             cfg,
@@ -709,8 +406,17 @@ fn open_run(
             "already holds a training run (last/); use --resume to continue it or choose another --out",
         ));
     }
-    let data = load_data(&cfg, None, quiet)?;
-    let (model, varmap) = Model::build(
+    let init = match &cfg.train.init {
+        Some(d) => Some(initial_model(&cfg, d, dtype, dev)?),
+        None => None,
+    };
+    let data = load_data(
+        &cfg,
+        init.as_ref()
+            .map(|lm| (lm.src_vocab.clone(), lm.tgt_vocab.clone())),
+        quiet,
+    )?;
+    let (mut model, varmap) = Model::build(
         &cfg.model,
         data.src_vocab.len(),
         data.tgt_vocab.len(),
@@ -718,6 +424,31 @@ fn open_run(
         dtype,
         dev,
     )?;
+    if let Some(lm) = &init {
+        // Fine-tuning: the model's parameters, a fresh optimiser and data position.
+        let theirs = lm.varmap.data().lock().expect("varmap");
+        for (name, var) in varmap.data().lock().expect("varmap").iter() {
+            let w = theirs.get(name).ok_or_else(|| {
+                NmtError::model_dir(&lm.dir, format!("{name} missing from the model"))
+            })?;
+            var.set(w.as_tensor())?;
+        }
+        drop(theirs);
+        model.refresh_tied_output()?;
+        if !quiet {
+            let share = |side: &[Vec<u32>], unk: u32| {
+                let all: usize = side.iter().map(Vec::len).sum();
+                side.iter().flatten().filter(|&&w| w == unk).count() as f64 / all.max(1) as f64
+            };
+            eprintln!(
+                "fine-tuning {}: {:.2}% of the new data's source tokens and {:.2}% of its target tokens are \
+                 unknown to its vocabularies",
+                lm.dir.display(),
+                100.0 * share(&data.corpus.src, data.src_vocab.unk()),
+                100.0 * share(&data.corpus.tgt, data.tgt_vocab.unk())
+            );
+        }
+    }
     Ok(Opened {
         opt: Optimizer::new(&cfg.train),
         cfg,
@@ -726,6 +457,61 @@ fn open_run(
         state: TrainState::default(),
         data,
     })
+}
+
+/// The model a fine-tuning run starts from (`train.init`), checked against the run: the same architecture,
+/// and `data.prepared` made with its preprocessing and vocabularies (`cgnmt prepare --like DIR`).
+fn initial_model(
+    cfg: &Config,
+    dir: &Path,
+    dtype: DType,
+    dev: &Device,
+) -> Result<store::LoadedModel> {
+    let lm = store::load(&store::resolve_model_dir(dir), dtype, dev)?;
+    if lm.config.model != cfg.model {
+        return Err(NmtError::Config(format!(
+            "train.init = {}: the model's architecture differs from this configuration's [model]",
+            lm.dir.display()
+        )));
+    }
+    let prepared = &cfg.data.prepared;
+    let refuse = |what: &str| {
+        Err(NmtError::Data(format!(
+            "data.prepared = {}: its {what} differs from that of the model {} being fine-tuned; prepare the \
+             new data with `cgnmt prepare --like {}`",
+            prepared.display(),
+            lm.dir.display(),
+            lm.dir.display()
+        )))
+    };
+    let pre = Preprocessor::load(prepared)?;
+    for (side, a, b) in [
+        ("source", &pre.src, &lm.preprocess.src),
+        ("target", &pre.tgt, &lm.preprocess.tgt),
+    ] {
+        if a.tokenizer != b.tokenizer {
+            return refuse(&format!("{side} tokenizer"));
+        }
+        match (&a.bpe, &b.bpe) {
+            (None, None) => {}
+            (Some(x), Some(y)) => {
+                let read = |d: &Path, f: &Path| {
+                    std::fs::read(d.join(f)).map_err(|e| NmtError::io(&d.join(f), e))
+                };
+                if read(prepared, x)? != read(&lm.dir, y)? {
+                    return refuse(&format!("{side} subword model"));
+                }
+            }
+            _ => return refuse(&format!("{side} subword model")),
+        }
+    }
+    for (file, v) in [("vocab.src", &lm.src_vocab), ("vocab.tgt", &lm.tgt_vocab)] {
+        let p = prepared.join(file);
+        if !p.is_file() || &Vocab::load(&p)? != v {
+            return refuse(&format!("vocabulary ({file})"));
+        }
+    }
+    Ok(lm)
 }
 
 /// The model's variables sorted by name (the order every rank sums and checks them in).
@@ -762,8 +548,10 @@ fn progress_bar(
     quiet: bool,
     at: u64,
 ) -> ProgressBar {
-    let batches_per_epoch =
-        epoch_batches(corpus, tc.batch_size, tc.sort_batches, tc.seed, 0).len() as u64;
+    // Updates per epoch (an update takes `train.accumulate` batches).
+    let batches_per_epoch = (epoch_batches_sized(corpus, BatchSize::of(tc), tc.seed, 0).len()
+        as u64)
+        .div_ceil(tc.accumulate as u64);
     let total = if tc.max_steps > 0 {
         tc.max_steps as u64
     } else if tc.max_epochs > 0 {
@@ -800,49 +588,99 @@ struct Step<'a> {
 }
 
 impl Step<'_> {
-    /// One update on the global batch `all` (sentence indices) after `step` updates: this rank's share's
-    /// loss and gradient, summed over the ranks, and the optimiser's step. Returns the batch's loss per
-    /// target token (summed over the ranks' weighted shares), its target tokens and, when the loss or the
-    /// gradient norm is not finite (no step is then taken), what diverged.
+    /// This rank's batch of the sentences `idx` (corpus indices) for update `step`: each sentence keyed by
+    /// its corpus index (its dropout masks are the same at any number of ranks), with word dropout on the
+    /// source words and on the target words the decoder reads.
+    fn batch_of(&self, idx: &[usize], step: u64) -> Result<Batch> {
+        let (data, tc) = (self.data, &self.cfg.train);
+        let keys: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
+        let seed = crate::model::dropout::Dropout::step_seed(tc.seed, step);
+        let unk = data.src_vocab.unk();
+        let srcs: Vec<Vec<u32>> = idx
+            .iter()
+            .map(|&i| {
+                let s = &data.corpus.src[i];
+                crate::model::dropout::word_dropout(
+                    s,
+                    tc.source_word_dropout,
+                    unk,
+                    seed,
+                    i as u64,
+                    0,
+                )
+            })
+            .collect();
+        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
+        let inputs: Option<Vec<Vec<u32>>> = (tc.target_word_dropout > 0.0).then(|| {
+            let unk = data.tgt_vocab.unk();
+            idx.iter()
+                .zip(&tgts)
+                .map(|(&i, t)| {
+                    crate::model::dropout::word_dropout(
+                        t,
+                        tc.target_word_dropout,
+                        unk,
+                        seed,
+                        i as u64,
+                        1,
+                    )
+                })
+                .collect()
+        });
+        Ok(Batch::keyed_with_inputs(
+            &srcs,
+            &tgts,
+            inputs.as_deref(),
+            &keys,
+            data.tgt_vocab.eos(),
+            self.dtype,
+            self.dev,
+        )?)
+    }
+
+    /// One update on the global batch `parts` (one batch of sentence indices, or `train.accumulate` of
+    /// them) after `step` updates: this rank's share of each part, its loss and gradient weighted by the
+    /// share's part of the whole update, summed over the parts and the ranks, and the optimiser's step.
+    /// Returns the update's loss per sentence (summed over the ranks' weighted shares), its target tokens
+    /// and, when the loss or the gradient norm is not finite (no step is then taken), what diverged.
     fn update(
         &self,
-        all: &[usize],
+        parts: &[Vec<usize>],
         step: u64,
         opt: &mut Optimizer,
         exchange: &mut data_parallel::Exchange,
     ) -> Result<(f64, f64, Option<String>)> {
-        let (data, cluster) = (self.data, self.cluster);
-        // This rank's share of the global batch (all of it in one process).
-        let idx: Vec<usize> = cluster.share(all.len()).iter().map(|&k| all[k]).collect();
-        let weight = idx.len() as f64 / all.len() as f64;
-        let srcs: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.src[i].clone()).collect();
-        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
+        let cluster = self.cluster;
+        let total: usize = parts.iter().map(Vec::len).sum();
+        let opts = crate::model::LossOptions::of(&self.cfg.train, step);
         let computing = Instant::now();
-        let (loss, mut lv, mut tokens) = if idx.is_empty() {
-            (None, 0.0, 0.0)
-        } else {
-            // Each sentence's key is its corpus index: its dropout masks are the same at any number of ranks.
-            let keys: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
-            let batch = Batch::keyed(
-                &srcs,
-                &tgts,
-                &keys,
-                data.tgt_vocab.eos(),
-                self.dtype,
-                self.dev,
-            )?;
-            let loss = self.model.loss_with(
-                &batch,
-                &crate::model::LossOptions::of(&self.cfg.train, step),
-            )?;
-            let lv = loss.to_scalar::<f32>()? as f64;
-            (Some(loss), lv, batch.tgt_tokens as f64)
-        };
+        // One part: its loss, whose backward pass waits for the divergence check. Several: each part's
+        // gradient, weighted, accumulated as it comes.
+        let (mut pending, mut weight, mut accumulated) = (None, 0.0, None);
+        let (mut lv, mut tokens) = (0.0, 0.0);
+        for part in parts {
+            // This rank's share of the part (all of it in one process).
+            let idx: Vec<usize> = cluster.share(part.len()).iter().map(|&k| part[k]).collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let w = idx.len() as f64 / total as f64;
+            let batch = self.batch_of(&idx, step)?;
+            let loss = self.model.loss_with(&batch, &opts)?;
+            lv += loss.to_scalar::<f32>()? as f64 * w;
+            tokens += batch.tgt_tokens as f64;
+            if parts.len() == 1 {
+                (pending, weight) = (Some(loss), w);
+            } else {
+                let g = self.model.backward(&loss)?;
+                accumulated = Some(add_weighted(accumulated, g, w, self.vars)?);
+            }
+        }
         exchange.stats.compute_s += computing.elapsed().as_secs_f64();
         if cluster.size() > 1 {
             // (Mostly waiting for the slowest rank's forward pass: the sum is two numbers.)
             let waiting = Instant::now();
-            let mut sums = [lv * weight, tokens];
+            let mut sums = [lv, tokens];
             cluster.sum_f64(&mut sums);
             (lv, tokens) = (sums[0], sums[1]);
             exchange.stats.wait_s += waiting.elapsed().as_secs_f64();
@@ -854,9 +692,10 @@ impl Step<'_> {
             return Ok((lv, tokens, Some(format!("loss {lv}"))));
         }
         let computing = Instant::now();
-        let grads = match &loss {
-            Some(l) => Some(self.model.backward(l)?),
-            None => None,
+        let (grads, weight) = match pending {
+            Some(l) => (Some(self.model.backward(&l)?), weight),
+            None if parts.len() == 1 => (None, weight),
+            None => (accumulated, 1.0),
         };
         exchange.stats.compute_s += computing.elapsed().as_secs_f64();
         let grads = if cluster.size() > 1 {
@@ -927,7 +766,6 @@ impl Step<'_> {
         state.finished = false;
         *opt = Optimizer::new(&self.cfg.train);
         checkpoint::load_optimizer(opt, &dir.join(checkpoint::OPTIM_FILE))?;
-        opt.scale_learning_rate(scale);
         let msg = format!(
             "update {at}: {what}; rolled back to update {} with learning rate × {scale}",
             state.step
@@ -942,13 +780,61 @@ impl Step<'_> {
 /// The training-loss window's line of the log (and the progress bar's message): the mean loss per target
 /// token since the last line and the target tokens per second, with `data_parallel`'s timings in an MPI
 /// job. Starts the next window; returns the loss.
+/// `acc` (none yet: nothing) plus `w` times every gradient of `g`, parameter by parameter.
+fn add_weighted(
+    acc: Option<candle_core::backprop::GradStore>,
+    mut g: candle_core::backprop::GradStore,
+    w: f64,
+    vars: &[(String, Var)],
+) -> Result<candle_core::backprop::GradStore> {
+    let mut acc = acc;
+    for (_, v) in vars {
+        let Some(t) = g.remove(v.as_tensor()) else {
+            continue;
+        };
+        let t = t.affine(w, 0.0)?;
+        match acc.as_mut() {
+            Some(a) => {
+                let sum = match a.get(v.as_tensor()) {
+                    Some(x) => (x + &t)?,
+                    None => t,
+                };
+                a.insert(v.as_tensor(), sum);
+            }
+            None => {
+                g.insert(v.as_tensor(), t);
+            }
+        }
+    }
+    Ok(acc.unwrap_or(g))
+}
+
+/// What a log window records beside the loss: in an MPI job, rank 0's seconds per update in its own work,
+/// waiting and exchanging; under a learning-rate schedule, the rate.
+fn window_extras(
+    cluster: &Cluster,
+    exchange: &mut data_parallel::Exchange,
+    tc: &crate::config::TrainConfig,
+    opt: &Optimizer,
+) -> Vec<(&'static str, serde_json::Value)> {
+    let mut extra = vec![];
+    if cluster.size() > 1 {
+        let dp = exchange.stats.take().per_update_json();
+        extra.push(("data_parallel", serde_json::Value::from(dp)));
+    }
+    if schedule::is_scheduled(tc) {
+        extra.push(("lr", opt.lr.into()));
+    }
+    extra
+}
+
 fn log_window(
     log: &mut std::fs::File,
     log_path: &Path,
     pb: &ProgressBar,
     state: &TrainState,
     (loss_acc, tok_acc): (&mut (f64, usize), &mut (usize, Instant)),
-    data_parallel: Option<serde_json::Value>,
+    extra: Vec<(&str, serde_json::Value)>,
 ) -> Result<f64> {
     let el = tok_acc.1.elapsed().as_secs_f64();
     let tps = tok_acc.0 as f64 / el.max(1e-9);
@@ -959,8 +845,8 @@ fn log_window(
     ));
     let mut line = serde_json::json!({"step": state.step, "epoch": state.epoch,
         "seconds": state.seconds, "loss_per_token": last_loss, "tgt_tok_per_s": tps});
-    if let Some(dp) = data_parallel {
-        line["data_parallel"] = dp;
+    for (k, v) in extra {
+        line[k] = v;
     }
     writeln!(log, "{line}").map_err(|e| NmtError::io(log_path, e))?;
     *loss_acc = (0.0, 0);
@@ -1159,5 +1045,6 @@ fn eval_and_keep(
     } else {
         state.evals_without_improvement += 1;
     }
+    schedule::after_evaluation(tc, state);
     Ok(tc.patience > 0 && state.evals_without_improvement >= tc.patience as u64)
 }

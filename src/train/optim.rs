@@ -232,11 +232,6 @@ impl Optimizer {
         self.step_with(vars, grads, false)
     }
 
-    /// Multiply the learning rate (Adam's) by `f`.
-    pub fn scale_learning_rate(&mut self, f: f64) {
-        self.lr *= f;
-    }
-
     fn step_with(&mut self, vars: &[(String, Var)], grads: &GradStore, fused: bool) -> Result<f64> {
         let norm = Self::grad_norm(vars, grads)?;
         if !norm.is_finite() {

@@ -79,6 +79,9 @@ pub struct PrepareOptions {
     pub limit: Option<usize>,
     /// Replace a non-empty output directory.
     pub force: bool,
+    /// Tokenise with the preprocessing (tokenizers, subword models) of this model or prepared directory and
+    /// keep its vocabularies, instead of learning new ones: data to fine-tune that model on.
+    pub like: Option<PathBuf>,
 }
 
 impl PrepareOptions {
@@ -107,6 +110,7 @@ impl PrepareOptions {
             unigram_tgt: None,
             limit: None,
             force: false,
+            like: None,
         }
     }
 }
@@ -203,6 +207,23 @@ pub fn prepare(args: &PrepareOptions) -> Result<PrepareSummary> {
     }
     if args.unigram_src == Some(0) || args.unigram_tgt == Some(0) {
         bail!("unigram sizes must be at least 1");
+    }
+    if let Some(d) = &args.like {
+        let own = [
+            ("--bpe-src", args.bpe_src.is_some()),
+            ("--bpe-tgt", args.bpe_tgt.is_some()),
+            ("--unigram-src", args.unigram_src.is_some()),
+            ("--unigram-tgt", args.unigram_tgt.is_some()),
+            ("--src-tok", args.src_tok.is_some()),
+            ("--tgt-tok", args.tgt_tok.is_some()),
+            ("--lowercase", args.lowercase),
+        ];
+        if let Some((flag, _)) = own.iter().find(|(_, set)| *set) {
+            bail!(
+                "--like {} takes that directory's tokenizers, subwords and vocabularies: drop {flag}",
+                d.display()
+            );
+        }
     }
     if (args.bpe_src.is_some() && args.unigram_src.is_some())
         || (args.bpe_tgt.is_some() && args.unigram_tgt.is_some())
@@ -406,7 +427,29 @@ fn side_plan(args: &PrepareOptions, tgt: bool) -> SidePlan {
     }
 }
 
+/// The preprocessing and vocabularies of `--like` (a model or prepared directory), checked.
+fn like_dir(dir: &Path) -> Result<(Preprocessor, [Vocab; 2])> {
+    for f in [crate::preprocess::PREPROCESS_FILE, "vocab.src", "vocab.tgt"] {
+        if !dir.join(f).is_file() {
+            bail!(
+                "--like {}: no {f} (expected a model directory, or a prepared one)",
+                dir.display()
+            );
+        }
+    }
+    let pre = Preprocessor::load(dir)?;
+    let vocabs = [
+        Vocab::load(&dir.join("vocab.src"))?,
+        Vocab::load(&dir.join("vocab.tgt"))?,
+    ];
+    Ok((pre, vocabs))
+}
+
 fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
+    let like = match &args.like {
+        Some(d) => Some(like_dir(d)?),
+        None => None,
+    };
     let plans = [side_plan(args, false), side_plan(args, true)];
 
     // Training data.
@@ -417,16 +460,26 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
     }
     let n_read = src_lines.len();
     eprintln!("read {n_read} training pairs");
-    let mut words = [
-        tokenize_all(&plans[0].tokenizer, &src_lines, "source"),
-        tokenize_all(&plans[1].tokenizer, &tgt_lines, "target"),
-    ];
+    let mut words = match &like {
+        // Through the given preprocessing (its subwords included).
+        Some((pre, _)) => [
+            src_lines.iter().map(|l| pre.src_tokens(l)).collect(),
+            tgt_lines.iter().map(|l| pre.tgt_tokens(l)).collect(),
+        ],
+        None => [
+            tokenize_all(&plans[0].tokenizer, &src_lines, "source"),
+            tokenize_all(&plans[1].tokenizer, &tgt_lines, "target"),
+        ],
+    };
     drop(src_lines);
     drop(tgt_lines);
 
-    // BPE, learned on the non-empty training pairs.
+    // BPE, learned on the non-empty training pairs (none with --like: its subwords are applied).
     let mut bpes: [Option<(String, BpeModel)>; 2] = [None, None];
     for side in 0..2 {
+        if like.is_some() {
+            continue;
+        }
         if let Some((size, kind)) = plans[side].bpe_size {
             let sample: Vec<Vec<String>> = (0..n_read)
                 .filter(|&i| !words[0][i].is_empty() && !words[1][i].is_empty())
@@ -494,12 +547,28 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
         let p = &plans[side];
         let counts: WordCounts = count_tokens(&kept[side]);
         counts.save(&dir.join(format!("counts.{}", p.suffix)))?;
-        let vocab = Vocab::build(&counts, p.vocab_size);
+        let vocab = match &like {
+            Some((_, v)) => v[side].clone(),
+            None => Vocab::build(&counts, p.vocab_size),
+        };
         vocab.save(&dir.join(format!("vocab.{}", p.suffix)))?;
+        let (tokenizer, bpe_file) = match &like {
+            Some((pre, _)) => {
+                let sc = if side == 0 { &pre.src } else { &pre.tgt };
+                (
+                    sc.tokenizer.clone(),
+                    sc.bpe.as_ref().map(|f| f.display().to_string()),
+                )
+            }
+            None => (
+                p.config.clone(),
+                bpes[side].as_ref().map(|(f, _)| f.clone()),
+            ),
+        };
         side_summaries.push(SideSummary {
             lang: p.lang.clone(),
-            tokenizer: p.config.clone(),
-            bpe_file: bpes[side].as_ref().map(|(f, _)| f.clone()),
+            tokenizer,
+            bpe_file,
             bpe_types: bpes[side].as_ref().map(|(_, m)| m.vocab_size()),
             vocab_size_requested: p.vocab_size,
             vocab_entries: vocab.len(),
@@ -511,18 +580,40 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
     }
     drop(kept);
 
-    let pre = Preprocessor::new(
-        SideConfig {
-            tokenizer: plans[0].config.clone(),
-            bpe: bpes[0].as_ref().map(|(f, _)| PathBuf::from(f)),
-        },
-        SideConfig {
-            tokenizer: plans[1].config.clone(),
-            bpe: bpes[1].as_ref().map(|(f, _)| PathBuf::from(f)),
-        },
-        dir,
-    )?;
+    let pre = match like {
+        Some((pre, _)) => {
+            // The given preprocessing, its subword models copied beside it.
+            let from = args.like.as_deref().expect("like");
+            for side in [&pre.src, &pre.tgt] {
+                if let Some(rel) = &side.bpe {
+                    std::fs::copy(from.join(rel), dir.join(rel))
+                        .with_context(|| format!("cannot copy {}", from.join(rel).display()))?;
+                }
+            }
+            pre.with_dir(dir)?
+        }
+        None => Preprocessor::new(
+            SideConfig {
+                tokenizer: plans[0].config.clone(),
+                bpe: bpes[0].as_ref().map(|(f, _)| PathBuf::from(f)),
+            },
+            SideConfig {
+                tokenizer: plans[1].config.clone(),
+                bpe: bpes[1].as_ref().map(|(f, _)| PathBuf::from(f)),
+            },
+            dir,
+        )?,
+    };
     pre.save(dir)?;
+    if let Some(from) = &args.like {
+        eprintln!(
+            "the preprocessing and vocabularies of {}: out of vocabulary, {:.2}% of the training's source \
+             tokens and {:.2}% of its target tokens",
+            from.display(),
+            100.0 * (1.0 - side_summaries[0].coverage),
+            100.0 * (1.0 - side_summaries[1].coverage)
+        );
+    }
 
     // Dev and test: tokenized like training (with BPE), nothing dropped.
     let mut eval_sets = Vec::new();

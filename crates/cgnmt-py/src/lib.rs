@@ -387,10 +387,11 @@ fn config_info(
     })
 }
 
-/// Train in this process: `config` (a TOML file, or the defaults) with `set` overrides, into `out`, or
-/// continue the run in `out` (`resume`). Returns the run's state as JSON text.
+/// Train in this process: `config` (a TOML file, or the defaults) with `set` overrides, into `out`; or
+/// continue the run in `out` (`resume`); or fine-tune the model of `init`. Returns the run's state as JSON
+/// text.
 #[pyfunction]
-#[pyo3(signature = (out, config=None, set=Vec::new(), resume=false, quiet=false))]
+#[pyo3(signature = (out, config=None, set=Vec::new(), resume=false, quiet=false, init=None))]
 fn train(
     py: Python<'_>,
     out: PathBuf,
@@ -398,25 +399,11 @@ fn train(
     set: Vec<String>,
     resume: bool,
     quiet: bool,
+    init: Option<PathBuf>,
 ) -> PyResult<String> {
     let cfg = guarded(|| {
-        if resume {
-            if config.is_some() {
-                return Err(PyValueError::new_err(
-                    "resume takes the configuration saved in the run directory; use `set` to change train.* settings",
-                ));
-            }
-            let last = cgnmt::model::store::complete_dir(&out.join("last")).ok_or_else(|| {
-                PyFileNotFoundError::new_err(format!(
-                    "{}: no complete checkpoint in last/ to resume from",
-                    out.display()
-                ))
-            })?;
-            cgnmt::config::Config::load(Some(&last.join(cgnmt::model::store::CONFIG_FILE)), &set)
-                .map_err(py_err)
-        } else {
-            cgnmt::config::Config::load(config.as_deref(), &set).map_err(py_err)
-        }
+        cgnmt::train::checkpoint::run_config(config.as_deref(), &set, &out, resume, init.as_deref())
+            .map_err(py_err)
     })?;
     cgnmt::kernels::set_threads(cfg.train.threads);
     let stop = Arc::new(AtomicBool::new(false));

@@ -116,3 +116,22 @@ def test_ctrl_c_stops_training_with_its_checkpoint_saved_and_resume_continues(pr
     assert 0 < state["step"] < 100000 and not state["finished"]
     more = cgnmt.train(set={"train.max_steps": state["step"] + 5}, out=tmp_path / "run", resume=True, quiet=True)
     assert more.steps == state["step"] + 5
+
+
+def test_fine_tuning_starts_from_the_model(prepared, tmp_path):
+    base = cgnmt.train(set=tiny(prepared), out=tmp_path / "base", quiet=True)
+    tuned = cgnmt.train(
+        set={"data.prepared": str(prepared), "train.max_steps": 10, "train.eval_every": 5,
+             "train.eval_max_sentences": 10, "train.eval_beam": 2, "train.threads": 1},
+        out=tmp_path / "tuned", init=tmp_path / "base", quiet=True,
+    )
+    # The first evaluation is the model's own, at update 0; the architecture came from the model.
+    assert [h["step"] for h in tuned.history] == [0, 5, 10]
+    assert tuned.history[0]["dev_bleu"] == base.best_dev_bleu  # (init takes the run's best/ model)
+    assert tuned.parameters == base.parameters
+    with pytest.raises(ValueError, match="architecture"):
+        cgnmt.train(set={"data.prepared": str(prepared), "model.hidden_dim": 16}, out=tmp_path / "x",
+                    init=tmp_path / "base", quiet=True)
+    with pytest.raises(FileNotFoundError):
+        cgnmt.train(set={"data.prepared": str(prepared)}, out=tmp_path / "y", init=tmp_path / "nothing",
+                    quiet=True)

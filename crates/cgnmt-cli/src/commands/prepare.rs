@@ -74,6 +74,10 @@ pub struct PrepareArgs {
     /// Replace a non-empty output directory.
     #[arg(long)]
     pub force: bool,
+    /// Tokenise with the preprocessing (tokenizers, subword models) of this model directory (or prepared
+    /// directory) and keep its vocabularies: data to fine-tune that model on (`cgnmt train --init DIR`).
+    #[arg(long, value_name = "DIR")]
+    pub like: Option<PathBuf>,
 }
 
 pub fn run(a: PrepareArgs) -> Result<()> {
@@ -99,5 +103,6 @@ pub fn run(a: PrepareArgs) -> Result<()> {
         unigram_tgt: a.unigram_tgt,
         limit: a.limit,
         force: a.force,
+        like: a.like,
     })
 }

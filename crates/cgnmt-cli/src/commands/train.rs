@@ -2,10 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-
-use cgnmt::config::Config;
-use cgnmt::model::store;
+use anyhow::Result;
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -21,6 +18,11 @@ pub struct TrainArgs {
     /// Continue the run in --out (or in the given directory) from its last checkpoint.
     #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
     resume: Option<PathBuf>,
+    /// Fine-tune: start from this model directory's parameters (a run directory means its best/ model), with
+    /// a fresh optimiser, on data prepared with `cgnmt prepare --like DIR`; the configuration's [model] must be
+    /// the model's (left out, it is taken from it).
+    #[arg(long, value_name = "MODEL_DIR", conflicts_with = "resume")]
+    init: Option<PathBuf>,
     /// Print the fully resolved configuration and exit.
     #[arg(long)]
     print_config: bool,
@@ -35,20 +37,13 @@ pub fn run(a: TrainArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         Some(_) => (a.out.clone(), true),
         None => (a.out.clone(), false),
     };
-    let cfg = if resume {
-        if a.config.is_some() {
-            bail!("--resume takes the configuration saved in the run directory; use --set to change train.* settings");
-        }
-        let dir = store::complete_dir(&run_dir.join("last")).with_context(|| {
-            format!(
-                "{}: no complete checkpoint in last/ to resume from",
-                run_dir.display()
-            )
-        })?;
-        Config::load(Some(&dir.join(store::CONFIG_FILE)), &a.sets)?
-    } else {
-        Config::load(a.config.as_deref(), &a.sets)?
-    };
+    let cfg = cgnmt::train::checkpoint::run_config(
+        a.config.as_deref(),
+        &a.sets,
+        &run_dir,
+        resume,
+        a.init.as_deref(),
+    )?;
     if a.print_config {
         print!("{}", cfg.to_toml());
         return Ok(());

@@ -25,4 +25,5 @@ mod search;
 mod selection;
 mod serve;
 mod tied;
+mod training;
 mod variants;

@@ -536,6 +536,75 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
     }
 }
 
+/// Batches by target tokens, gradient accumulation, word dropout and a learning-rate schedule keep their
+/// global meaning under `mpiexec`: 2 and 3 ranks train like one process, and a run resumed at another N ends
+/// where the uninterrupted one does.
+#[test]
+fn ranks_train_like_one_process_with_token_batches_accumulation_word_dropout_and_schedules() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    common::prepare(&prepared, 400);
+    let sets: Vec<&str> = [
+        "train.max_steps=20",
+        "train.eval_every=10",
+        "train.batch_tokens=120",
+        "train.accumulate=2",
+        "train.source_word_dropout=0.1",
+        "train.target_word_dropout=0.1",
+        "train.optimizer=adam",
+        "train.lr_warmup=5",
+        "train.lr_decay=\"inv-sqrt\"",
+        "model.context_gate=both",
+    ]
+    .into_iter()
+    .chain(DROPOUT)
+    .collect();
+    let one = tmp.path().join("one");
+    common::run_ok(&refs(&train_args(&prepared, &one, &sets)));
+    let p1 = load_parameters(&one);
+    let l1 = logged_losses(&one);
+    assert_eq!(l1.len(), 2);
+    for n in [2, 3] {
+        let run = tmp.path().join(format!("ranks-{n}"));
+        let (out, _) = mpiexec(n, &refs(&train_args(&prepared, &run, &sets)), &[]);
+        assert!(
+            out.status.success(),
+            "{n} ranks: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for ((s1, x), (s2, y)) in l1.iter().zip(&logged_losses(&run)) {
+            assert_eq!(s1, s2);
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs(),
+                "{n} ranks, update {s1}: {x} against {y}"
+            );
+        }
+        let worst = largest_difference(&p1, &load_parameters(&run));
+        eprintln!(
+            "token batches, accumulation, word dropout, schedule: {n} ranks against 1: {worst:e}"
+        );
+        assert!(worst < 1e-6, "{n} ranks: {worst}");
+    }
+    // 10 updates on 3 ranks, the next 10 in one process.
+    let half = tmp.path().join("resumed");
+    let mut first = sets.clone();
+    first.push("train.max_steps=10");
+    let (out, _) = mpiexec(3, &refs(&train_args(&prepared, &half, &first)), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut again = train_args(&prepared, &half, &sets);
+    again[2] = "--resume".into();
+    common::run_ok(&refs(&again));
+    let worst = largest_difference(&p1, &load_parameters(&half));
+    assert!(
+        worst < 1e-6,
+        "resumed in one process after 3 ranks: {worst}"
+    );
+}
+
 #[test]
 fn a_rank_that_panics_in_training_ends_the_job_and_the_resume_equals_the_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();

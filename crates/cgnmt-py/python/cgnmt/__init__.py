@@ -340,12 +340,16 @@ def train(
     out: PathType = "runs/model",
     resume: bool = False,
     quiet: bool = False,
+    init: Optional[PathType] = None,
 ) -> TrainSummary:
     """Train a model in this process, as ``cgnmt train`` does (the same progress output, or none with
     ``quiet``): the TOML ``config`` (the defaults without one) with ``set`` overrides (a dict such as
     ``{"train.max_steps": 3000, "data.prepared": "runs/prep"}`` or ``section.key=value`` strings), into the
-    run directory ``out``; with ``resume``, continue the run in ``out`` from its last checkpoint. Ctrl-C
-    stops it after the update in progress with its checkpoint saved (``resume=True`` continues)."""
+    run directory ``out``; with ``resume``, continue the run in ``out`` from its last checkpoint; with
+    ``init`` (a model directory), fine-tune that model: its parameters and vocabularies, a fresh optimiser, on
+    data prepared with ``cgnmt prepare --like DIR`` (the configuration's ``[model]``, if any, must be the
+    model's). Ctrl-C stops it after the update in progress with its checkpoint saved (``resume=True``
+    continues)."""
     raw = json.loads(
         _cgnmt.train(
             fspath(out),
@@ -353,6 +357,7 @@ def train(
             _settings(set),
             resume,
             quiet,
+            None if init is None else fspath(init),
         )
     )
     st = raw["state"]

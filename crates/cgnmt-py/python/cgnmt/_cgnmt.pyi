@@ -45,6 +45,7 @@ def train(
     set: Sequence[str] = ...,
     resume: bool = False,
     quiet: bool = False,
+    init: Optional[str] = None,
 ) -> str: ...
 def select(
     run: str,

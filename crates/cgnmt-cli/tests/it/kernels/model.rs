@@ -48,6 +48,7 @@ fn fused_path_takes_any_row_order_and_mask() {
             tgt_mask: pick(&sorted.tgt_mask),
             tgt_tokens: sorted.tgt_tokens,
             keys: sorted.keys.iter().rev().copied().collect(),
+            tgt_in: None,
         };
         // Sentence 0's second word masked out.
         let mut m: Vec<f64> = sorted.tgt_mask.flatten_all().unwrap().to_vec1().unwrap();
@@ -59,6 +60,7 @@ fn fused_path_takes_any_row_order_and_mask() {
             tgt_mask: Tensor::from_vec(m, sorted.tgt_mask.dims(), &Device::Cpu).unwrap(),
             tgt_tokens: sorted.tgt_tokens - 1,
             keys: sorted.keys.clone(),
+            tgt_in: None,
         };
         let (l_sorted, _) = loss_and_grads_for(&cfg, Kernels::Reference, dtype, &sorted, false);
         for (what, batch) in [
