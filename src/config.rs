@@ -243,6 +243,10 @@ pub struct TrainConfig {
     /// Word dropout on the target side: each previous word the decoder reads replaced by `<unk>` with this
     /// probability (the loss still scores the true words; Nematus's `--dropout_target`; 0: none).
     pub target_word_dropout: f64,
+    /// BPE-dropout (Provilkov et al., 2020): every update re-segments its sentences' words with each merge
+    /// dropped with this probability, per sentence and side, seeded by the update (both sides with BPE
+    /// subwords; 0: none). The vocabulary then takes every subword the BPE models can produce.
+    pub bpe_dropout: f64,
     /// Fine-tuning: start from this model directory's parameters (a fresh optimiser state and data
     /// position), with its vocabularies; its architecture (`[model]`) must be this configuration's, and
     /// `data.prepared` must have been prepared with its preprocessing (`cgnmt prepare --like DIR`).
@@ -327,6 +331,7 @@ impl Default for TrainConfig {
             accumulate: 1,
             source_word_dropout: 0.0,
             target_word_dropout: 0.0,
+            bpe_dropout: 0.0,
             init: None,
         }
     }
@@ -509,6 +514,7 @@ impl Config {
             ("train.recurrent_dropout", t.recurrent_dropout),
             ("train.source_word_dropout", t.source_word_dropout),
             ("train.target_word_dropout", t.target_word_dropout),
+            ("train.bpe_dropout", t.bpe_dropout),
         ] {
             if !(0.0..1.0).contains(&p) {
                 return bad(key, "must be in [0, 1) (0: none)");

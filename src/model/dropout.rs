@@ -165,12 +165,18 @@ pub fn word_dropout(ids: &[u32], p: f64, unk: u32, seed: u64, key: u64, side: u6
     if p <= 0.0 {
         return ids.to_vec();
     }
-    // (The pass's seed moved by the side, so that the words' streams are apart from the masks'.)
-    let words_seed = seed ^ 0xa076_1d64_78bd_642f_u64.wrapping_mul(side + 1);
-    let mut rng = StdRng::seed_from_u64(sentence_seed(words_seed, Site::SourceEmbeddings, key));
+    let mut rng = StdRng::seed_from_u64(word_dropout_seed(seed, key, side));
     ids.iter()
         .map(|&w| if rng.random::<f64>() < p { unk } else { w })
         .collect()
+}
+
+/// The seed of sentence `key`'s stream number `stream` of the words (0 and 1: word dropout on the source and
+/// target sides; 2 and 3: their BPE-dropout) in the pass seeded with `seed`. (The pass's seed is moved by the
+/// stream, so that the words' streams are apart from the masks'.)
+pub fn word_dropout_seed(seed: u64, key: u64, stream: u64) -> u64 {
+    let words_seed = seed ^ 0xa076_1d64_78bd_642f_u64.wrapping_mul(stream + 1);
+    sentence_seed(words_seed, Site::SourceEmbeddings, key)
 }
 
 /// The seed of a sentence's stream at a site in a pass seeded with `seed` (SplitMix64's finaliser over the

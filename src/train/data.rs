@@ -20,6 +20,9 @@ pub fn read_tokenized(path: &Path) -> Result<Vec<Vec<String>>> {
 /// Training data prepared for the model.
 pub struct TrainData {
     pub corpus: Corpus,
+    /// With BPE-dropout: the training pairs' words (their subwords merged), by corpus index, and the
+    /// sides' BPE models, to segment them again at every update.
+    pub words: Option<SubwordSource>,
     pub src_vocab: Vocab,
     pub tgt_vocab: Vocab,
     pub dev_src: Vec<String>,
@@ -27,6 +30,79 @@ pub struct TrainData {
     /// Tokenised dev targets (for the dev loss), aligned with `dev_src`; empty when `dev.tgt` is absent.
     pub dev_tgt: Vec<String>,
     pub dropped_long: usize,
+}
+
+/// The training words of BPE-dropout (see [`TrainData::words`]).
+pub struct SubwordSource {
+    pub src: Vec<Vec<String>>,
+    pub tgt: Vec<Vec<String>>,
+    /// The source and target BPE models (`None` for a side without subwords).
+    pub models: [Option<cgnmt_data::BpeModel>; 2],
+}
+
+impl SubwordSource {
+    /// Sentence `i`'s ids on `side` (0 source, 1 target) segmented again with BPE-dropout `p`, drawn from
+    /// the sentence's own stream in the update seeded with `seed`: the same at any number of ranks.
+    pub fn segment(&self, i: usize, side: usize, p: f64, seed: u64, vocab: &Vocab) -> Vec<u32> {
+        use rand::SeedableRng;
+        let words = if side == 0 {
+            &self.src[i]
+        } else {
+            &self.tgt[i]
+        };
+        let Some(model) = &self.models[side] else {
+            return vocab.encode(words);
+        };
+        let stream = crate::model::dropout::word_dropout_seed(seed, i as u64, 2 + side as u64);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(stream);
+        let pieces: Vec<String> = words
+            .iter()
+            .flat_map(|w| model.apply_word_dropout(w, p, &mut rng))
+            .collect();
+        vocab.encode(&pieces)
+    }
+}
+
+/// `v` with the subwords `model` can produce that it lacks, after its own words, up to `max` words.
+fn with_symbols(v: Vocab, model: Option<&cgnmt_data::BpeModel>, max: usize) -> Vocab {
+    let Some(model) = model else {
+        return v;
+    };
+    let mut words: Vec<String> = (2..v.len() as u32)
+        .filter_map(|i| v.token(i).map(str::to_string))
+        .collect();
+    for s in model.symbols() {
+        if words.len() >= max {
+            break;
+        }
+        if v.id(&s).is_none() {
+            words.push(s);
+        }
+    }
+    Vocab::from_words(words)
+}
+
+/// The BPE models of a prepared directory for BPE-dropout (an error when it has none, or unigram ones).
+fn bpe_models(dir: &Path) -> Result<[Option<cgnmt_data::BpeModel>; 2]> {
+    let pre = cgnmt_data::preprocess::Preprocessor::load(dir)?;
+    let models = [pre.src_subwords().cloned(), pre.tgt_subwords().cloned()];
+    if models.iter().all(Option::is_none) {
+        return Err(NmtError::Config(format!(
+            "train.bpe_dropout: {} has no subwords (prepare it with --bpe-src / --bpe-tgt)",
+            dir.display()
+        )));
+    }
+    if models
+        .iter()
+        .flatten()
+        .any(|m| m.kind() != cgnmt_data::bpe::SubwordKind::Bpe)
+    {
+        return Err(NmtError::Config(format!(
+            "train.bpe_dropout: {} has unigram subwords; BPE-dropout needs BPE (--bpe-src / --bpe-tgt)",
+            dir.display()
+        )));
+    }
+    Ok(models)
 }
 
 /// Load `data.prepared`: vocabularies of the K most frequent words (or the given ones on resume), training pairs
@@ -39,13 +115,23 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
             dir.display()
         )));
     }
+    let subwords = if cfg.train.bpe_dropout > 0.0 {
+        Some(bpe_models(dir)?)
+    } else {
+        None
+    };
     let (src_vocab, tgt_vocab) = match vocabs {
         Some(v) => v,
         None => {
             let cs = WordCounts::load(&dir.join("counts.src"))?;
             let ct = WordCounts::load(&dir.join("counts.tgt"))?;
-            let vs = Vocab::build(&cs, cfg.data.src_vocab_size);
-            let vt = Vocab::build(&ct, cfg.data.tgt_vocab_size);
+            let mut vs = Vocab::build(&cs, cfg.data.src_vocab_size);
+            let mut vt = Vocab::build(&ct, cfg.data.tgt_vocab_size);
+            // BPE-dropout emits subwords that the data's one segmentation may never show.
+            if let Some([ms, mt]) = &subwords {
+                vs = with_symbols(vs, ms.as_ref(), cfg.data.src_vocab_size);
+                vt = with_symbols(vt, mt.as_ref(), cfg.data.tgt_vocab_size);
+            }
             if !quiet {
                 eprintln!(
                     "vocabulary: source {} words cover {:.1}% of training tokens, target {} words cover {:.1}%",
@@ -73,6 +159,11 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
         tgt: vec![],
     };
     let mut dropped_long = 0;
+    let mut words: Option<SubwordSource> = subwords.map(|models| SubwordSource {
+        src: vec![],
+        tgt: vec![],
+        models,
+    });
     for (s, t) in src.iter().zip(&tgt) {
         if s.is_empty() || t.is_empty() {
             continue;
@@ -83,6 +174,10 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
         }
         corpus.src.push(src_vocab.encode(s));
         corpus.tgt.push(tgt_vocab.encode(t));
+        if let Some(w) = words.as_mut() {
+            w.src.push(cgnmt_data::bpe::merge_subwords(s));
+            w.tgt.push(cgnmt_data::bpe::merge_subwords(t));
+        }
         if cfg.data.limit > 0 && corpus.len() >= cfg.data.limit {
             break;
         }
@@ -139,6 +234,7 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
         };
     Ok(TrainData {
         corpus,
+        words,
         src_vocab,
         tgt_vocab,
         dev_src,

@@ -596,12 +596,24 @@ impl Step<'_> {
         let keys: Vec<u64> = idx.iter().map(|&i| i as u64).collect();
         let seed = crate::model::dropout::Dropout::step_seed(tc.seed, step);
         let unk = data.src_vocab.unk();
+        // Each side's ids: the prepared segmentation, or (BPE-dropout) the words segmented again.
+        let ids = |i: usize, side: usize| -> Vec<u32> {
+            let vocab = if side == 0 {
+                &data.src_vocab
+            } else {
+                &data.tgt_vocab
+            };
+            match &data.words {
+                Some(w) => w.segment(i, side, tc.bpe_dropout, seed, vocab),
+                None if side == 0 => data.corpus.src[i].clone(),
+                None => data.corpus.tgt[i].clone(),
+            }
+        };
         let srcs: Vec<Vec<u32>> = idx
             .iter()
             .map(|&i| {
-                let s = &data.corpus.src[i];
                 crate::model::dropout::word_dropout(
-                    s,
+                    &ids(i, 0),
                     tc.source_word_dropout,
                     unk,
                     seed,
@@ -610,7 +622,7 @@ impl Step<'_> {
                 )
             })
             .collect();
-        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| data.corpus.tgt[i].clone()).collect();
+        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| ids(i, 1)).collect();
         let inputs: Option<Vec<Vec<u32>>> = (tc.target_word_dropout > 0.0).then(|| {
             let unk = data.tgt_vocab.unk();
             idx.iter()

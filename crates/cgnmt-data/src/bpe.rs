@@ -42,6 +42,15 @@ pub enum SubwordKind {
 #[derive(Clone)]
 pub struct BpeModel {
     tokenizer: tokenizers::Tokenizer,
+    /// The BPE merges by rank and the symbols, read from the model when BPE-dropout first needs them.
+    merges: std::sync::Arc<std::sync::OnceLock<Option<Merges>>>,
+}
+
+/// A BPE model's merges, `(left, right) → rank` (lower: earlier, applied first), and its symbols.
+#[derive(Debug)]
+struct Merges {
+    rank: std::collections::HashMap<(String, String), usize>,
+    symbols: std::collections::HashSet<String>,
 }
 
 impl std::fmt::Debug for BpeModel {
@@ -60,6 +69,98 @@ fn bpe_err(path: Option<&Path>, e: impl std::fmt::Display) -> DataError {
 }
 
 impl BpeModel {
+    fn of(tokenizer: tokenizers::Tokenizer) -> Self {
+        BpeModel {
+            tokenizer,
+            merges: Default::default(),
+        }
+    }
+
+    /// The merges and symbols of a BPE model (`None` for a unigram model), from its serialised form.
+    fn merges(&self) -> Option<&Merges> {
+        self.merges
+            .get_or_init(|| {
+                if self.kind() != SubwordKind::Bpe {
+                    return None;
+                }
+                let json: serde_json::Value =
+                    serde_json::from_str(&self.tokenizer.to_string(false).ok()?).ok()?;
+                let model = json.get("model")?;
+                let mut rank = std::collections::HashMap::new();
+                for (r, m) in model.get("merges")?.as_array()?.iter().enumerate() {
+                    // `["a", "b"]`, or `"a b"` in older files.
+                    let pair = match m {
+                        serde_json::Value::Array(p) if p.len() == 2 => {
+                            (p[0].as_str()?.to_string(), p[1].as_str()?.to_string())
+                        }
+                        serde_json::Value::String(p) => {
+                            let (a, b) = p.split_once(' ')?;
+                            (a.to_string(), b.to_string())
+                        }
+                        _ => return None,
+                    };
+                    rank.entry(pair).or_insert(r);
+                }
+                let symbols = model.get("vocab")?.as_object()?.keys().cloned().collect();
+                Some(Merges { rank, symbols })
+            })
+            .as_ref()
+    }
+
+    /// Every subword a BPE model can produce, as tokens (with and without [`BPE_MARKER`]): what BPE-dropout
+    /// may emit (empty for a unigram model).
+    pub fn symbols(&self) -> Vec<String> {
+        let Some(m) = self.merges() else {
+            return vec![];
+        };
+        let mut out: Vec<String> = m
+            .symbols
+            .iter()
+            .flat_map(|s| [s.clone(), format!("{s}{BPE_MARKER}")])
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// BPE-dropout (Provilkov et al., 2020): `word` segmented by merging, at each step, the adjacent pair of
+    /// lowest rank among those not dropped, each candidate dropped with probability `p` (drawn from `rng`,
+    /// so a seeded generator gives the same segmentation again). `p` = 0 is [`BpeModel::apply_word`]'s
+    /// segmentation. (The `tokenizers` crate's own BPE dropout draws from a generator that cannot be
+    /// seeded.) A unigram model, or a word with a character the model has not seen, is segmented as
+    /// [`BpeModel::apply_word`] does.
+    pub fn apply_word_dropout(&self, word: &str, p: f64, rng: &mut impl rand::Rng) -> Vec<String> {
+        let Some(m) = self.merges() else {
+            return self.apply_word(word);
+        };
+        let mut pieces: Vec<String> = word.chars().map(String::from).collect();
+        if pieces.iter().any(|c| !m.symbols.contains(c)) {
+            return self.apply_word(word);
+        }
+        loop {
+            let mut best: Option<(usize, usize)> = None;
+            for i in 0..pieces.len().saturating_sub(1) {
+                let Some(&r) = m.rank.get(&(pieces[i].clone(), pieces[i + 1].clone())) else {
+                    continue;
+                };
+                if p > 0.0 && rng.random::<f64>() < p {
+                    continue;
+                }
+                if best.is_none_or(|(_, br)| r < br) {
+                    best = Some((i, r));
+                }
+            }
+            let Some((i, _)) = best else { break };
+            let right = pieces.remove(i + 1);
+            pieces[i].push_str(&right);
+        }
+        let last = pieces.len() - 1;
+        pieces
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| if i < last { t + BPE_MARKER } else { t })
+            .collect()
+    }
+
     /// Learns a BPE model with (at most about) `vocab_size` subword types from tokenized
     /// sentences. The initial alphabet (every character seen) is part of that size; if the
     /// alphabet alone is larger (e.g. Chinese characters), the vocabulary is the alphabet.
@@ -83,7 +184,7 @@ impl BpeModel {
         trainer.train(&mut bpe).map_err(|e| bpe_err(None, e))?;
         let mut tokenizer = tokenizers::Tokenizer::new(bpe);
         tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
-        Ok(BpeModel { tokenizer })
+        Ok(BpeModel::of(tokenizer))
     }
 
     /// Learns a model of `kind` (see [`BpeModel::train`] and [`BpeModel::train_unigram`]).
@@ -124,7 +225,7 @@ impl BpeModel {
         trainer.train(&mut model).map_err(|e| bpe_err(None, e))?;
         let mut tokenizer = tokenizers::Tokenizer::new(model);
         tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
-        Ok(BpeModel { tokenizer })
+        Ok(BpeModel::of(tokenizer))
     }
 
     /// The model's algorithm.
@@ -159,7 +260,7 @@ impl BpeModel {
                 "the tokenizer's model is neither BPE nor unigram",
             ));
         }
-        Ok(BpeModel { tokenizer })
+        Ok(BpeModel::of(tokenizer))
     }
 
     /// Number of subword types of the model.

@@ -141,6 +141,16 @@ impl Preprocessor {
         }
     }
 
+    /// The source side's subword model, if any (loaded with the directory).
+    pub fn src_subwords(&self) -> Option<&BpeModel> {
+        self.runtime.as_ref().and_then(|rt| rt.0.bpe.as_ref())
+    }
+
+    /// The target side's subword model, if any.
+    pub fn tgt_subwords(&self) -> Option<&BpeModel> {
+        self.runtime.as_ref().and_then(|rt| rt.1.bpe.as_ref())
+    }
+
     /// Source line → model tokens (tokenize, then BPE if configured).
     pub fn src_tokens(&self, line: &str) -> Vec<String> {
         self.with_side(false, |s| s.tokens(line))

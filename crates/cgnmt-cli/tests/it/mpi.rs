@@ -536,14 +536,35 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
     }
 }
 
-/// Batches by target tokens, gradient accumulation, word dropout and a learning-rate schedule keep their
+/// Batches by target tokens, gradient accumulation, word and BPE dropout and a learning-rate schedule keep their
 /// global meaning under `mpiexec`: 2 and 3 ranks train like one process, and a run resumed at another N ends
 /// where the uninterrupted one does.
 #[test]
 fn ranks_train_like_one_process_with_token_batches_accumulation_word_dropout_and_schedules() {
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
-    common::prepare(&prepared, 400);
+    let d = common::data_dir().join("tatoeba-zh-en");
+    let f = |n: &str| d.join(n).display().to_string();
+    common::run_ok(&[
+        "prepare",
+        "--src",
+        &f("train.zh"),
+        "--tgt",
+        &f("train.en"),
+        "--dev-src",
+        &f("dev.zh"),
+        "--dev-tgt",
+        &f("dev.en"),
+        "--limit",
+        "400",
+        "--bpe-src",
+        "300",
+        "--bpe-tgt",
+        "300",
+        "--out",
+        prepared.to_str().unwrap(),
+        "--force",
+    ]);
     let sets: Vec<&str> = [
         "train.max_steps=20",
         "train.eval_every=10",
@@ -551,6 +572,7 @@ fn ranks_train_like_one_process_with_token_batches_accumulation_word_dropout_and
         "train.accumulate=2",
         "train.source_word_dropout=0.1",
         "train.target_word_dropout=0.1",
+        "train.bpe_dropout=0.1",
         "train.optimizer=adam",
         "train.lr_warmup=5",
         "train.lr_decay=\"inv-sqrt\"",
@@ -583,7 +605,9 @@ fn ranks_train_like_one_process_with_token_batches_accumulation_word_dropout_and
         eprintln!(
             "token batches, accumulation, word dropout, schedule: {n} ranks against 1: {worst:e}"
         );
-        assert!(worst < 1e-6, "{n} ranks: {worst}");
+        // (BPE-dropout's character-level pieces make a few source embedding rows the sum of many more
+        // contributions, added in another order at N ranks: up to a few 1e-6 after 20 Adam updates.)
+        assert!(worst < 2e-5, "{n} ranks: {worst}");
     }
     // 10 updates on 3 ranks, the next 10 in one process.
     let half = tmp.path().join("resumed");
@@ -600,7 +624,7 @@ fn ranks_train_like_one_process_with_token_batches_accumulation_word_dropout_and
     common::run_ok(&refs(&again));
     let worst = largest_difference(&p1, &load_parameters(&half));
     assert!(
-        worst < 1e-6,
+        worst < 2e-5,
         "resumed in one process after 3 ranks: {worst}"
     );
 }

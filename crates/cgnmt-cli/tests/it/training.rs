@@ -96,6 +96,103 @@ fn accumulated_batches_update_like_one_larger_batch() {
     assert!(relative_difference(&params(&big), &params(&plain)) > 1e-4);
 }
 
+/// BPE-dropout: each update segments its sentences again, per sentence (so accumulated batches still update
+/// like one larger batch), the same segmentation on a resumed run (bit for bit), another model than without.
+#[test]
+fn bpe_dropout_resegments_per_sentence_and_resumes_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prep = tmp.path().join("prep");
+    let d = common::data_dir().join("tatoeba-zh-en");
+    let s = |f: &str| d.join(f).display().to_string();
+    common::run_ok(&[
+        "prepare",
+        "--src",
+        &s("train.zh"),
+        "--tgt",
+        &s("train.en"),
+        "--dev-src",
+        &s("dev.zh"),
+        "--dev-tgt",
+        &s("dev.en"),
+        "--limit",
+        "400",
+        "--bpe-src",
+        "300",
+        "--bpe-tgt",
+        "300",
+        "--out",
+        prep.to_str().unwrap(),
+        "--force",
+    ]);
+    let run = |name: &str, sets: &[&str]| {
+        let out = tmp.path().join(name);
+        let all: Vec<&str> = [
+            "train.sort_batches=1",
+            "train.threads=1",
+            "train.optimizer=adam",
+            "train.bpe_dropout=0.1",
+        ]
+        .iter()
+        .chain(sets)
+        .copied()
+        .collect();
+        common::train_tiny(&prep, &out, &all);
+        out
+    };
+    let big = run("big", &["train.batch_size=32", "train.max_steps=10"]);
+    let acc = run(
+        "acc",
+        &[
+            "train.batch_size=8",
+            "train.accumulate=4",
+            "train.max_steps=10",
+        ],
+    );
+    let d = relative_difference(&params(&big), &params(&acc));
+    assert!(
+        d < 1e-6,
+        "accumulated against one batch under BPE-dropout: {d}"
+    );
+    let other = run(
+        "other",
+        &[
+            "train.batch_size=32",
+            "train.max_steps=10",
+            "train.bpe_dropout=0.3",
+        ],
+    );
+    assert!(
+        relative_difference(&params(&big), &params(&other)) > 1e-4,
+        "another rate, other segmentations"
+    );
+    let plain = run(
+        "plain",
+        &[
+            "train.batch_size=32",
+            "train.max_steps=10",
+            "train.bpe_dropout=0",
+        ],
+    );
+    // Five updates, then five more resumed: the uninterrupted run's bits.
+    let half = run("half", &["train.batch_size=32", "train.max_steps=5"]);
+    common::run_ok(&[
+        "train",
+        "--quiet",
+        "--resume",
+        half.to_str().unwrap(),
+        "--set",
+        "train.max_steps=10",
+    ]);
+    assert!(
+        std::fs::read(half.join("last/model.safetensors")).unwrap()
+            == std::fs::read(big.join("last/model.safetensors")).unwrap()
+    );
+    // The vocabulary took every subword the BPE models make (the segmentations of dropout are not UNK).
+    let vocab = std::fs::read_to_string(big.join("last/vocab.tgt")).unwrap();
+    let plain_vocab = std::fs::read_to_string(plain.join("last/vocab.tgt")).unwrap();
+    assert!(vocab.lines().count() > plain_vocab.lines().count());
+}
+
 /// Warm-up, inverse square root decay with a floor, and the stalled decay: the rates logged, and a run
 /// stopped and resumed ends bit for bit where the uninterrupted run ends (the schedule's state is in the
 /// checkpoint).
