@@ -482,6 +482,7 @@ mod tests {
             "recipes.toml",
             "gates-modern.toml",
             "gates-modern-hansards.toml",
+            "low-resource.toml",
         ] {
             let plan = Plan::load(&root.join("configs/reproduce").join(p)).unwrap();
             assert!(plan.systems.len() >= 3, "{p}");
