@@ -1,7 +1,7 @@
 //! The training data of a run: the prepared directory's tokenised pairs mapped to ids with the run's
 //! vocabularies (those of its counts, or the model's when resuming or fine-tuning), and its dev set.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cgnmt_data::vocab::{Vocab, WordCounts};
 
@@ -30,6 +30,132 @@ pub struct TrainData {
     /// Tokenised dev targets (for the dev loss), aligned with `dev_src`; empty when `dev.tgt` is absent.
     pub dev_tgt: Vec<String>,
     pub dropped_long: usize,
+}
+
+/// The training pairs of the prepared directory's text files (`train.src`, `train.tgt`), read into memory:
+/// pairs with an empty side skipped, those longer than `data.max_len` dropped (counted), at most
+/// `data.limit`; with BPE-dropout, their words too.
+fn text_corpus(
+    cfg: &Config,
+    vocabs: [&Vocab; 2],
+    subwords: Option<[Option<cgnmt_data::BpeModel>; 2]>,
+) -> Result<(Corpus, Option<SubwordSource>, usize)> {
+    let dir = &cfg.data.prepared;
+    let src = read_tokenized(&dir.join("train.src"))?;
+    let tgt = read_tokenized(&dir.join("train.tgt"))?;
+    if src.len() != tgt.len() {
+        return Err(NmtError::Data(format!(
+            "{}: train.src has {} lines but train.tgt has {}",
+            dir.display(),
+            src.len(),
+            tgt.len()
+        )));
+    }
+    let (mut ids_src, mut ids_tgt) = (vec![], vec![]);
+    let mut dropped_long = 0;
+    let mut words: Option<SubwordSource> = subwords.map(|models| SubwordSource {
+        src: vec![],
+        tgt: vec![],
+        models,
+    });
+    for (s, t) in src.iter().zip(&tgt) {
+        if s.is_empty() || t.is_empty() {
+            continue;
+        }
+        if s.len() > cfg.data.max_len || t.len() > cfg.data.max_len {
+            dropped_long += 1;
+            continue;
+        }
+        ids_src.push(vocabs[0].encode(s));
+        ids_tgt.push(vocabs[1].encode(t));
+        if let Some(w) = words.as_mut() {
+            w.src.push(cgnmt_data::bpe::merge_subwords(s));
+            w.tgt.push(cgnmt_data::bpe::merge_subwords(t));
+        }
+        if cfg.data.limit > 0 && ids_src.len() >= cfg.data.limit {
+            break;
+        }
+    }
+    Ok((Corpus::in_memory(ids_src, ids_tgt), words, dropped_long))
+}
+
+/// The training pairs of the prepared directory's token stores (`train.src.store`, `train.tgt.store`),
+/// memory-mapped: the same pairs as [`text_corpus`] (the same skipping, dropping and limit), with only their
+/// lengths in memory, and each store id mapped to the run's vocabulary through the counts the store's ids
+/// rank (`counts.src`, `counts.tgt`). Returns the corpus and the pairs dropped as too long.
+fn stored_corpus(
+    cfg: &Config,
+    stores: &[PathBuf; 2],
+    vocabs: [&Vocab; 2],
+) -> Result<(Corpus, usize)> {
+    let dir = &cfg.data.prepared;
+    let (src, src_len) = cgnmt_data::store::TokenStore::open(&stores[0])?;
+    let (tgt, tgt_len) = cgnmt_data::store::TokenStore::open(&stores[1])?;
+    if src.len() != tgt.len() {
+        return Err(NmtError::Data(format!(
+            "{}: {} sentences but {} has {}: prepare the corpus again",
+            stores[0].display(),
+            src.len(),
+            stores[1].display(),
+            tgt.len()
+        )));
+    }
+    let mut ids: [Vec<u32>; 2] = [vec![], vec![]];
+    for (side, (name, store)) in [("src", &src), ("tgt", &tgt)].into_iter().enumerate() {
+        let counts = WordCounts::load(&dir.join(format!("counts.{name}")))?;
+        let all = Vocab::build(&counts, usize::MAX);
+        if all.len() as u64 != store.distinct() {
+            return Err(NmtError::Data(format!(
+                "{}: made for counts of {} tokens, but counts.{name} has {}: prepare the corpus again",
+                store.path().display(),
+                store.distinct(),
+                all.len()
+            )));
+        }
+        ids[side] = (0..all.len() as u32)
+            .map(|k| {
+                let w = all.token(k).unwrap_or(cgnmt_data::UNK_TOKEN);
+                vocabs[side].id(w).unwrap_or(cgnmt_data::UNK_ID)
+            })
+            .collect();
+    }
+    let (mut lengths, mut index) = (Vec::with_capacity(src.len()), Vec::new());
+    // While every stored pair is kept, pair `i` is sentence `i` and no index is needed.
+    let mut dense = true;
+    let mut dropped_long = 0;
+    for (i, (&s, &t)) in src_len.iter().zip(&tgt_len).enumerate() {
+        if cfg.data.limit > 0 && lengths.len() >= cfg.data.limit {
+            break;
+        }
+        let (ls, lt) = (s as usize, t as usize);
+        if ls == 0 || lt == 0 {
+            continue;
+        }
+        if ls > cfg.data.max_len || lt > cfg.data.max_len {
+            dropped_long += 1;
+            continue;
+        }
+        if dense && lengths.len() != i {
+            dense = false;
+            index.extend(0..lengths.len() as u32);
+        }
+        if !dense {
+            index.push(i as u32);
+        }
+        lengths.push((s, t));
+    }
+    drop((src_len, tgt_len));
+    let index = (!dense).then_some(index);
+    Ok((
+        Corpus::stored(crate::train::batcher::Stored {
+            src,
+            tgt,
+            lengths,
+            index,
+            ids,
+        }),
+        dropped_long,
+    ))
 }
 
 /// The training words of BPE-dropout (see [`TrainData::words`]).
@@ -144,44 +270,14 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
             (vs, vt)
         }
     };
-    let src = read_tokenized(&dir.join("train.src"))?;
-    let tgt = read_tokenized(&dir.join("train.tgt"))?;
-    if src.len() != tgt.len() {
-        return Err(NmtError::Data(format!(
-            "{}: train.src has {} lines but train.tgt has {}",
-            dir.display(),
-            src.len(),
-            tgt.len()
-        )));
-    }
-    let mut corpus = Corpus {
-        src: vec![],
-        tgt: vec![],
+    let stores = [dir.join("train.src.store"), dir.join("train.tgt.store")];
+    let (corpus, words, dropped_long) = if subwords.is_none() && stores.iter().all(|p| p.is_file())
+    {
+        let (c, dropped) = stored_corpus(cfg, &stores, [&src_vocab, &tgt_vocab])?;
+        (c, None, dropped)
+    } else {
+        text_corpus(cfg, [&src_vocab, &tgt_vocab], subwords)?
     };
-    let mut dropped_long = 0;
-    let mut words: Option<SubwordSource> = subwords.map(|models| SubwordSource {
-        src: vec![],
-        tgt: vec![],
-        models,
-    });
-    for (s, t) in src.iter().zip(&tgt) {
-        if s.is_empty() || t.is_empty() {
-            continue;
-        }
-        if s.len() > cfg.data.max_len || t.len() > cfg.data.max_len {
-            dropped_long += 1;
-            continue;
-        }
-        corpus.src.push(src_vocab.encode(s));
-        corpus.tgt.push(tgt_vocab.encode(t));
-        if let Some(w) = words.as_mut() {
-            w.src.push(cgnmt_data::bpe::merge_subwords(s));
-            w.tgt.push(cgnmt_data::bpe::merge_subwords(t));
-        }
-        if cfg.data.limit > 0 && corpus.len() >= cfg.data.limit {
-            break;
-        }
-    }
     if corpus.is_empty() {
         return Err(NmtError::Data(format!(
             "{}: no training pairs left after filtering",

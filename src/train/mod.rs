@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Var};
 use cgnmt_data::preprocess::Preprocessor;
-use cgnmt_data::vocab::Vocab;
+use cgnmt_data::vocab::{Vocab, WordCounts};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cluster::Cluster;
@@ -436,16 +436,17 @@ fn open_run(
         drop(theirs);
         model.refresh_tied_output()?;
         if !quiet {
-            let share = |side: &[Vec<u32>], unk: u32| {
-                let all: usize = side.iter().map(Vec::len).sum();
-                side.iter().flatten().filter(|&&w| w == unk).count() as f64 / all.max(1) as f64
+            // The new data's tokens that the model's vocabularies do not know (from the kept tokens' counts).
+            let unknown = |v: &Vocab, side: &str| -> Result<f64> {
+                let counts = WordCounts::load(&cfg.data.prepared.join(format!("counts.{side}")))?;
+                Ok(100.0 * (1.0 - cgnmt_data::vocab::coverage(v, &counts)))
             };
             eprintln!(
                 "fine-tuning {}: {:.2}% of the new data's source tokens and {:.2}% of its target tokens are \
                  unknown to its vocabularies",
                 lm.dir.display(),
-                100.0 * share(&data.corpus.src, data.src_vocab.unk()),
-                100.0 * share(&data.corpus.tgt, data.tgt_vocab.unk())
+                unknown(&data.src_vocab, "src")?,
+                unknown(&data.tgt_vocab, "tgt")?
             );
         }
     }
@@ -605,8 +606,8 @@ impl Step<'_> {
             };
             match &data.words {
                 Some(w) => w.segment(i, side, tc.bpe_dropout, seed, vocab),
-                None if side == 0 => data.corpus.src[i].clone(),
-                None => data.corpus.tgt[i].clone(),
+                None if side == 0 => data.corpus.src(i),
+                None => data.corpus.tgt(i),
             }
         };
         let srcs: Vec<Vec<u32>> = idx
@@ -657,7 +658,7 @@ impl Step<'_> {
     /// and, when the loss or the gradient norm is not finite (no step is then taken), what diverged.
     fn update(
         &self,
-        parts: &[Vec<usize>],
+        parts: &[Vec<u32>],
         step: u64,
         opt: &mut Optimizer,
         exchange: &mut data_parallel::Exchange,
@@ -672,7 +673,11 @@ impl Step<'_> {
         let (mut lv, mut tokens) = (0.0, 0.0);
         for part in parts {
             // This rank's share of the part (all of it in one process).
-            let idx: Vec<usize> = cluster.share(part.len()).iter().map(|&k| part[k]).collect();
+            let idx: Vec<usize> = cluster
+                .share(part.len())
+                .iter()
+                .map(|&k| part[k] as usize)
+                .collect();
             if idx.is_empty() {
                 continue;
             }

@@ -171,12 +171,27 @@ impl BpeModel {
                 "BPE vocabulary size must be positive".into(),
             ));
         }
+        Self::train_words(
+            sentences.iter().flat_map(|s| s.iter().map(String::as_str)),
+            vocab_size,
+        )
+    }
+
+    /// [`BpeModel::train`] over a stream of words.
+    fn train_words<'a>(
+        words: impl Iterator<Item = &'a str> + Send,
+        vocab_size: usize,
+    ) -> Result<BpeModel, DataError> {
+        if vocab_size == 0 {
+            return Err(DataError::Config(
+                "BPE vocabulary size must be positive".into(),
+            ));
+        }
         let mut trainer = BpeTrainerBuilder::new()
             .vocab_size(vocab_size)
             .min_frequency(0)
             .show_progress(false)
             .build();
-        let words = sentences.iter().flat_map(|s| s.iter().map(String::as_str));
         trainer
             .feed(words, |w| Ok(vec![w.to_owned()]))
             .map_err(|e| bpe_err(None, e))?;
@@ -185,6 +200,26 @@ impl BpeModel {
         let mut tokenizer = tokenizers::Tokenizer::new(bpe);
         tokenizer.with_pre_tokenizer(Some(WhitespaceSplit));
         Ok(BpeModel::of(tokenizer))
+    }
+
+    /// Learns a model of `kind` from word counts (every word fed as often as it occurs): the model that
+    /// [`BpeModel::train_kind`] learns from sentences with these words, in memory that grows with the
+    /// distinct words only.
+    pub fn train_counts(
+        counts: &crate::vocab::WordCounts,
+        vocab_size: usize,
+        kind: SubwordKind,
+    ) -> Result<BpeModel, DataError> {
+        let sorted = counts.sorted();
+        let stream = || {
+            sorted
+                .iter()
+                .flat_map(|&(w, n)| std::iter::repeat_n(w, n as usize))
+        };
+        match kind {
+            SubwordKind::Bpe => Self::train_words(stream(), vocab_size),
+            SubwordKind::Unigram => Self::train_unigram_words(stream(), vocab_size),
+        }
     }
 
     /// Learns a model of `kind` (see [`BpeModel::train`] and [`BpeModel::train_unigram`]).
@@ -211,13 +246,28 @@ impl BpeModel {
                 "unigram vocabulary size must be positive".into(),
             ));
         }
+        Self::train_unigram_words(
+            sentences.iter().flat_map(|s| s.iter().map(String::as_str)),
+            vocab_size,
+        )
+    }
+
+    /// [`BpeModel::train_unigram`] over a stream of words.
+    fn train_unigram_words<'a>(
+        words: impl Iterator<Item = &'a str> + Send,
+        vocab_size: usize,
+    ) -> Result<BpeModel, DataError> {
+        if vocab_size == 0 {
+            return Err(DataError::Config(
+                "unigram vocabulary size must be positive".into(),
+            ));
+        }
         let mut trainer = UnigramTrainerBuilder::default()
             .vocab_size(vocab_size.min(u32::MAX as usize) as u32)
             .show_progress(false)
             .unk_token(Some("<unk>".into()))
             .build()
             .map_err(|e| bpe_err(None, e))?;
-        let words = sentences.iter().flat_map(|s| s.iter().map(String::as_str));
         trainer
             .feed(words, |w| Ok(vec![w.to_owned()]))
             .map_err(|e| bpe_err(None, e))?;

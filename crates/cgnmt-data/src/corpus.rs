@@ -71,41 +71,136 @@ pub fn open_text(path: &Path) -> Result<Box<dyn BufRead>, DataError> {
 /// file and 1-based line of the first invalid line, [`DataError::Io`] for other failures
 /// (including corrupt gzip data).
 pub fn read_lines(path: &Path) -> Result<Vec<String>, DataError> {
-    let mut reader = open_text(path)?;
-    let mut lines = Vec::new();
-    let mut buf = Vec::new();
-    let mut line_no = 0usize;
-    loop {
-        buf.clear();
-        let n = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|e| DataError::io("read", path, e))?;
+    Lines::open(path)?.collect()
+}
+
+/// The lines of a plain or gzipped UTF-8 text file, one at a time (the conventions and errors of
+/// [`read_lines`]), in bounded memory.
+pub struct Lines {
+    reader: Box<dyn BufRead>,
+    path: std::path::PathBuf,
+    line_no: usize,
+    buf: Vec<u8>,
+}
+
+impl Lines {
+    pub fn open(path: &Path) -> Result<Lines, DataError> {
+        Ok(Lines {
+            reader: open_text(path)?,
+            path: path.to_path_buf(),
+            line_no: 0,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Lines read so far.
+    pub fn lines_read(&self) -> usize {
+        self.line_no
+    }
+}
+
+impl Iterator for Lines {
+    type Item = Result<String, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.buf.clear();
+        let n = match self.reader.read_until(b'\n', &mut self.buf) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(DataError::io("read", &self.path, e))),
+        };
         if n == 0 {
-            break;
+            return None;
         }
-        line_no += 1;
-        if buf.last() == Some(&b'\n') {
-            buf.pop();
+        self.line_no += 1;
+        if self.buf.last() == Some(&b'\n') {
+            self.buf.pop();
         }
-        if buf.last() == Some(&b'\r') {
-            buf.pop();
+        if self.buf.last() == Some(&b'\r') {
+            self.buf.pop();
         }
-        let mut bytes = std::mem::take(&mut buf);
-        if line_no == 1 && bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        let mut bytes = std::mem::take(&mut self.buf);
+        if self.line_no == 1 && bytes.starts_with(&[0xEF, 0xBB, 0xBF]) {
             bytes.drain(..3);
         }
-        match String::from_utf8(bytes) {
-            Ok(s) => lines.push(s),
-            Err(e) => {
-                return Err(DataError::InvalidUtf8 {
-                    path: path.to_path_buf(),
-                    line: line_no,
-                    valid_up_to: e.utf8_error().valid_up_to(),
-                })
-            }
+        Some(
+            String::from_utf8(bytes).map_err(|e| DataError::InvalidUtf8 {
+                path: self.path.clone(),
+                line: self.line_no,
+                valid_up_to: e.utf8_error().valid_up_to(),
+            }),
+        )
+    }
+}
+
+/// A line-aligned parallel corpus read in chunks of at most `chunk` pairs, in bounded memory. The end of one
+/// file before the other is [`DataError::LineCountMismatch`] (both files counted to their ends); a corpus
+/// with no line at all is [`DataError::EmptyCorpus`].
+pub struct PairChunks {
+    src: Lines,
+    tgt: Lines,
+    chunk: usize,
+    done: bool,
+}
+
+impl PairChunks {
+    pub fn open(src: &Path, tgt: &Path, chunk: usize) -> Result<PairChunks, DataError> {
+        Ok(PairChunks {
+            src: Lines::open(src)?,
+            tgt: Lines::open(tgt)?,
+            chunk: chunk.max(1),
+            done: false,
+        })
+    }
+
+    fn mismatch(&mut self) -> DataError {
+        // Both files read to their ends, so that the message gives their line counts.
+        Iterator::count(&mut self.src);
+        Iterator::count(&mut self.tgt);
+        DataError::LineCountMismatch {
+            src: self.src.path.clone(),
+            src_lines: self.src.line_no,
+            tgt: self.tgt.path.clone(),
+            tgt_lines: self.tgt.line_no,
         }
     }
-    Ok(lines)
+}
+
+impl Iterator for PairChunks {
+    type Item = Result<Vec<(String, String)>, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::with_capacity(self.chunk.min(1 << 16));
+        while out.len() < self.chunk {
+            match (self.src.next(), self.tgt.next()) {
+                (Some(Ok(a)), Some(Ok(b))) => out.push((a, b)),
+                (Some(Err(e)), _) | (_, Some(Err(e))) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+                (None, None) => {
+                    self.done = true;
+                    if self.src.line_no == 0 {
+                        return Some(Err(DataError::EmptyCorpus {
+                            path: self.src.path.clone(),
+                        }));
+                    }
+                    break;
+                }
+                _ => {
+                    self.done = true;
+                    return Some(Err(self.mismatch()));
+                }
+            }
+        }
+        if out.is_empty() {
+            None
+        } else {
+            Some(Ok(out))
+        }
+    }
 }
 
 /// Reads a line-aligned parallel corpus (each file plain or gzipped).

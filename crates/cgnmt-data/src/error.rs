@@ -63,6 +63,14 @@ pub enum DataError {
         /// What is wrong with it.
         message: String,
     },
+    /// A binary token store is damaged, truncated or of another format.
+    #[error("{}: {message}", path.display())]
+    Store {
+        /// The store file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A JSON file (preprocess.json, a BPE model) could not be parsed or written.
     #[error("{}: invalid JSON: {source}", path.display())]
     Json {

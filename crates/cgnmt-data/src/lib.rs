@@ -16,6 +16,7 @@ pub mod corpus;
 pub mod error;
 pub mod prepare;
 pub mod preprocess;
+pub mod store;
 pub mod tokenize;
 pub mod vocab;
 

@@ -27,10 +27,10 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::bpe::{BpeModel, SubwordKind};
-use crate::corpus::read_parallel;
+use crate::corpus::{read_parallel, Lines, PairChunks};
 use crate::preprocess::{Preprocessor, SideConfig};
 use crate::tokenize::{default_for_lang, Tokenizer, TokenizerConfig, TokenizerKind};
-use crate::vocab::{count_tokens, coverage, Vocab, WordCounts};
+use crate::vocab::{coverage, Vocab, WordCounts};
 
 /// What `cgnmt prepare` does: the corpus files, the tokenisation, the vocabularies and subword models
 /// (see [`PrepareOptions::new`] for the defaults).
@@ -312,6 +312,221 @@ fn install(tmp: &Path, out: &Path, parent: &Path, name: &str) -> Result<()> {
 
 /// Tokenizes lines with a progress bar (on stderr, shown only on a terminal and for long
 /// inputs), using all cores.
+/// Pairs read and processed at a time.
+const CHUNK: usize = 50_000;
+
+/// A progress bar over `total` pairs (hidden for small corpora).
+fn pairs_bar(total: Option<usize>, what: &str) -> indicatif::ProgressBar {
+    let pb = match total {
+        Some(n) if n >= 20_000 => indicatif::ProgressBar::new(n as u64),
+        Some(_) => return indicatif::ProgressBar::hidden(),
+        None => indicatif::ProgressBar::new_spinner(),
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg:>16} [{elapsed_precise}] {wide_bar} {pos}/{len}",
+    ) {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// Pass 1: the training pairs (the first `--limit`) tokenised into `dir/words.src` and `dir/words.tgt`, a
+/// line per pair (with `--like`, its whole preprocessing, subwords included); the number of pairs read, and
+/// per side the counts of the words of the pairs with two non-empty sides (to learn subwords from). Every
+/// line of both files is read, so that misaligned files are refused even with `--limit`.
+fn words_pass(
+    args: &PrepareOptions,
+    dir: &Path,
+    plans: &[SidePlan; 2],
+    like: Option<&Preprocessor>,
+) -> Result<(usize, [WordCounts; 2])> {
+    let learn = like.is_none() && plans.iter().any(|p| p.bpe_size.is_some());
+    let mut counts = [WordCounts::new(), WordCounts::new()];
+    let mut out = [
+        BufWriter::new(create(&dir.join("words.src"))?),
+        BufWriter::new(create(&dir.join("words.tgt"))?),
+    ];
+    let mut n_read = 0usize;
+    let pb = pairs_bar(None, "tokenizing");
+    for chunk in PairChunks::open(&args.src, &args.tgt, CHUNK)? {
+        let chunk = chunk?;
+        let take = match args.limit {
+            Some(l) => l.saturating_sub(n_read).min(chunk.len()),
+            None => chunk.len(),
+        };
+        if take == 0 {
+            continue;
+        }
+        let (src, tgt): (Vec<String>, Vec<String>) = chunk.into_iter().take(take).unzip();
+        let words = match like {
+            Some(pre) => [
+                src.iter().map(|l| pre.src_tokens(l)).collect(),
+                tgt.iter().map(|l| pre.tgt_tokens(l)).collect(),
+            ],
+            None => [
+                tokenize_all(&plans[0].tokenizer, &src, "source"),
+                tokenize_all(&plans[1].tokenizer, &tgt, "target"),
+            ],
+        };
+        for (i, (a, b)) in words[0].iter().zip(&words[1]).enumerate() {
+            for (side, w) in [a, b].into_iter().enumerate() {
+                writeln!(out[side], "{}", w.join(" "))
+                    .with_context(|| format!("cannot write {}", dir.display()))?;
+            }
+            if learn && !a.is_empty() && !b.is_empty() {
+                counts[0].add_sentence(&words[0][i]);
+                counts[1].add_sentence(&words[1][i]);
+            }
+        }
+        n_read += take;
+        pb.set_position(n_read as u64);
+    }
+    pb.finish_and_clear();
+    for (w, side) in out.iter_mut().zip(["src", "tgt"]) {
+        w.flush().with_context(|| {
+            format!(
+                "cannot write {}",
+                dir.join(format!("words.{side}")).display()
+            )
+        })?;
+    }
+    Ok((n_read, counts))
+}
+
+/// What pass 2 kept.
+struct Kept {
+    pairs: usize,
+    dropped_empty: usize,
+    dropped_long: usize,
+    /// The kept tokens' counts, per side.
+    counts: [WordCounts; 2],
+}
+
+/// Pass 2: the words of pass 1 through the subword models, the pairs with an empty side or a side longer
+/// than `--max-len` left out, the rest written to `train.src`, `train.tgt` and `train.lines` (the 1-based
+/// line of each in the input) and their tokens counted; `words.*` are removed.
+fn filter_pass(
+    args: &PrepareOptions,
+    dir: &Path,
+    subwords: [Option<&BpeModel>; 2],
+    n_read: usize,
+) -> Result<Kept> {
+    let mut kept = Kept {
+        pairs: 0,
+        dropped_empty: 0,
+        dropped_long: 0,
+        counts: [WordCounts::new(), WordCounts::new()],
+    };
+    let mut out = [
+        BufWriter::new(create(&dir.join("train.src"))?),
+        BufWriter::new(create(&dir.join("train.tgt"))?),
+    ];
+    let mut lines_out = BufWriter::new(create(&dir.join("train.lines"))?);
+    let mut words = [
+        Lines::open(&dir.join("words.src"))?,
+        Lines::open(&dir.join("words.tgt"))?,
+    ];
+    let pb = pairs_bar(Some(n_read), "subwords");
+    let mut line = 0usize;
+    loop {
+        // A chunk of pairs, segmented in parallel.
+        let mut chunk: [Vec<Vec<String>>; 2] = [vec![], vec![]];
+        for side in 0..2 {
+            for l in words[side].by_ref().take(CHUNK) {
+                chunk[side].push(l?.split_whitespace().map(str::to_string).collect());
+            }
+        }
+        if chunk[0].is_empty() {
+            break;
+        }
+        for side in 0..2 {
+            if let Some(m) = subwords[side] {
+                chunk[side] = par_map(&chunk[side], |w| m.apply(w));
+            }
+        }
+        for (a, b) in chunk[0].iter().zip(&chunk[1]) {
+            line += 1;
+            if a.is_empty() || b.is_empty() {
+                kept.dropped_empty += 1;
+                continue;
+            }
+            if a.len() > args.max_len || b.len() > args.max_len {
+                kept.dropped_long += 1;
+                continue;
+            }
+            for (side, toks) in [a, b].into_iter().enumerate() {
+                writeln!(out[side], "{}", toks.join(" "))
+                    .with_context(|| format!("cannot write {}", dir.display()))?;
+                kept.counts[side].add_sentence(toks);
+            }
+            writeln!(lines_out, "{line}")
+                .with_context(|| format!("cannot write {}", dir.display()))?;
+            kept.pairs += 1;
+        }
+        pb.set_position(line as u64);
+    }
+    pb.finish_and_clear();
+    for w in out.iter_mut().chain(std::iter::once(&mut lines_out)) {
+        w.flush()
+            .with_context(|| format!("cannot write {}", dir.display()))?;
+    }
+    for side in ["src", "tgt"] {
+        let p = dir.join(format!("words.{side}"));
+        std::fs::remove_file(&p).with_context(|| format!("cannot remove {}", p.display()))?;
+    }
+    if kept.pairs == 0 {
+        bail!(
+            "no training pair left after filtering ({} with an empty side, {} longer than --max-len {})",
+            kept.dropped_empty,
+            kept.dropped_long,
+            args.max_len
+        );
+    }
+    Ok(kept)
+}
+
+/// Pass 3: the side's `train.SUFFIX` as a token store, `train.SUFFIX.store` (see [`crate::store`]): each
+/// token's id its rank in `counts` (the order of [`Vocab::build`]).
+fn store_pass(dir: &Path, suffix: &str, counts: &WordCounts) -> Result<()> {
+    let all = Vocab::build(counts, usize::MAX);
+    let mut w = crate::store::StoreWriter::create(
+        &dir.join(format!("train.{suffix}.store")),
+        all.len() as u64,
+    )?;
+    for l in Lines::open(&dir.join(format!("train.{suffix}")))? {
+        let l = l?;
+        let toks: Vec<&str> = l.split_whitespace().collect();
+        w.push(&all.encode(&toks))?;
+    }
+    w.finish()?;
+    Ok(())
+}
+
+fn create(path: &Path) -> Result<File> {
+    File::create(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// `f` over `items` on the available cores, in order.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 16);
+    let chunk = items.len().div_ceil(threads).max(1);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 fn tokenize_all(tok: &Tokenizer, lines: &[String], what: &str) -> Vec<Vec<String>> {
     let pb = if lines.len() >= 20_000 {
         let pb = indicatif::ProgressBar::new(lines.len() as u64);
@@ -452,39 +667,19 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
     };
     let plans = [side_plan(args, false), side_plan(args, true)];
 
-    // Training data.
-    let (mut src_lines, mut tgt_lines) = read_parallel(&args.src, &args.tgt)?;
-    if let Some(n) = args.limit {
-        src_lines.truncate(n);
-        tgt_lines.truncate(n);
-    }
-    let n_read = src_lines.len();
+    // Training data, in passes over the corpus with bounded memory (chunks of pairs, each tokenised in
+    // parallel): (1) the words of every pair into `words.*` (and their counts, to learn subwords from);
+    // (2) subwords applied, pairs filtered, `train.*` written and their tokens counted; (3) the token store.
+    let (n_read, word_counts) = words_pass(args, dir, &plans, like.as_ref().map(|(p, _)| p))?;
     eprintln!("read {n_read} training pairs");
-    let mut words = match &like {
-        // Through the given preprocessing (its subwords included).
-        Some((pre, _)) => [
-            src_lines.iter().map(|l| pre.src_tokens(l)).collect(),
-            tgt_lines.iter().map(|l| pre.tgt_tokens(l)).collect(),
-        ],
-        None => [
-            tokenize_all(&plans[0].tokenizer, &src_lines, "source"),
-            tokenize_all(&plans[1].tokenizer, &tgt_lines, "target"),
-        ],
-    };
-    drop(src_lines);
-    drop(tgt_lines);
 
-    // BPE, learned on the non-empty training pairs (none with --like: its subwords are applied).
+    // Subword models, learned from the words of the pairs with two non-empty sides.
     let mut bpes: [Option<(String, BpeModel)>; 2] = [None, None];
     for side in 0..2 {
         if like.is_some() {
             continue;
         }
         if let Some((size, kind)) = plans[side].bpe_size {
-            let sample: Vec<Vec<String>> = (0..n_read)
-                .filter(|&i| !words[0][i].is_empty() && !words[1][i].is_empty())
-                .map(|i| words[side][i].clone())
-                .collect();
             let name = match kind {
                 SubwordKind::Bpe => "bpe",
                 SubwordKind::Unigram => "unigram",
@@ -493,51 +688,22 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
                 "learning {} {name} subwords ({size} types)",
                 plans[side].suffix
             );
-            let model = BpeModel::train_kind(&sample, size, kind)?;
+            let model = BpeModel::train_counts(&word_counts[side], size, kind)?;
             let file = format!("{name}.{}.json", plans[side].suffix);
             model.save(&dir.join(&file))?;
-            for s in words[side].iter_mut() {
-                *s = model.apply(s);
-            }
             bpes[side] = Some((file, model));
         }
     }
+    drop(word_counts);
 
-    // Filtering.
-    let mut kept_lines = Vec::new();
-    let (mut dropped_empty, mut dropped_long) = (0usize, 0usize);
-    for (i, (a, b)) in words[0].iter().zip(&words[1]).enumerate() {
-        if a.is_empty() || b.is_empty() {
-            dropped_empty += 1;
-        } else if a.len() > args.max_len || b.len() > args.max_len {
-            dropped_long += 1;
-        } else {
-            kept_lines.push(i);
-        }
-    }
-    if kept_lines.is_empty() {
-        bail!(
-            "no training pair left after filtering ({dropped_empty} with an empty side, {dropped_long} longer than --max-len {})",
-            args.max_len
-        );
-    }
-    let kept: [Vec<Vec<String>>; 2] = [0, 1].map(|side| {
-        kept_lines
-            .iter()
-            .map(|&i| std::mem::take(&mut words[side][i]))
-            .collect()
-    });
-    drop(words);
-    write_tokens(&dir.join("train.src"), &kept[0])?;
-    write_tokens(&dir.join("train.tgt"), &kept[1])?;
-    write_lines(
-        &dir.join("train.lines"),
-        kept_lines.iter().map(|i| (i + 1).to_string()),
-    )?;
+    let subwords = [
+        bpes[0].as_ref().map(|b| &b.1),
+        bpes[1].as_ref().map(|b| &b.1),
+    ];
+    let kept = filter_pass(args, dir, subwords, n_read)?;
     eprintln!(
-        "kept {} pairs, dropped {dropped_empty} with an empty side and {dropped_long} longer than {} tokens",
-        kept_lines.len(),
-        args.max_len
+        "kept {} pairs, dropped {} with an empty side and {} longer than {} tokens",
+        kept.pairs, kept.dropped_empty, kept.dropped_long, args.max_len
     );
 
     // Counts and vocabularies.
@@ -545,7 +711,7 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
     let mut vocabs = Vec::new();
     for side in 0..2 {
         let p = &plans[side];
-        let counts: WordCounts = count_tokens(&kept[side]);
+        let counts: &WordCounts = &kept.counts[side];
         counts.save(&dir.join(format!("counts.{}", p.suffix)))?;
         let vocab = match &like {
             Some((_, v)) => v[side].clone(),
@@ -574,11 +740,11 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
             vocab_entries: vocab.len(),
             distinct_tokens: counts.len(),
             running_tokens: counts.total(),
-            coverage: coverage(&vocab, &counts),
+            coverage: coverage(&vocab, counts),
         });
         vocabs.push(vocab);
+        store_pass(dir, p.suffix, counts)?;
     }
-    drop(kept);
 
     let pre = match like {
         Some((pre, _)) => {
@@ -667,9 +833,9 @@ fn prepare_into(args: &PrepareOptions, dir: &Path) -> Result<PrepareSummary> {
             src_file: args.src.display().to_string(),
             tgt_file: args.tgt.display().to_string(),
             pairs_read: n_read,
-            pairs_kept: kept_lines.len(),
-            dropped_empty,
-            dropped_too_long: dropped_long,
+            pairs_kept: kept.pairs,
+            dropped_empty: kept.dropped_empty,
+            dropped_too_long: kept.dropped_long,
             unk_rate: None,
         },
         dev,

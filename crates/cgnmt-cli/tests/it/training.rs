@@ -501,3 +501,93 @@ fn fine_tuning_starts_from_the_model_and_improves_on_the_new_corpus() {
         cfg.contains("init = ") && cfg.contains(&arch[1].replace("model.", "").replace('=', " = "))
     );
 }
+
+/// The token store (`train.*.store`, written by `prepare`): it holds the text's tokens; training from it
+/// (memory-mapped) gives the parameters of training from the text, bit for bit, also when pairs are left out
+/// (`data.max_len`, `data.limit`); a damaged store is refused, naming it.
+#[test]
+fn training_from_the_token_store_equals_training_from_the_text() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prep = tmp.path().join("prep");
+    common::prepare(&prep, 600);
+    // The store holds the text: each id the token's rank in the counts.
+    let counts: Vec<String> = std::fs::read_to_string(prep.join("counts.tgt"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split('\t').next().unwrap().to_string())
+        .collect();
+    let (store, lengths) =
+        cgnmt_data::store::TokenStore::open(&prep.join("train.tgt.store")).unwrap();
+    let text = std::fs::read_to_string(prep.join("train.tgt")).unwrap();
+    assert_eq!(store.len(), text.lines().count());
+    for (i, line) in text.lines().enumerate() {
+        let words: Vec<&str> = store
+            .sentence(i)
+            .iter()
+            .map(|&id| counts[id as usize - 2].as_str())
+            .collect();
+        assert_eq!(words.join(" "), line, "sentence {i}");
+        assert_eq!(lengths[i] as usize, words.len());
+    }
+    // The same directory without its stores: the text path.
+    let text_only = tmp.path().join("text-only");
+    std::fs::create_dir_all(&text_only).unwrap();
+    for e in std::fs::read_dir(&prep).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "store") {
+            continue;
+        }
+        std::fs::copy(&p, text_only.join(p.file_name().unwrap())).unwrap();
+    }
+    for sets in [
+        &["train.max_steps=12", "train.batch_size=16"][..],
+        &[
+            "train.max_steps=12",
+            "train.batch_tokens=150",
+            "data.max_len=9",
+            "data.limit=350",
+            "data.src_vocab_size=400",
+            "train.recurrent_dropout=0.2",
+        ][..],
+    ] {
+        let a = tmp.path().join("from-store");
+        let b = tmp.path().join("from-text");
+        for d in [&a, &b] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        let all: Vec<&str> = ["train.threads=1", "train.optimizer=adam"]
+            .iter()
+            .chain(sets)
+            .copied()
+            .collect();
+        common::train_tiny(&prep, &a, &all);
+        common::train_tiny(&text_only, &b, &all);
+        assert!(
+            std::fs::read(a.join("last/model.safetensors")).unwrap()
+                == std::fs::read(b.join("last/model.safetensors")).unwrap(),
+            "{sets:?}"
+        );
+    }
+    // A damaged store is refused, naming it.
+    let s = prep.join("train.src.store");
+    let bytes = std::fs::read(&s).unwrap();
+    std::fs::write(&s, &bytes[..bytes.len() - 10]).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .args([
+            "train",
+            "--quiet",
+            "--out",
+            tmp.path().join("refused").to_str().unwrap(),
+            "--set",
+            &format!("data.prepared={:?}", prep.display().to_string()),
+            "--set",
+            "train.max_steps=2",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("train.src.store") && err.contains("truncated"),
+        "{err}"
+    );
+}
