@@ -61,6 +61,11 @@ impl Corpus {
         self.len() == 0
     }
 
+    /// Whether the pairs are read from token stores.
+    pub fn is_stored(&self) -> bool {
+        matches!(self.pairs, Pairs::Stored(_))
+    }
+
     /// Pair `i`'s source length.
     pub fn src_len(&self, i: usize) -> usize {
         match &self.pairs {
@@ -78,23 +83,23 @@ impl Corpus {
     }
 
     /// Pair `i`'s source ids.
-    pub fn src(&self, i: usize) -> Vec<u32> {
+    pub fn src(&self, i: usize) -> crate::Result<Vec<u32>> {
         self.side(i, 0)
     }
 
     /// Pair `i`'s target ids.
-    pub fn tgt(&self, i: usize) -> Vec<u32> {
+    pub fn tgt(&self, i: usize) -> crate::Result<Vec<u32>> {
         self.side(i, 1)
     }
 
-    fn side(&self, i: usize, side: usize) -> Vec<u32> {
+    fn side(&self, i: usize, side: usize) -> crate::Result<Vec<u32>> {
         match &self.pairs {
-            Pairs::Memory { src, tgt } => if side == 0 { &src[i] } else { &tgt[i] }.clone(),
+            Pairs::Memory { src, tgt } => Ok(if side == 0 { &src[i] } else { &tgt[i] }.clone()),
             Pairs::Stored(s) => {
                 let at = s.index.as_ref().map_or(i, |x| x[i] as usize);
                 let store = if side == 0 { &s.src } else { &s.tgt };
-                store
-                    .sentence(at)
+                Ok(store
+                    .sentence(at)?
                     .into_iter()
                     .map(|id| {
                         s.ids[side]
@@ -102,13 +107,13 @@ impl Corpus {
                             .copied()
                             .unwrap_or(cgnmt_data::UNK_ID)
                     })
-                    .collect()
+                    .collect())
             }
         }
     }
 
-    /// Every pair's source and target ids (for small corpora: reports, tests).
-    pub fn all(&self, side: usize) -> Vec<Vec<u32>> {
+    /// Every pair's source or target ids (for small corpora: reports, tests).
+    pub fn all(&self, side: usize) -> crate::Result<Vec<Vec<u32>>> {
         (0..self.len()).map(|i| self.side(i, side)).collect()
     }
 }

@@ -80,7 +80,7 @@ fn text_corpus(
 }
 
 /// The training pairs of the prepared directory's token stores (`train.src.store`, `train.tgt.store`),
-/// memory-mapped: the same pairs as [`text_corpus`] (the same skipping, dropping and limit), with only their
+/// read sentence by sentence: the same pairs as [`text_corpus`] (the same skipping, dropping and limit), with only their
 /// lengths in memory, and each store id mapped to the run's vocabulary through the counts the store's ids
 /// rank (`counts.src`, `counts.tgt`). Returns the corpus and the pairs dropped as too long.
 fn stored_corpus(
@@ -286,10 +286,15 @@ pub fn load_data(cfg: &Config, vocabs: Option<(Vocab, Vocab)>, quiet: bool) -> R
     }
     if !quiet {
         eprintln!(
-            "training pairs: {} ({} dropped as longer than data.max_len = {})",
+            "training pairs: {} ({} dropped as longer than data.max_len = {}), read from {}",
             corpus.len(),
             dropped_long,
-            cfg.data.max_len
+            cfg.data.max_len,
+            if corpus.is_stored() {
+                "the token stores (train.src.store, train.tgt.store)"
+            } else {
+                "the text (train.src, train.tgt)"
+            }
         );
     }
     let (dev_src, dev_ref, dev_tgt) =

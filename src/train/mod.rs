@@ -598,14 +598,14 @@ impl Step<'_> {
         let seed = crate::model::dropout::Dropout::step_seed(tc.seed, step);
         let unk = data.src_vocab.unk();
         // Each side's ids: the prepared segmentation, or (BPE-dropout) the words segmented again.
-        let ids = |i: usize, side: usize| -> Vec<u32> {
+        let ids = |i: usize, side: usize| -> Result<Vec<u32>> {
             let vocab = if side == 0 {
                 &data.src_vocab
             } else {
                 &data.tgt_vocab
             };
             match &data.words {
-                Some(w) => w.segment(i, side, tc.bpe_dropout, seed, vocab),
+                Some(w) => Ok(w.segment(i, side, tc.bpe_dropout, seed, vocab)),
                 None if side == 0 => data.corpus.src(i),
                 None => data.corpus.tgt(i),
             }
@@ -613,17 +613,17 @@ impl Step<'_> {
         let srcs: Vec<Vec<u32>> = idx
             .iter()
             .map(|&i| {
-                crate::model::dropout::word_dropout(
-                    &ids(i, 0),
+                Ok(crate::model::dropout::word_dropout(
+                    &ids(i, 0)?,
                     tc.source_word_dropout,
                     unk,
                     seed,
                     i as u64,
                     0,
-                )
+                ))
             })
-            .collect();
-        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| ids(i, 1)).collect();
+            .collect::<Result<_>>()?;
+        let tgts: Vec<Vec<u32>> = idx.iter().map(|&i| ids(i, 1)).collect::<Result<_>>()?;
         let inputs: Option<Vec<Vec<u32>>> = (tc.target_word_dropout > 0.0).then(|| {
             let unk = data.tgt_vocab.unk();
             idx.iter()

@@ -6,6 +6,7 @@
 //! | file | content |
 //! |---|---|
 //! | `train.src`, `train.tgt` | kept training pairs, model tokens separated by single spaces, one pair per line, input order |
+//! | `train.src.store`, `train.tgt.store` | the same tokens as ids in a binary [`crate::store`] (what training reads, sentence by sentence) |
 //! | `train.lines` | for each line of `train.src`, the 1-based line number of that pair in the input files |
 //! | `dev.src`, `dev.tgt`, `test.src`, `test.tgt` | tokenized dev/test sets, every line kept (an empty line stays empty) |
 //! | `dev.ref`, `test.ref` | exact copies of the raw target lines (references for BLEU) |
@@ -14,6 +15,11 @@
 //! | `bpe.src.json`, `bpe.tgt.json` | BPE models (only with `--bpe-src` / `--bpe-tgt`) |
 //! | `preprocess.json` | the [`Preprocessor`] (tokenizers, BPE file names) |
 //! | `prepare.json` | summary: pairs read/kept/dropped, vocabulary sizes, coverage, settings |
+//!
+//! The corpus is never held in memory: a first pass counts words (spilling each side's tokenised words to a
+//! temporary file), the subword models are learnt from the counts, and a second pass segments, filters and
+//! writes the pairs in chunks of sentences tokenised in parallel; the stores are written from the filtered
+//! text last. Memory grows with the number of distinct words, not with the corpus.
 //!
 //! Training pairs are dropped when either side has no token, or more than `--max-len` model
 //! tokens (subwords when BPE is on). The directory is built as `DIR.tmp-*` beside `DIR` and

@@ -403,6 +403,10 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
     common::prepare(&prepared, 400);
+    // Every rank reads its share of each batch from the token stores.
+    assert!(
+        prepared.join("train.src.store").is_file() && prepared.join("train.tgt.store").is_file()
+    );
     for (name, variant) in [
         (
             "gru + both",
