@@ -2,13 +2,14 @@
 //!
 //! The front door: a model directory (written by training) opened as a [`Translator`], which translates
 //! batches of sentences ([`TranslateOptions`]: beam, n-best, penalties, context scaling; on request each
-//! output word's attention, the context gate's values and the coverage) and force-aligns sentence pairs.
+//! output word's attention, the context gate's values and the coverage), scores given translations (each
+//! word's log-probability) and force-aligns sentence pairs.
 //! Training is [`train::train`]; the metrics are in the `cgnmt-eval` crate, data preparation in `cgnmt-data`.
 //!
 //! The whole path on a toy corpus (prepare, train 30 updates, translate with attention and gates, align):
 //!
 //! ```
-//! use cgnmt::{TranslateOptions, Translator, TranslatorOptions};
+//! use cgnmt::{ScoreOptions, TranslateOptions, Translator, TranslatorOptions};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = std::env::temp_dir().join(format!("cgnmt-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir)?;
@@ -52,6 +53,12 @@
 //! assert_eq!(best.gates.len(), out[0].tokens.len());
 //! assert!(out[1].text.is_empty() && out[1].hyps.is_empty());
 //!
+//! // The best hypothesis scored again by forced decoding: per word and EOS, summing to the search's total.
+//! let so = ScoreOptions { pretokenized: true, ..Default::default() };
+//! let scored = tr.score(&["a3 b1".to_string()], &[out[0].tokens.join(" ")], &so)?;
+//! assert_eq!(scored[0].token_scores.len(), out[0].tokens.len() + 1);
+//! assert!((scored[0].score - best.score).abs() < 1e-3);
+//!
 //! let links = tr.align(&["a3 b1".to_string()], &["x3 y1".to_string()], 8)?;
 //! assert_eq!(links[0].links.len(), 2); // each target word linked to a source word
 //! std::fs::remove_dir_all(&dir)?;
@@ -82,7 +89,9 @@ pub use cgnmt_eval;
 
 pub use decode::alignment::Alignment;
 pub use decode::translate::{InputLimit, LongInput, LongLine, Translation};
-pub use decode::translator::{ShortlistOptions, TranslateOptions, Translator, TranslatorOptions};
+pub use decode::translator::{
+    Score, ScoreOptions, ShortlistOptions, TranslateOptions, Translator, TranslatorOptions,
+};
 pub use error::{NmtError, Result};
 pub use model::store::LoadedModel;
 

@@ -89,6 +89,40 @@ pub struct TranslateOptions {
     pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
+/// The options of [`Translator::score`]. The defaults: raw text on both sides (the model's tokenisers and
+/// subwords applied), no context scaling, batches of 32 pairs.
+#[derive(Debug, Clone)]
+pub struct ScoreOptions {
+    /// Both sides are already in the model's tokens (split on whitespace; no tokeniser or BPE applied).
+    pub pretokenized: bool,
+    /// Context scaling as in [`TranslateOptions::context_scale`].
+    pub context_scale: (f64, f64),
+    /// Pairs scored together.
+    pub batch: usize,
+}
+
+impl Default for ScoreOptions {
+    fn default() -> Self {
+        ScoreOptions {
+            pretokenized: false,
+            context_scale: (1.0, 1.0),
+            batch: 32,
+        }
+    }
+}
+
+/// A sentence pair's score under the model (or the ensemble's mean log-probabilities).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    /// The target as the model's tokens (EOS not included).
+    pub tokens: Vec<String>,
+    /// The natural-log probability of each token and of the final EOS (`tokens.len() + 1` values).
+    pub token_scores: Vec<f32>,
+    /// Their sum: the log-probability of the whole target, as the beam search's total for the same
+    /// hypothesis (without penalties).
+    pub score: f64,
+}
+
 impl Default for TranslateOptions {
     fn default() -> Self {
         TranslateOptions {
@@ -275,6 +309,83 @@ impl Translator {
     pub fn hypothesis_text(&self, h: &Hypothesis) -> String {
         let m = &self.members[0];
         m.preprocess.postprocess_tgt(&m.tgt_vocab.decode(&h.tokens))
+    }
+
+    /// Score given translations: each target's log-probability given its source, word by word, by forced
+    /// decoding with every model of the ensemble (their mean). The source and target lists must be equally
+    /// long; an empty target scores its EOS alone.
+    pub fn score(
+        &self,
+        sources: &[String],
+        targets: &[String],
+        o: &ScoreOptions,
+    ) -> Result<Vec<Score>> {
+        if sources.len() != targets.len() {
+            return Err(NmtError::Options(format!(
+                "{} source sentences but {} targets: score needs one target per source",
+                sources.len(),
+                targets.len()
+            )));
+        }
+        if o.batch == 0 {
+            return Err(NmtError::Options("batch 0: it must be at least 1".into()));
+        }
+        let (a, b) = o.context_scale;
+        let max = crate::decode::beam_search::MAX_CONTEXT_SCALE;
+        if ![a, b]
+            .iter()
+            .all(|v| v.is_finite() && (0.0..=max).contains(v))
+        {
+            return Err(NmtError::Options(format!(
+                "context_scale {a:?},{b:?}: each scale must be a number in [0, {max}] (1 is the trained model)"
+            )));
+        }
+        let m = &self.members[0];
+        let split =
+            |l: &String| -> Vec<String> { l.split_whitespace().map(str::to_string).collect() };
+        let mut srcs = Vec::with_capacity(sources.len());
+        let mut tgts = Vec::with_capacity(targets.len());
+        let mut tokens = Vec::with_capacity(targets.len());
+        for (s, t) in sources.iter().zip(targets) {
+            let (st, tt) = if o.pretokenized {
+                (split(s), split(t))
+            } else {
+                (m.preprocess.src_tokens(s), m.preprocess.tgt_tokens(t))
+            };
+            srcs.push(m.src_vocab.encode(&st));
+            tgts.push(m.tgt_vocab.encode(&tt));
+            tokens.push(tt);
+        }
+        // Longest first, as translation batches them; results back in the input's order.
+        let mut order: Vec<usize> = (0..srcs.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(srcs[i].len()));
+        let s_sorted: Vec<Vec<u32>> = order.iter().map(|&i| srcs[i].clone()).collect();
+        let t_sorted: Vec<Vec<u32>> = order.iter().map(|&i| tgts[i].clone()).collect();
+        let models: Vec<&Model> = self.frozen.iter().collect();
+        let lp = crate::decode::scoring::score_ids(
+            &models,
+            &s_sorted,
+            &t_sorted,
+            m.tgt_vocab.eos(),
+            o.context_scale,
+            o.batch,
+        )?;
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; srcs.len()];
+        for (&i, v) in order.iter().zip(lp) {
+            out[i] = Some(v);
+        }
+        Ok(out
+            .into_iter()
+            .zip(tokens)
+            .map(|(v, tokens)| {
+                let token_scores = v.expect("every pair scored");
+                Score {
+                    tokens,
+                    score: token_scores.iter().map(|&x| x as f64).sum(),
+                    token_scores,
+                }
+            })
+            .collect())
     }
 
     /// Word alignments of sentence pairs from the first model's attention: `sources` and `targets` are

@@ -325,6 +325,54 @@ impl Translator {
         Ok(list)
     }
 
+    /// Each target's log-probability given its source, by forced decoding with every model (their mean):
+    /// per pair `(tokens, per-token log-probabilities bytes (EOS last), total)`.
+    #[pyo3(signature = (sources, targets, pretokenized=false, context_scale=(1.0, 1.0), batch=32))]
+    fn score<'py>(
+        &self,
+        py: Python<'py>,
+        sources: Vec<String>,
+        targets: Vec<String>,
+        pretokenized: bool,
+        context_scale: (f64, f64),
+        batch: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let o = cgnmt::ScoreOptions {
+            pretokenized,
+            context_scale,
+            batch,
+        };
+        // Checked once before the work (the same messages as the library's).
+        self.inner.score(&[], &[], &o).map_err(py_err)?;
+        if sources.len() != targets.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} source sentences but {} targets: score needs one target per source",
+                sources.len(),
+                targets.len()
+            )));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let tr = self.inner.clone();
+        let out = interruptible(py, &stop, || {
+            let mut out = Vec::with_capacity(sources.len());
+            // Chunks of a few batches, so that Ctrl-C is honoured between them.
+            let chunk = batch.saturating_mul(8);
+            for (s, t) in sources.chunks(chunk).zip(targets.chunks(chunk)) {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                out.extend(tr.score(s, t, &o).map_err(py_err)?);
+            }
+            Ok(out)
+        })?;
+        let list = PyList::empty(py);
+        for sc in &out {
+            let lp = f32_bytes(py, sc.token_scores.iter().copied());
+            list.append((sc.tokens.clone(), lp, sc.score))?;
+        }
+        Ok(list)
+    }
+
     fn source_vocabulary(&self) -> Vec<String> {
         vocabulary(&self.inner.model().src_vocab)
     }

@@ -100,6 +100,43 @@ def test_attention_rows_sum_to_one_gates_lie_in_the_unit_interval(models, dev_li
     assert [p.text for p in plain] == [t.text for t in tr.translate(dev_lines[:3], return_gates=True)]
 
 
+def test_score_gives_each_hypothesis_the_searchs_log_probability(models, dev_lines):
+    lines = [l for l in dev_lines if l.strip()][:30]
+    for dirs in ([models[0]], [models[0], models[1]]):
+        tr = cgnmt.Translator(dirs if len(dirs) > 1 else dirs[0])
+        out = tr.translate(lines, beam=5, nbest=3)
+        srcs, tgts, want = [], [], []
+        for t in out:
+            for h in t.hypotheses:
+                srcs.append(" ".join(t.source_tokens))
+                tgts.append(" ".join(h.tokens))
+                want.append(h.score)
+        got = tr.score(srcs, tgts, pretokenized=True, batch=7)
+        assert len(got) == len(want) > 60
+        for g, w, t in zip(got, want, tgts):
+            assert g.tokens == t.split()
+            assert g.token_scores.dtype == np.float32 and g.token_scores.shape == (len(g.tokens) + 1,)
+            assert (g.token_scores <= 0).all()
+            assert abs(g.score - float(g.token_scores.astype(np.float64).sum())) < 1e-4
+            assert abs(g.score - w) < 1e-3 * max(1.0, abs(w)), (dirs, t, g.score, w)
+        # The best hypothesis scores at least as high as the second (the search ranks by this total).
+        best = [tr.score([" ".join(t.source_tokens)] * 2, [" ".join(h.tokens) for h in t.hypotheses[:2]],
+                         pretokenized=True) for t in out if len(t.hypotheses) > 1]
+        assert all(b[0].score >= b[1].score - 1e-4 for b in best)
+    # Raw text goes through the model's tokenisers: the same as the tokens given pretokenised.
+    tr = cgnmt.Translator(models[0])
+    raw = tr.score(lines[:5], [t.text for t in out[:5]])
+    tok = tr.score([" ".join(t.source_tokens) for t in out[:5]], [" ".join(r.tokens) for r in raw],
+                   pretokenized=True)
+    assert [r.score for r in raw] == [t.score for t in tok]
+    with pytest.raises(ValueError, match="2 source sentences but 1 targets"):
+        tr.score(["a", "b"], ["c"])
+    with pytest.raises(ValueError, match="batch 0"):
+        tr.score(["a"], ["b"], batch=0)
+    with pytest.raises(ValueError, match="context_scale"):
+        tr.score(["a"], ["b"], context_scale=(-1.0, 1.0))
+
+
 def test_align_equals_the_command_line(models, prepared, cgnmt_bin, tmp_path):
     src = (prepared / "dev.src").read_text(encoding="utf-8").splitlines()[:40]
     tgt = (prepared / "dev.tgt").read_text(encoding="utf-8").splitlines()[:40]

@@ -481,7 +481,7 @@ fn fine_tuning_starts_from_the_model_and_improves_on_the_new_corpus() {
         "{first} against {score}"
     );
     // Better on the new corpus: its dev loss per token falls by more than a quarter (a model this small
-    // translates nothing either way; the BLEU a real model gains is in results/fine-tuning).
+    // translates nothing either way; the demo's model fine-tuned on TED talks: results/fine-tuning).
     let loss = |k: usize| evals[k]["loss_per_token"].as_f64().unwrap();
     eprintln!(
         "fine-tuning on TED: dev loss {:.3} → {:.3} → {:.3}",
@@ -503,7 +503,7 @@ fn fine_tuning_starts_from_the_model_and_improves_on_the_new_corpus() {
 }
 
 /// The token store (`train.*.store`, written by `prepare`): it holds the text's tokens; training from it
-/// (memory-mapped) gives the parameters of training from the text, bit for bit, also when pairs are left out
+/// (read by position) gives the parameters of training from the text, bit for bit, also when pairs are left out
 /// (`data.max_len`, `data.limit`); a damaged store is refused, naming it.
 #[test]
 fn training_from_the_token_store_equals_training_from_the_text() {
@@ -523,6 +523,7 @@ fn training_from_the_token_store_equals_training_from_the_text() {
     for (i, line) in text.lines().enumerate() {
         let words: Vec<&str> = store
             .sentence(i)
+            .unwrap()
             .iter()
             .map(|&id| counts[id as usize - 2].as_str())
             .collect();

@@ -32,6 +32,7 @@ __all__ = [
     "Alignment",
     "Hypothesis",
     "Model",
+    "Score",
     "TrainSummary",
     "Translation",
     "Translator",
@@ -94,6 +95,17 @@ class Translation:
     attention: Optional[np.ndarray] = None
     gates: Optional[np.ndarray] = None
     coverage: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True)
+class Score:
+    """A given translation's score (:meth:`Translator.score`): ``tokens``, the target as the model's tokens;
+    ``token_scores``, float32 ``[len(tokens) + 1]``, the natural-log probability of each token and of the
+    final end of sentence; ``score``, their sum."""
+
+    tokens: List[str]
+    token_scores: np.ndarray = field(repr=False)
+    score: float
 
 
 @dataclass(frozen=True)
@@ -240,6 +252,28 @@ class Translator:
                 )
             )
         return out
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        pretokenized: bool = False,
+        context_scale: Tuple[float, float] = (1.0, 1.0),
+        batch: int = 32,
+    ) -> List[Score]:
+        """Score given translations: each target's log-probability given its source, word by word, by
+        forced decoding (with an ensemble, the mean of its models' log-probabilities). Raw text on both sides
+        goes through the model's tokenisers and subwords; with ``pretokenized`` both are split on whitespace
+        and taken as the model's tokens (as ``Translation.tokens``). A hypothesis of :meth:`translate` scores
+        here its ``score`` (the search's total log-probability, before penalties)."""
+        raw = self._inner.score(
+            _sentences("sources", sources),
+            _sentences("targets", targets),
+            pretokenized,
+            tuple(context_scale),
+            batch,
+        )
+        return [Score(tokens=list(t), token_scores=_f32(lp), score=total) for t, lp, total in raw]
 
     def source_vocabulary(self) -> List[str]:
         """The source vocabulary, by id (``</s>`` and ``<unk>`` first)."""
