@@ -11,6 +11,8 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
+use crate::decode::translator::{ScoreOptions, Translator};
+
 /// One hypothesis of an n-best list with its features.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
@@ -120,9 +122,52 @@ pub fn pick<'a>(
 /// The rescored n-best list `input` (plain or gzipped): with the `features` (`NAME=FILE`, one number per line of
 /// the list) added and the `weights` (`NAME=W`) applied, each sentence's best hypothesis, a line each.
 pub fn rescore_file(input: &Path, features: &[String], weights: &[String]) -> Result<String> {
+    rescore_file_with(input, features, weights, &[], None)
+}
+
+/// [`rescore_file`] with more features from models: each `(NAME, translator)` adds the log-probability the
+/// model (or ensemble) gives every hypothesis's text given its sentence's source line in `sources`
+/// ([`Translator::score`], the texts tokenised as the model tokenises raw text).
+pub fn rescore_file_with(
+    input: &Path,
+    features: &[String],
+    weights: &[String],
+    models: &[(String, &Translator)],
+    sources: Option<&[String]>,
+) -> Result<String> {
     let name = input.display().to_string();
     let lines = cgnmt_data::corpus::read_lines(input)?;
     let mut cands = parse_nbest(&name, &lines)?;
+    if !models.is_empty() {
+        let Some(sources) = sources else {
+            bail!("a model feature needs the source sentences the n-best list translates");
+        };
+        let sentences = cands.last().map_or(0, |c| c.sentence + 1);
+        if sources.len() != sentences {
+            bail!(
+                "the sources have {} lines, the n-best list {name} {sentences} sentences",
+                sources.len()
+            );
+        }
+        let srcs: Vec<String> = cands.iter().map(|c| sources[c.sentence].clone()).collect();
+        let tgts: Vec<String> = cands.iter().map(|c| c.text.clone()).collect();
+        for (k, tr) in models {
+            if k == "model" || k == "words" {
+                bail!("model feature {k:?}: {k:?} is built in");
+            }
+            let scores = tr
+                .score(&srcs, &tgts, &ScoreOptions::default())
+                .with_context(|| format!("scoring {name} with the model {k:?}"))?;
+            for (i, (c, s)) in cands.iter_mut().zip(scores).enumerate() {
+                if c.features.insert(k.to_string(), s.score).is_some() {
+                    bail!(
+                        "model feature {k}: {name} line {} has a feature of that name already",
+                        i + 1
+                    );
+                }
+            }
+        }
+    }
     for f in features {
         let (k, path) = name_value("--feature", f)?;
         if k == "model" || k == "words" {

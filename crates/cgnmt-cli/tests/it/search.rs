@@ -188,4 +188,27 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
         ],
         "has 2 lines",
     );
+    // A feature from a model (`--model NAME=DIR`): the model's own log-probability of each hypothesis's
+    // text, weighted alone, picks translate's output wherever the text tokenises back to the search's
+    // tokens (nearly everywhere); without `--src` it is refused.
+    let own = format!("self={}", model.display());
+    let picked = rescore(&[
+        "--model",
+        &own,
+        "--src",
+        input.to_str().unwrap(),
+        "--weight",
+        "model=0",
+        "--weight",
+        "self=1",
+    ]);
+    let best = rescore(&[]);
+    let same = picked.iter().zip(&best).filter(|(a, b)| a == b).count();
+    assert_eq!(picked.len(), 120);
+    eprintln!("the model feature picked translate's output for {same} of 120");
+    assert!(same >= 114, "the model feature picked translate's output for {same} of 120");
+    refused(
+        &["rescore", "-i", nbest_path.to_str().unwrap(), "--model", &own],
+        "needs the source sentences",
+    );
 }
