@@ -222,8 +222,12 @@ pub fn resolve_model_dir(p: &Path) -> PathBuf {
 /// A save into the directory while it is read (a training run writing its checkpoints) makes it read again:
 /// the model returned is one complete save.
 pub fn load(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
-    const ATTEMPTS: usize = 20;
-    let mut attempt = 0;
+    // How long a load keeps trying while saves replace the directory. A save changes the directory only
+    // for its renames, so a load normally fits between two saves at the first or second attempt; on a busy
+    // machine, with a writer saving back to back, it may take many.
+    const PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+    let start = std::time::Instant::now();
+    let mut attempt: u64 = 0;
     loop {
         attempt += 1;
         let before = complete_dir(dir).and_then(|d| generation(&d).map(|g| (d, g)));
@@ -231,18 +235,21 @@ pub fn load(dir: &Path, dtype: DType, dev: &Device) -> Result<LoadedModel> {
         let after = complete_dir(dir).and_then(|d| generation(&d).map(|g| (d, g)));
         // (Neither before nor after: a directory that never had a COMPLETE, so no writer to wait for.)
         let steady = before == after;
+        let out_of_time = start.elapsed() >= PATIENCE;
         match loaded {
             // The same generation in the same place before and after: every file was of it.
             Ok(m) if steady => return Ok(m),
-            // No writer in sight (no complete directory at all, or an error that stays): the error is the answer.
-            Err(e) if steady || after.is_none() || attempt >= ATTEMPTS => return Err(e),
-            Ok(_) if attempt >= ATTEMPTS => {
+            // No writer in sight (no complete directory before or after, or an error that stays): the error
+            // is the answer. (A `None` after a `Some` is no such sign: a save's rename can fall between the
+            // check for `COMPLETE` and its reading; the next attempt sees the directory steady.)
+            Err(e) if steady || out_of_time => return Err(e),
+            Ok(_) if out_of_time => {
                 return Err(NmtError::model_dir(
                     dir,
                     "kept changing while it was read (a training run saving into it?); try again",
                 ))
             }
-            _ => std::thread::sleep(std::time::Duration::from_millis(5 * attempt as u64)),
+            _ => std::thread::sleep(std::time::Duration::from_millis((5 * attempt).min(50))),
         }
     }
 }
