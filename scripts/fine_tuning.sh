@@ -49,6 +49,12 @@ for m in base tuned; do
     -o "$out/test.$m.en"
   "$bin" translate -q -m "$dir" -b 10 -i "$test_src" -o "$out/test.$m.nopen.en"
 done
+# The fine-tuned run's model and penalties chosen on the new dev set, as a user would after fine-tuning.
+"$bin" select --run "$work/run" --tune 2>&1 | tee "$out/select.log"
+read -r chosen lp cp < <(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); c=s["candidates"][s["chosen"]]; print(c["dir"], s["length_penalty"], s["coverage_penalty"])' "$work/run/selection.json")
+"$bin" translate -q -m "$chosen" -b 10 --length-penalty "$lp" --coverage-penalty "$cp" -i "$test_src" \
+  -o "$out/test.tuned.chosen.en"
+echo "chosen on TED dev: $(basename "$chosen"), length penalty $lp, coverage penalty $cp" >"$out/chosen.txt"
 {
   echo "# Fine-tuning the demo's model on TED talks"
   echo
@@ -61,18 +67,20 @@ done
   echo "## BLEU and chrF on tst2017"
   echo
   echo '```'
-  for m in base tuned base.nopen tuned.nopen; do
+  for m in base tuned base.nopen tuned.nopen tuned.chosen; do
     echo "$m: $("$bin" score -r "$test_ref" -i "$out/test.$m.en") | $("$bin" score -m chrf -r "$test_ref" -i "$out/test.$m.en")"
   done
   echo '```'
   echo
-  echo "(\`.nopen\`: decoded without penalties.)"
+  echo "(\`.nopen\`: decoded without penalties; \`tuned.chosen\`: the fine-tuned run's model and penalties"
+  echo "chosen on the TED dev set by \`cgnmt select --tune\`: $(cat "$out/chosen.txt" | cut -d: -f2-).)"
   echo
-  echo "## Paired tests, fine-tuned against base (with the demo's penalties, then without)"
+  echo "## Paired tests, fine-tuned against base (with the demo's penalties; without; chosen on TED dev against base without)"
   echo
   echo '```'
   (cd "$out" && "$bin" compare --test bs -r "$test_ref" test.base.en test.tuned.en 2>&1)
   (cd "$out" && "$bin" compare --test bs -r "$test_ref" test.base.nopen.en test.tuned.nopen.en 2>&1)
+  (cd "$out" && "$bin" compare --test bs -r "$test_ref" test.base.nopen.en test.tuned.chosen.en 2>&1)
   echo '```'
   echo
   echo "## Dev evaluations while fine-tuning (update 0 is the base model)"
