@@ -4,10 +4,10 @@
 //! pressure) instead of in the heap.
 //!
 //! Why positioned reads rather than a memory map: mapped pages count in a process's resident memory, and the
-//! kernel maps whole folios around each sentence a fault touches. Training the small model for 100 updates
-//! on 8.3M pairs mapped 630 MB of the store (with `MADV_RANDOM` too), a figure that grows toward the store's
-//! size over an epoch; positioned reads keep the resident memory flat at a cost of two system calls per
-//! sentence and side (about 2 µs each against an update's 100 ms).
+//! kernel maps whole folios around each sentence a fault touches, a share that grows toward the store's size
+//! over an epoch. Training the small model for 100 updates on 8.3M pairs peaked at 1,889 MiB with the store
+//! mapped against 1,140 MiB with positioned reads (`results/large-corpus/mmap`); the reads cost two system
+//! calls per sentence and side, and the step rate did not change (`results/large-corpus/step-rate`).
 //!
 //! A store's ids are the ranks of the side's tokens in its counts (`counts.src` / `counts.tgt`): id `2 + k`
 //! is the `k`-th most frequent token ([`crate::Vocab::build`]'s order; 0 and 1 are EOS and UNK), so a

@@ -206,9 +206,18 @@ fn penalties_and_rescoring_rank_as_documented_and_their_defaults_change_nothing(
     let same = picked.iter().zip(&best).filter(|(a, b)| a == b).count();
     assert_eq!(picked.len(), 120);
     eprintln!("the model feature picked translate's output for {same} of 120");
-    assert!(same >= 114, "the model feature picked translate's output for {same} of 120");
+    assert!(
+        same >= 114,
+        "the model feature picked translate's output for {same} of 120"
+    );
     refused(
-        &["rescore", "-i", nbest_path.to_str().unwrap(), "--model", &own],
+        &[
+            "rescore",
+            "-i",
+            nbest_path.to_str().unwrap(),
+            "--model",
+            &own,
+        ],
         "needs the source sentences",
     );
 }
