@@ -15,9 +15,10 @@ pub struct DemoArgs {
     /// Work directory for prepared data and the model.
     #[arg(long, default_value = "runs/demo")]
     pub out: PathBuf,
-    /// Updates to train (the recipe's length: the same model and scores on any machine).
-    #[arg(long, default_value_t = demo::DEFAULT_UPDATES)]
-    pub updates: usize,
+    /// Updates to train (the recipe's length: the same model and scores on any machine) [default: 3,000;
+    /// 30,000 with --recipe best].
+    #[arg(long)]
+    pub updates: Option<usize>,
     /// Optional cap on the training time in seconds: a run it stops early is less trained than the recipe,
     /// and says so; `cgnmt demo` again (without the cap) finishes it.
     #[arg(long)]

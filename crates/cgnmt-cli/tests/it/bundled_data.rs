@@ -220,6 +220,56 @@ fn demo_runs_on_the_bundled_copy_without_a_data_directory() {
         "all training pairs read: {prep}"
     );
 
+    // `--recipe best`: the improved recipe's settings and prepared data, its own run directory, 30,000
+    // updates unless told (a time cap stops this one early and says so against that length).
+    let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+        .current_dir(&work)
+        .env_remove("CGNMT_DATA")
+        .env("CGNMT_CACHE", tmp.path().join("cache"))
+        .args([
+            "demo",
+            "--out",
+            "demo",
+            "--recipe",
+            "best",
+            "--seconds",
+            "4",
+            "--selection-sentences",
+            "30",
+            "--set",
+            "train.eval_every=20",
+            "--set",
+            "train.eval_max_sentences=20",
+            "--set",
+            "train.threads=1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("best recipe, 30000 updates"), "{err}");
+    assert!(err.contains("of 30000"), "the time cap is reported: {err}");
+    assert!(
+        !err.contains("== preparing"),
+        "the improved recipe's prepared data is reused: {err}"
+    );
+    assert!(
+        stdout.contains("Tatoeba zh-en test BLEU (mteval-v11b"),
+        "{stdout}"
+    );
+    let best_cfg =
+        cgnmt::config::Config::load(Some(&work.join("demo/model-best/last/config.toml")), &[])
+            .unwrap();
+    assert_eq!(best_cfg.train.max_steps, 30_000);
+    assert_eq!(best_cfg.model, cfg.model);
+    assert_eq!(best_cfg.train.label_smoothing, cfg.train.label_smoothing);
+    assert_eq!(
+        best_cfg.train.recurrent_dropout,
+        cfg.train.recurrent_dropout
+    );
+    assert!(work.join("demo/model-best/selection.json").is_file());
+
     // A data directory the user names is used or refused, never silently replaced.
     let out = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
         .current_dir(&work)
