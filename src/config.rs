@@ -88,6 +88,12 @@ pub struct ModelConfig {
     /// Tie the output layer's `W_2` `[E, V]` to the target embeddings `E_y` `[V, E]` (`W_2 = E_yᵀ`, one
     /// parameter fewer of `E·V` values); false, the paper's recipe: separate weights.
     pub tied_output_embeddings: bool,
+    /// Bidirectional encoder layers N (1, the paper's: one); the layers above the first read the annotations
+    /// of the layer below, and the attention reads the top layer's (Marian's `--enc-depth`).
+    pub encoder_layers: usize,
+    /// With `encoder_layers` > 1: each layer above the first adds its input to its output (a residual
+    /// connection, as Marian's deep encoders; false: the plain stack).
+    pub residual: bool,
 }
 
 impl Default for ModelConfig {
@@ -108,6 +114,8 @@ impl Default for ModelConfig {
             coverage_dim: 10,
             coverage_gated: true,
             tied_output_embeddings: false,
+            encoder_layers: 1,
+            residual: true,
         }
     }
 }
@@ -450,6 +458,12 @@ impl Config {
         }
         if m.attention_dim == 0 {
             return bad("model.attention_dim", "must be positive");
+        }
+        if m.encoder_layers == 0 {
+            return bad(
+                "model.encoder_layers",
+                "must be at least 1 (1: the paper's one bidirectional layer)",
+            );
         }
         let gated = m.context_gate != ContextGate::None;
         if [gated, m.gating_scalar, m.static_interpolation]

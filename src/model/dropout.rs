@@ -86,6 +86,24 @@ impl Dropper {
         }
     }
 
+    /// The masks of layer `l`'s instance of the sites (an encoder layer above the first): layer 1 is this
+    /// dropper itself; each layer above draws from a stream of its own (the pass's seed moved by the layer).
+    pub fn layer(&self, l: u64) -> Dropper {
+        if l <= 1 {
+            return Dropper {
+                stream: self.stream.clone(),
+            };
+        }
+        Dropper {
+            stream: self.stream.as_ref().map(|(seed, keys)| {
+                (
+                    seed ^ 0x9e37_79b9_7f4a_7c15_u64.wrapping_mul(l),
+                    keys.clone(),
+                )
+            }),
+        }
+    }
+
     /// `x` (rows grouped by sentence, see [`Dropper::mask`]) with each value zeroed with probability `p` and
     /// the others scaled by `1 / (1 − p)`; `x` itself when `p` is 0 or nothing drops.
     pub fn apply(&self, x: &Tensor, site: Site, p: f64) -> Result<Tensor> {

@@ -1,5 +1,7 @@
 //! Bidirectional GRU encoder (model-spec §1): shared source embedding `E[x] + b_e`, a forward and a backward GRU,
-//! annotations `h_j = [→h_j ; ←h_j]`. Input projections of all time steps are one matmul per direction.
+//! annotations `h_j = [→h_j ; ←h_j]`; with `model.encoder_layers = N`, N − 1 bidirectional layers above it, each
+//! over the annotations of the one below, with residual connections (`model.residual`). Input projections of
+//! all time steps are one matmul per direction.
 //! Both recurrences as one fused op are in [`crate::kernels::encoder`]; the step-by-step path here is its
 //! composed reference.
 
@@ -16,6 +18,18 @@ pub struct Encoder {
     pub fwd: Gru,
     pub bwd: Gru,
     pub hidden: usize,
+    /// The layers above the first (`model.encoder_layers` − 1; `encoder.layer2.*`, `encoder.layer3.*`, …):
+    /// bidirectional GRUs over the annotations of the layer below.
+    pub upper: Vec<Layer>,
+    /// Whether an upper layer adds its input to its output (`model.residual`).
+    pub residual: bool,
+}
+
+/// One bidirectional layer above the first: a forward and a backward GRU reading the `2H`-wide annotations
+/// of the layer below.
+pub struct Layer {
+    pub fwd: Gru,
+    pub bwd: Gru,
 }
 
 /// What the encoder hands to the decoder.
@@ -36,61 +50,72 @@ impl Encoder {
         mask: &Tensor,
         drop: Option<&[Tensor; 2]>,
     ) -> Result<BiGru> {
-        let h = self.hidden;
-        let zeros = Tensor::zeros(2 * h, self.fwd.b.dtype(), self.fwd.b.device())?;
-        let w = Tensor::cat(&[&self.fwd.w, &self.bwd.w], 1)?;
-        let bias = Tensor::cat(&[&zeros, &self.fwd.b, &zeros, &self.bwd.b], 0)?;
-        let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
-        let s = mask.dim(1)?;
-        let order = RowOrder::new(&m, s, b);
-        // The words' rows `(b, t)` only when the recurrences read no other (padding is not computed), read
-        // through a shared handle: no `[B·S, 6H]` gradient in candle's store.
-        let rows = order.word_rows(s).map(std::sync::Arc::new);
-        let x = crate::kernels::linear_shared_rows(e, &w, &bias, rows.clone())?;
-        BiGru::build(
-            x.into(),
-            (b, s),
-            order,
-            rows,
-            (&self.fwd.u_ru, &self.fwd.u),
-            (&self.bwd.u_ru, &self.bwd.u),
-            drop_values(drop)?,
-        )
+        bigru_layer_op((&self.fwd, &self.bwd), e, b, mask, drop)
     }
 
     /// Training with fused kernels on the CPU: the annotations `[B, S, 2H]` as a [`Shared`] output of the fused
     /// encoder, formed outside the graph, whose consumers (the decoder's attention, the keys `A h`, the initial
     /// state) add their gradients into the handle; the encoder's backward pass reads the sum from there, so
-    /// the annotations' gradient never enters candle's gradient store.
+    /// the annotations' gradient never enters candle's gradient store. (With layers above the first, the top
+    /// layer's annotations are a graph tensor handed over the same way: [`Shared::new`].)
     /// `e`: the embedded words `[B·S, E]` ([`Encoder::embed`], after dropout); `drop`: recurrent dropout's
-    /// masks `[B, H]` of the forward and the backward direction (see [`crate::model::gru::Gru::step_dropped`]).
+    /// masks `[B, H]` of each layer's forward and backward direction, bottom first (empty: none; see
+    /// [`crate::model::gru::Gru::step_dropped`]).
     pub fn forward_shared(
         &self,
         k: Kernels,
         e: &Tensor,
         mask: &Tensor,
-        drop: Option<&[Tensor; 2]>,
+        drop: &[[Tensor; 2]],
     ) -> Result<Shared> {
         let (b, _) = mask.dims2()?;
         if !k.fused_on(e.device()) {
             candle_core::bail!("shared annotations need the fused kernels on the CPU");
         }
-        self.bigru_op(e, b, mask, drop)?.apply_shared()
+        self.check_drop(drop)?;
+        if self.upper.is_empty() {
+            return self.bigru_op(e, b, mask, drop.first())?.apply_shared();
+        }
+        Shared::new(&self.forward_embedded(k, e, mask, drop)?.annotations)
     }
 
-    pub fn new(vb: VarBuilder, vocab: usize, emb_dim: usize, hidden: usize) -> Result<Self> {
+    /// `layers` bidirectional layers (`model.encoder_layers`; the first reads the embeddings, each above it
+    /// the annotations of the one below, adding them to its output when `residual`).
+    pub fn new(
+        vb: VarBuilder,
+        vocab: usize,
+        emb_dim: usize,
+        hidden: usize,
+        (layers, residual): (usize, bool),
+    ) -> Result<Self> {
+        let upper = (2..=layers)
+            .map(|l| {
+                let v = vb.pp(format!("layer{l}"));
+                Ok(Layer {
+                    fwd: Gru::new(v.pp("fwd"), 2 * hidden, hidden)?,
+                    bwd: Gru::new(v.pp("bwd"), 2 * hidden, hidden)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             emb: vb.get_with_hints((vocab, emb_dim), "E", crate::model::init::ZERO)?,
             emb_b: vb.get_with_hints(emb_dim, "b_e", crate::model::init::ZERO)?,
             fwd: Gru::new(vb.pp("fwd"), emb_dim, hidden)?,
             bwd: Gru::new(vb.pp("bwd"), emb_dim, hidden)?,
             hidden,
+            upper,
+            residual,
         })
+    }
+
+    /// The number of bidirectional layers.
+    pub fn layers(&self) -> usize {
+        1 + self.upper.len()
     }
 
     /// `src`: `[B, S]` u32 ids, `mask`: `[B, S]` (1 = word, 0 = padding), in the model dtype.
     pub fn forward(&self, k: Kernels, src: &Tensor, mask: &Tensor) -> Result<Encoded> {
-        self.forward_embedded(k, &self.embed(k, src)?, mask, None)
+        self.forward_embedded(k, &self.embed(k, src)?, mask, &[])
     }
 
     /// The source words' embeddings `E[x] + b_e`, `[B·S, E]` (rows `(b, t)`) of `src` `[B, S]`.
@@ -99,24 +124,60 @@ impl Encoder {
     }
 
     /// [`Encoder::forward`] from the embedded words `e` `[B·S, E]` ([`Encoder::embed`], after dropout), with
-    /// recurrent dropout's masks `drop` (see [`Encoder::forward_shared`]).
+    /// recurrent dropout's masks `drop` (see [`Encoder::forward_shared`]). With layers above the first, the
+    /// attention reads the top layer's annotations `a_N`, `a_l = BiGRU_l(a_{l−1}) (+ a_{l−1} when residual)`,
+    /// and `←h_1` is the backward half of `a_N` at the first word.
     pub fn forward_embedded(
         &self,
         k: Kernels,
         e: &Tensor,
         mask: &Tensor,
-        drop: Option<&[Tensor; 2]>,
+        drop: &[[Tensor; 2]],
     ) -> Result<Encoded> {
+        self.check_drop(drop)?;
+        let (b, s) = mask.dims2()?;
+        let h = self.hidden;
+        let mut annotations = self.layer(k, (&self.fwd, &self.bwd), e, mask, drop.first())?;
+        for (l, layer) in self.upper.iter().enumerate() {
+            let x = annotations.reshape((b * s, 2 * h))?;
+            let out = self.layer(k, (&layer.fwd, &layer.bwd), &x, mask, drop.get(l + 1))?;
+            annotations = if self.residual {
+                (out + annotations)?
+            } else {
+                out
+            };
+        }
+        let bwd_first = annotations.i((.., 0))?.narrow(1, h, h)?;
+        Ok(Encoded {
+            annotations,
+            bwd_first,
+        })
+    }
+
+    fn check_drop(&self, drop: &[[Tensor; 2]]) -> Result<()> {
+        if !drop.is_empty() && drop.len() != self.layers() {
+            candle_core::bail!(
+                "encoder: recurrent dropout's masks for {} layers given to {} layers",
+                drop.len(),
+                self.layers()
+            );
+        }
+        Ok(())
+    }
+
+    /// One bidirectional layer's annotations `[B, S, 2H]` of its inputs `e` `[B·S, in]` (rows `(b, t)`): the
+    /// fused op, or step by step (reference kernels, or a device without the fused ones).
+    fn layer(
+        &self,
+        k: Kernels,
+        (fwd, bwd): (&Gru, &Gru),
+        e: &Tensor,
+        mask: &Tensor,
+        drop: Option<&[Tensor; 2]>,
+    ) -> Result<Tensor> {
         let (b, s) = mask.dims2()?;
         if k.fused_on(e.device()) {
-            let annotations = self.bigru_op(e, b, mask, drop)?.apply()?;
-            let bwd_first = annotations
-                .i((.., 0))?
-                .narrow(1, self.hidden, self.hidden)?;
-            return Ok(Encoded {
-                annotations,
-                bwd_first,
-            });
+            return bigru_layer_op((fwd, bwd), e, b, mask, drop)?.apply();
         }
         // Time-major so every step reads a contiguous slice.
         let time_major = |g: &Gru| -> Result<Tensor> {
@@ -125,34 +186,63 @@ impl Encoder {
                 .transpose(0, 1)?
                 .contiguous()
         };
-        let (xf, xb) = (time_major(&self.fwd)?, time_major(&self.bwd)?);
+        let (xf, xb) = (time_major(fwd)?, time_major(bwd)?);
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
         let h0 = Tensor::zeros((b, self.hidden), e.dtype(), e.device())?;
-        // Step by step (reference kernels, or a device without the fused ones).
         let steps = |x: &Tensor| -> Result<Vec<Tensor>> { (0..s).map(|t| x.i(t)).collect() };
         let (xf, xb) = (steps(&xf)?, steps(&xb)?);
-        let mut fwd = Vec::with_capacity(s);
+        let mut fwd_states = Vec::with_capacity(s);
         let mut h = h0.clone();
         for t in 0..s {
-            h = self
-                .fwd
-                .step_dropped(k, &xf[t], &h, Some(&m.i(t)?), drop.map(|d| &d[0]))?;
-            fwd.push(h.clone());
+            h = fwd.step_dropped(k, &xf[t], &h, Some(&m.i(t)?), drop.map(|d| &d[0]))?;
+            fwd_states.push(h.clone());
         }
-        let mut bwd = vec![h0.clone(); s];
+        let mut bwd_states = vec![h0.clone(); s];
         let mut h = h0;
         for t in (0..s).rev() {
-            h = self
-                .bwd
-                .step_dropped(k, &xb[t], &h, Some(&m.i(t)?), drop.map(|d| &d[1]))?;
-            bwd[t] = h.clone();
+            h = bwd.step_dropped(k, &xb[t], &h, Some(&m.i(t)?), drop.map(|d| &d[1]))?;
+            bwd_states[t] = h.clone();
         }
-        let annotations = Tensor::cat(&[Tensor::stack(&fwd, 1)?, Tensor::stack(&bwd, 1)?], 2)?;
-        Ok(Encoded {
-            annotations,
-            bwd_first: bwd[0].clone(),
-        })
+        Tensor::cat(
+            &[
+                Tensor::stack(&fwd_states, 1)?,
+                Tensor::stack(&bwd_states, 1)?,
+            ],
+            2,
+        )
     }
+}
+
+/// One bidirectional layer as the fused op: both directions' input projections of the layer's inputs `e`
+/// `[B·S, in]` (rows `(b, t)`) as one product, both recurrences as one op (see
+/// [`crate::kernels::encoder::bigru_fused`]).
+fn bigru_layer_op(
+    (fwd, bwd): (&Gru, &Gru),
+    e: &Tensor,
+    b: usize,
+    mask: &Tensor,
+    drop: Option<&[Tensor; 2]>,
+) -> Result<BiGru> {
+    let h = fwd.hidden;
+    let zeros = Tensor::zeros(2 * h, fwd.b.dtype(), fwd.b.device())?;
+    let w = Tensor::cat(&[&fwd.w, &bwd.w], 1)?;
+    let bias = Tensor::cat(&[&zeros, &fwd.b, &zeros, &bwd.b], 0)?;
+    let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
+    let s = mask.dim(1)?;
+    let order = RowOrder::new(&m, s, b);
+    // The words' rows `(b, t)` only when the recurrences read no other (padding is not computed), read
+    // through a shared handle: no `[B·S, 6H]` gradient in candle's store.
+    let rows = order.word_rows(s).map(std::sync::Arc::new);
+    let x = crate::kernels::linear_shared_rows(e, &w, &bias, rows.clone())?;
+    BiGru::build(
+        x.into(),
+        (b, s),
+        order,
+        rows,
+        (&fwd.u_ru, &fwd.u),
+        (&bwd.u_ru, &bwd.u),
+        drop_values(drop)?,
+    )
 }
 
 /// Recurrent dropout's masks as values (batch order).

@@ -289,7 +289,13 @@ impl Model {
             cfg: cfg.clone(),
             src_vocab,
             tgt_vocab,
-            encoder: Encoder::new(vb.pp("encoder"), src_vocab, e, h)?,
+            encoder: Encoder::new(
+                vb.pp("encoder"),
+                src_vocab,
+                e,
+                h,
+                (cfg.encoder_layers, cfg.residual),
+            )?,
             w_init: dec
                 .pp("init")
                 .get_with_hints((h, h), "W_init", crate::model::init::ZERO)?,
@@ -479,7 +485,7 @@ impl Model {
         let rec = self.encoder_dropout(drop, src_mask, p_rec)?;
         let mut enc = self
             .encoder
-            .forward_embedded(self.kernels, e, src_mask, rec.as_ref())?;
+            .forward_embedded(self.kernels, e, src_mask, &rec)?;
         if let Some(mask) = drop.mask(&enc.annotations, Site::Annotations, p_ann)? {
             enc.annotations = enc.annotations.mul(&mask)?;
             let h = enc.bwd_first.dim(1)?;
@@ -494,20 +500,28 @@ impl Model {
         Ok(Source { keys, cov_keys, t0 })
     }
 
-    /// Recurrent dropout's masks `[B, H]` of the encoder's forward and backward directions (`None` when
-    /// nothing drops).
+    /// Recurrent dropout's masks `[B, H]` of each encoder layer's forward and backward directions, bottom
+    /// first (empty when nothing drops). The layers above the first draw from streams of their own
+    /// ([`crate::model::dropout::Dropper::layer`]).
     fn encoder_dropout(
         &self,
         drop: &crate::model::dropout::Dropper,
         src_mask: &Tensor,
         p: f64,
-    ) -> Result<Option<[Tensor; 2]>> {
+    ) -> Result<Vec<[Tensor; 2]>> {
         let shape = (src_mask.dim(0)?, self.encoder.hidden);
-        let Some(f) = drop.mask_shaped(shape, src_mask, Site::EncoderForward, p)? else {
-            return Ok(None);
-        };
-        let b = drop.mask_shaped(shape, src_mask, Site::EncoderBackward, p)?;
-        Ok(b.map(|b| [f, b]))
+        let mut masks = Vec::new();
+        for l in 1..=self.encoder.layers() {
+            let d = drop.layer(l as u64);
+            let Some(f) = d.mask_shaped(shape, src_mask, Site::EncoderForward, p)? else {
+                return Ok(Vec::new());
+            };
+            let Some(b) = d.mask_shaped(shape, src_mask, Site::EncoderBackward, p)? else {
+                return Ok(Vec::new());
+            };
+            masks.push([f, b]);
+        }
+        Ok(masks)
     }
 
     /// The decoder's initial state `tanh(W_init ←h_1 + b_init)` from the backward state at the first word.
@@ -532,7 +546,7 @@ impl Model {
         let rec = self.encoder_dropout(drop, src_mask, p_rec)?;
         let mut ann = self
             .encoder
-            .forward_shared(self.kernels, e, src_mask, rec.as_ref())?;
+            .forward_shared(self.kernels, e, src_mask, &rec)?;
         if let Some(mask) = drop.mask(&ann.tensor, Site::Annotations, p_ann)? {
             ann = crate::kernels::dropout_shared(&ann, &mask)?;
         }

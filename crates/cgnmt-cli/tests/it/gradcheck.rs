@@ -225,6 +225,60 @@ fn every_decoder_variant_gradients_match_finite_differences() {
     }
 }
 
+/// Stacked encoders (`model.encoder_layers`): every layer's parameters against finite differences, with and
+/// without residual connections, under the GRU and cGRU decoders, and under every kind of dropout (each upper
+/// layer's recurrent masks drawn from a stream of its own).
+#[test]
+fn stacked_encoder_gradients_match_finite_differences() {
+    use cgnmt::model::dropout::Dropout;
+    for (i, sets) in [
+        vec!["model.encoder_layers=2", "model.context_gate=both"],
+        vec![
+            "model.encoder_layers=3",
+            "model.residual=false",
+            "model.context_gate=source",
+        ],
+        vec![
+            "model.encoder_layers=2",
+            "model.decoder=cgru",
+            "model.context_gate=target",
+        ],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let cfg = tiny_model_config(sets);
+        let worst = grad_check(&cfg, 61 + i as u64, 40);
+        assert!(worst < 1e-5, "{sets:?}: {worst:e}");
+        let opts = cgnmt::model::LossOptions {
+            dropout: Some(Dropout {
+                embeddings: 0.3,
+                annotations: 0.25,
+                readout: 0.4,
+                recurrent: 0.35,
+                seed: 5,
+            }),
+            ..Default::default()
+        };
+        let worst = grad_check_with(&cfg, 71 + i as u64, 40, &opts);
+        assert!(worst < 1e-5, "{sets:?} with dropout: {worst:e}");
+    }
+    // The layers' parameters exist under `encoder.layerN.*` and one layer has none of them.
+    let names = |sets: &[&str]| {
+        let (_m, varmap) =
+            Model::build(&tiny_model_config(sets), 7, 6, 1, DType::F64, &Device::Cpu).unwrap();
+        sorted_vars(&varmap)
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| n.starts_with("encoder.layer"))
+            .collect::<Vec<_>>()
+    };
+    assert!(names(&[]).is_empty());
+    let three = names(&["model.encoder_layers=3"]);
+    assert_eq!(three.len(), 16, "{three:?}");
+    assert!(three.contains(&"encoder.layer3.bwd.U_ru".to_string()));
+}
+
 #[test]
 fn every_parameter_gets_a_nonzero_gradient_at_normal_size() {
     for gate in ["none", "both"] {

@@ -71,6 +71,23 @@ fn parameter_counts_match_the_paper() {
     }
 }
 
+/// Each encoder layer above the first is two GRUs over the `2H` annotations: `W` `[2H, 3H]`, `b` `[H]`,
+/// `U_ru` `[H, 2H]`, `U` `[H, H]` per direction (18.002M at the paper's H = 1000), with or without residuals.
+#[test]
+fn stacked_encoder_parameter_counts() {
+    let one = count(&["model.context_gate=both"]);
+    let per_layer = 2 * (2000 * 3000 + 1000 + 1000 * 2000 + 1000 * 1000);
+    assert_eq!(per_layer, 18_002_000);
+    for (layers, residual) in [(2, true), (3, false), (4, true)] {
+        let n = count(&[
+            "model.context_gate=both",
+            &format!("model.encoder_layers={layers}"),
+            &format!("model.residual={residual}"),
+        ]);
+        assert_eq!(n - one, (layers - 1) * per_layer, "{layers} layers");
+    }
+}
+
 #[test]
 fn coverage_overheads_match_the_coverage_paper() {
     let base = count(&["model.context_gate=none"]);
@@ -378,6 +395,12 @@ fn every_variant_learns_on_real_data() {
             "model.coverage_dim=1",
         ],
         vec!["model.context_gate=both", "model.coverage=neural"],
+        vec!["model.context_gate=both", "model.encoder_layers=2"],
+        vec![
+            "model.context_gate=both",
+            "model.encoder_layers=3",
+            "model.residual=false",
+        ],
     ];
     for v in variants {
         let (first, last) = train_loss_curve(&v, 64);

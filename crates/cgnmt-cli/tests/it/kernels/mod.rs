@@ -150,6 +150,25 @@ fn variants() -> Vec<Vec<String>> {
         x.push("model.coverage_gated=true".into());
         v.push(x);
     }
+    // Stacked encoders (`model.encoder_layers`), with and without residual connections, under each decoder.
+    for (layers, residual, dec) in [
+        (2, true, "gru"),
+        (3, false, "gru"),
+        (2, true, "cgru"),
+        (2, false, "vanilla"),
+    ] {
+        v.push(vec![
+            format!("model.encoder_layers={layers}"),
+            format!("model.residual={residual}"),
+            format!("model.decoder={dec}"),
+            "model.context_gate=both".into(),
+        ]);
+    }
+    v.push(vec![
+        "model.encoder_layers=2".into(),
+        "model.coverage=neural".into(),
+        "model.coverage_dim=2".into(),
+    ]);
     v
 }
 
