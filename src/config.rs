@@ -94,6 +94,10 @@ pub struct ModelConfig {
     /// With `encoder_layers` > 1: each layer above the first adds its input to its output (a residual
     /// connection, as Marian's deep encoders; false: the plain stack).
     pub residual: bool,
+    /// Transitions per target step K (1, the paper's): the decoder's transition (the cGRU's context GRU) is
+    /// followed by K − 1 GRUs over the state alone (a deep transition, Miceli Barone et al. 2017; Nematus's
+    /// `--dec_base_recurrence_transition_depth` / Marian's `--dec-cell-base-depth`).
+    pub decoder_transition_depth: usize,
 }
 
 impl Default for ModelConfig {
@@ -116,6 +120,7 @@ impl Default for ModelConfig {
             tied_output_embeddings: false,
             encoder_layers: 1,
             residual: true,
+            decoder_transition_depth: 1,
         }
     }
 }
@@ -458,6 +463,12 @@ impl Config {
         }
         if m.attention_dim == 0 {
             return bad("model.attention_dim", "must be positive");
+        }
+        if m.decoder_transition_depth == 0 {
+            return bad(
+                "model.decoder_transition_depth",
+                "must be at least 1 (1: the paper's one transition per step)",
+            );
         }
         if m.encoder_layers == 0 {
             return bad(

@@ -32,6 +32,38 @@ pub struct DecoderCell {
     pub hidden: usize,
     /// cGRU: the word GRU (`cell.word.*`) and the context GRU (`cell.ctx.*`); the fields above are unused.
     pub cgru: Option<(Gru, ContextGru)>,
+    /// The deep transition's GRUs after the one that reads the inputs (`model.decoder_transition_depth` − 1;
+    /// `cell.deep2.*`, `cell.deep3.*`, …): each reads the state only.
+    pub deep: Vec<DeepTransition>,
+}
+
+/// One transition of a deep-transition decoder after the first (model-spec §3): a GRU over the state alone,
+/// its input terms a learned bias `b` = `[b_r | b_u | b_c]` `[3H]`: `[r | u] = σ(b_ru + (d∘t) U_ru)`,
+/// `t~ = tanh(b_c + (r∘d∘t) U)`, `t' = t + u∘(t~ − t)`.
+pub struct DeepTransition {
+    pub b: Tensor,
+    pub u_ru: Tensor,
+    pub u: Tensor,
+}
+
+impl DeepTransition {
+    fn new(vb: VarBuilder, hidden: usize) -> Result<Self> {
+        Ok(Self {
+            b: vb.get_with_hints(3 * hidden, "b", crate::model::init::ZERO)?,
+            u_ru: vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::model::init::ZERO)?,
+            u: vb.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
+        })
+    }
+
+    /// The transition from `t` `[B, H]` under recurrent dropout's masks `drop` (see
+    /// [`crate::model::gru::gru_step`]).
+    pub fn step(&self, k: Kernels, t: &Tensor, drop: Option<&Tensor>) -> Result<Tensor> {
+        let xp = self
+            .b
+            .unsqueeze(0)?
+            .broadcast_as((t.dim(0)?, self.b.dim(0)?))?;
+        crate::model::gru::gru_step(k, &xp, t, None, drop, (&self.u_ru, &self.u))
+    }
 }
 
 /// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`.
@@ -43,13 +75,17 @@ pub struct ContextGru {
 }
 
 impl DecoderCell {
+    /// The transition of `kind` in `form`, with `depth` − 1 state-only GRUs after it (a deep transition).
     pub fn new(
         vb: VarBuilder,
-        kind: DecoderKind,
-        form: GateForm,
+        (kind, form): (DecoderKind, GateForm),
         emb: usize,
         hidden: usize,
+        depth: usize,
     ) -> Result<Self> {
+        let deep = (2..=depth)
+            .map(|k| DeepTransition::new(vb.pp(format!("deep{k}")), hidden))
+            .collect::<Result<Vec<_>>>()?;
         if kind == DecoderKind::Cgru {
             let word = Gru::new(vb.pp("word"), emb, hidden)?;
             let v = vb.pp("ctx");
@@ -75,6 +111,7 @@ impl DecoderCell {
                 u,
                 hidden,
                 cgru: Some((word, ctx)),
+                deep,
             });
         }
         let k = match kind {
@@ -95,7 +132,14 @@ impl DecoderCell {
             u: vb.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
             hidden,
             cgru: None,
+            deep,
         })
+    }
+
+    /// The deep transition's later GRUs over the state `t` the first one produced (`t` itself at depth 1),
+    /// under recurrent dropout's masks `drop`.
+    pub fn deep_steps(&self, k: Kernels, t: Tensor, drop: Option<&Tensor>) -> Result<Tensor> {
+        self.deep.iter().try_fold(t, |t, d| d.step(k, &t, drop))
     }
 
     /// The transition's part of the fused decoder op's weights: `C`, `U_ru`, `U` and the form; for the
@@ -113,6 +157,7 @@ impl DecoderCell {
                     u_ru: &word.u_ru,
                     u: &word.u,
                 }),
+                deep: self.deep_weights(),
             },
             None => TransitionWeights {
                 c: &self.c,
@@ -120,8 +165,14 @@ impl DecoderCell {
                 u: &self.u,
                 paper_form,
                 cgru: None,
+                deep: self.deep_weights(),
             },
         }
+    }
+
+    /// The deep transition's later GRUs' `(b, U_ru, U)`.
+    fn deep_weights(&self) -> Vec<[&Tensor; 3]> {
+        self.deep.iter().map(|d| [&d.b, &d.u_ru, &d.u]).collect()
     }
 
     /// A per-step product with a recurrent weight (see `kernels::rec_matmul`).
@@ -350,6 +401,9 @@ pub struct TransitionWeights<'a> {
     /// The conditional GRU (cGRU): the transition above is its context GRU (no word input), and a word GRU
     /// follows it at every step.
     pub cgru: Option<CgruWeights<'a>>,
+    /// A deep transition's later GRUs, `[b, U_ru, U]` each (see [`DeepTransition`]): they follow the
+    /// transition above (the cGRU's context GRU) at every step, over the state alone.
+    pub deep: Vec<[&'a Tensor; 3]>,
 }
 
 /// The cGRU's weights beyond the context GRU's `C`, `U_ru`, `U` (see [`crate::model::decoder_cell::DecoderCell`]):

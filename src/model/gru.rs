@@ -66,18 +66,30 @@ impl Gru {
         mask: Option<&Tensor>,
         drop: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let hd = self.hidden;
-        let hm = match drop {
-            Some(d) => (h * d)?,
-            None => h.clone(),
-        };
-        let ru = crate::kernels::sigmoid(
-            k,
-            &(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, &hm, &self.u_ru)?)?,
-        )?;
-        let r = ru.narrow(1, 0, hd)?;
-        let pre_c = (xp.narrow(1, 2 * hd, hd)? + rec_matmul(k, &(r * &hm)?, &self.u)?)?;
-        // u∘h~ + (1−u)∘h
-        gru_update(k, &ru, &pre_c, h, mask)
+        gru_step(k, xp, h, mask, drop, (&self.u_ru, &self.u))
     }
+}
+
+/// One GRU step from the input terms `xp` `[B, 3H]` of `[r | u | h~]` and the previous state `h` `[B, H]`,
+/// with the recurrent weights `(U_ru, U)`: `[r | u] = σ(xp_ru + (d∘h) U_ru)`, `h~ = tanh(xp_c + (r∘d∘h) U)`,
+/// `h' = h + m∘u∘(h~ − h)` (`drop`: recurrent dropout's masks `d`; `mask`: the padding mask `m` `[B, 1]`).
+/// The composed form of [`crate::kernels::gru::gru_step_forward`].
+pub fn gru_step(
+    k: Kernels,
+    xp: &Tensor,
+    h: &Tensor,
+    mask: Option<&Tensor>,
+    drop: Option<&Tensor>,
+    (u_ru, u): (&Tensor, &Tensor),
+) -> Result<Tensor> {
+    let hd = u.dim(0)?;
+    let hm = match drop {
+        Some(d) => (h * d)?,
+        None => h.clone(),
+    };
+    let ru = crate::kernels::sigmoid(k, &(xp.narrow(1, 0, 2 * hd)? + rec_matmul(k, &hm, u_ru)?)?)?;
+    let r = ru.narrow(1, 0, hd)?;
+    let pre_c = (xp.narrow(1, 2 * hd, hd)? + rec_matmul(k, &(r * &hm)?, u)?)?;
+    // u∘h~ + (1−u)∘h
+    gru_update(k, &ru, &pre_c, h, mask)
 }

@@ -306,7 +306,13 @@ impl Model {
             coverage: Coverage::new(dec.clone(), cfg)?,
             tgt_emb,
             gate: Gate::new(dec.clone(), cfg)?,
-            cell: DecoderCell::new(dec.pp("cell"), cfg.decoder, cfg.gate_form, e, h)?,
+            cell: DecoderCell::new(
+                dec.pp("cell"),
+                (cfg.decoder, cfg.gate_form),
+                e,
+                h,
+                cfg.decoder_transition_depth,
+            )?,
             readout,
             kernels: Kernels::process_choice(),
         })
@@ -397,6 +403,9 @@ impl Model {
         }
         if let Gate::Context { u_z, c_z, .. } = &self.gate {
             w.extend(u_z.iter().chain(c_z.iter()));
+        }
+        for d in &self.cell.deep {
+            w.extend([&d.u_ru, &d.u]);
         }
         w
     }
@@ -706,6 +715,7 @@ impl Model {
             .gate
             .scales(self.kernels, wz_prev, t_prev, ctx, context_scale)?;
         let t = self.cell.context_step(self.kernels, t_prev, ctx, &sc)?;
+        let t = self.cell.deep_steps(self.kernels, t, None)?;
         Ok((t, Some(sc)))
     }
 
@@ -818,6 +828,7 @@ impl Model {
         let t = self
             .cell
             .step_dropped(self.kernels, t_prev, wp, ctx, &sc, drop)?;
+        let t = self.cell.deep_steps(self.kernels, t, drop)?;
         Ok((t, sc))
     }
 
@@ -1049,6 +1060,7 @@ impl Model {
                 t = self
                     .cell
                     .context_step_dropped(self.kernels, &t, &ctx, &sc, drop)?;
+                t = self.cell.deep_steps(self.kernels, t, drop)?;
             }
             states.push(t.clone());
             ctxs.push(out.ctx.clone());

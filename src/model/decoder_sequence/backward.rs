@@ -9,7 +9,7 @@ use candle_core::{Result, Tensor};
 
 use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
-use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZPreOp};
+use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, Saved, ZPreOp};
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
@@ -29,6 +29,8 @@ struct Backward<'a, T: Real> {
     u: Oriented<'a, T>,
     scales: RowScales<T>,
     cgru: Option<CgruView<'a, T>>,
+    /// A deep transition's later GRUs.
+    deep: Vec<DeepView<'a, T>>,
     cd: Option<&'a CovData<T>>,
     cr: Option<CovRows<'a, T>>,
     /// The mix's state and word rows.
@@ -77,6 +79,11 @@ struct Grads<T> {
     dp_rows: Vec<T>,
     du_rows: Vec<T>,
     duru_rows: Vec<T>,
+    /// A deep transition's later GRUs: each one's input terms' gradient per step (`[nt, B, 3H]`, for its
+    /// weights'), and the scratch rows of their steps.
+    ddeep: Vec<Vec<T>>,
+    dh_deep: Vec<T>,
+    drh_deep: Vec<T>,
 }
 
 impl DecoderSequence {
@@ -84,6 +91,7 @@ impl DecoderSequence {
         let dims = self.dims()?;
         let saved = crate::kernels::take_saved::<Saved<T>>(&self.saved, "fused decoder")?;
         let cgru_v = self.cgru_data::<T>()?;
+        let deep_v = self.deep_data::<T>()?;
         let cd = self.cov_data::<T>()?;
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
@@ -107,7 +115,7 @@ impl DecoderSequence {
                 &u,
             ],
             cd.as_ref(),
-            cgru_v.as_ref(),
+            (cgru_v.as_ref(), &deep_v),
         )?;
         let mut d = x.grads()?;
         for i in (0..dims.tl).rev() {
@@ -128,6 +136,7 @@ impl DecoderSequence {
                 (true, false) => self.active[i + 1],
             };
             if mt > 0 {
+                x.deep(&mut d, i, mt);
                 x.transition(&mut d, i, mt);
                 x.gate(&mut d, i, mt);
                 x.context_product(&mut d, i, mt);
@@ -142,6 +151,7 @@ impl DecoderSequence {
         x.coverage_weights(&mut d);
         x.gate_weights(&d);
         x.transition_weights(&d);
+        x.deep_weights(&d);
         let Grads { dt, dwp, dzp, .. } = d;
         self.t0.add_grad(dt);
         self.wp.add_grad(dwp);
@@ -181,9 +191,9 @@ impl<'a, T: Real> Backward<'a, T> {
         sv: &'a Saved<T>,
         [g, wp, v, u_ru, u]: [&'a [T]; 5],
         cd: Option<&'a CovData<T>>,
-        cgru_v: Option<&'a [Vec<T>; 3]>,
+        (cgru_v, deep_v): (Option<&'a [Vec<T>; 3]>, &'a [[Vec<T>; 3]]),
     ) -> Result<Self> {
-        let Dims { h, k, .. } = dims;
+        let Dims { h, k, b, .. } = dims;
         let cgru = cgru_v.map(|v| CgruView::new(v, h));
         let cr = cd.map(|c| c.rows());
         Ok(Backward {
@@ -205,6 +215,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 cgru.is_none().then_some((wp, &op.toff[..])),
             ),
             cgru,
+            deep: deep_v.iter().map(|v| DeepView::new(v, b, h)).collect(),
             drop: op.drop_data::<T>()?,
         })
     }
@@ -262,6 +273,11 @@ impl<'a, T: Real> Backward<'a, T> {
             dp_rows: vec![T::zero(); b * self.dims.kd],
             du_rows: vec![T::zero(); b * self.dims.uw],
             duru_rows: vec![T::zero(); b * self.dims.uruw],
+            ddeep: (0..self.deep.len())
+                .map(|_| zeroed(off[nt] * 3 * h))
+                .collect(),
+            dh_deep: vec![T::zero(); if self.deep.is_empty() { 0 } else { bh }],
+            drh_deep: vec![T::zero(); if self.deep.is_empty() { 0 } else { bh }],
         })
     }
 
@@ -323,6 +339,91 @@ impl<'a, T: Real> Backward<'a, T> {
         d.dt_prev.fill(T::zero());
     }
 
+    /// What the transition of step `i` wrote, before a deep transition's later GRUs: `t_{i+1}` (the cGRU's
+    /// `t_i`) at step `i`'s rows, or their first one's input state.
+    fn transition_output(&self, i: usize) -> &'a [T] {
+        let (h, off, sv) = (self.dims.h, &self.op.off, self.sv);
+        let (o, o1) = (off[i], off[i + 1]);
+        if let Some([hp, ..]) = sv.deep.first() {
+            &hp[o * h..o1 * h]
+        } else if self.cgru.is_some() {
+            &sv.sall[o * h..o1 * h]
+        } else {
+            &sv.tall[o1 * h..off[i + 2] * h]
+        }
+    }
+
+    /// Back through a deep transition's later GRUs of step `i`'s `mt` rows, last first: `dt` holds ∂ of their
+    /// output on entry and ∂ of the transition's output on exit; each one's input terms' gradient is kept.
+    fn deep(&self, d: &mut Grads<T>, i: usize, mt: usize) {
+        if self.deep.is_empty() {
+            return;
+        }
+        let h = self.dims.h;
+        let o = self.op.off[i];
+        let mth = mt * h;
+        let Grads {
+            dt,
+            ddeep,
+            dh_deep,
+            drh_deep,
+            ..
+        } = d;
+        for ((g, [hp, ru, _, ht]), dx) in self
+            .deep
+            .iter()
+            .zip(&self.sv.deep)
+            .zip(ddeep.iter_mut())
+            .rev()
+        {
+            dh_deep[..mth].fill(T::zero());
+            let step = GruStep {
+                h,
+                ru: &ru[o * 2 * h..o * 2 * h + 2 * mth],
+                ht: &ht[o * h..o * h + mth],
+                hp: &hp[o * h..o * h + mth],
+                mask: None,
+                drop: self.drop.as_ref().map(|d| &d[..mth]),
+            };
+            crate::kernels::profile::timed("  decoder bwd: deep transition", || {
+                step.backward(
+                    &dt[..mth],
+                    &mut dh_deep[..mth],
+                    &mut dx[o * 3 * h..o * 3 * h + 3 * mth],
+                    &mut drh_deep[..mth],
+                    &g.u,
+                    &g.u_ru,
+                )
+            });
+            dt[..mth].copy_from_slice(&dh_deep[..mth]);
+        }
+    }
+
+    /// A deep transition's later GRUs' weights: `b` from every step's input terms' gradient, `U_ru` from
+    /// the input state (`d∘t` under recurrent dropout), `U` from `r∘(d∘t)`, each one GEMM over all steps.
+    fn deep_weights(&self, d: &Grads<T>) {
+        let h = self.dims.h;
+        let nb = self.op.off[self.dims.nt];
+        let weight_grad = crate::kernels::product::<T>;
+        for ((g, [hp, _, rh, _]), dx) in self.op.deep.iter().zip(&self.sv.deep).zip(&d.ddeep) {
+            g.b.add_grad(sum_rows(dx, 3 * h));
+            g.u_ru.add_grad(weight_grad(
+                h,
+                2 * h,
+                nb,
+                Mat::t(&self.dropped(hp, self.dims.nt), h),
+                block(dx, 3 * h, 0),
+            ));
+            g.u.add_grad(weight_grad(
+                h,
+                h,
+                nb,
+                Mat::t(rh, h),
+                block(dx, 3 * h, 2 * h),
+            ));
+        }
+    }
+
     /// Back through the transition of step `i`'s `mt` rows from ∂t_{i+1} in `dt`: the pre-activations'
     /// gradient `dpre`, and `dts` = ∂(T∘t) (paper form: ∂T, with ∂t_i through the transition in `dtp`).
     fn transition(&self, d: &mut Grads<T>, i: usize, mt: usize) {
@@ -365,14 +466,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 paper_transition_backward(
                     (mt, h),
                     dt,
-                    (
-                        t_i,
-                        if self.cgru.is_some() {
-                            &sv.sall[o * h..o1 * h]
-                        } else {
-                            &sv.tall[o1 * h..off[i + 2] * h]
-                        },
-                    ),
+                    (t_i, self.transition_output(i)),
                     (&sv.rcs[o * h..o1 * h], &sv.ts[o * h..o1 * h]),
                     (u, u_ru),
                     gru_acts,
@@ -409,7 +503,7 @@ impl<'a, T: Real> Backward<'a, T> {
             });
         } else {
             // The vanilla unit t_{i+1} = tanh(pre + U (T∘t)): ∂pre, then ∂(T∘t) = ∂pre Uᵀ.
-            let t_next = &sv.tall[o1 * h..off[i + 2] * h];
+            let t_next = self.transition_output(i);
             crate::kernels::profile::timed("  decoder bwd: GRU step", || {
                 {
                     let (dt, dw) = (&*dt, RowsMut::new(dpre_i, h));

@@ -7,7 +7,7 @@ use candle_core::{CpuStorage, Result, Shape};
 
 use super::gate_mix::{gate_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition, vanilla_row_d};
-use super::{CgruView, CovData, DecoderSequence, Dims, Saved, ZConst};
+use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, Saved, ZConst};
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
@@ -34,6 +34,8 @@ struct Forward<'a, T: Real> {
     cd: Option<&'a CovData<T>>,
     cr: Option<CovRows<'a, T>>,
     cgru: Option<CgruView<'a, T>>,
+    /// A deep transition's later GRUs.
+    deep: Vec<DeepView<'a, T>>,
     /// The mix's state and word rows.
     mix: MixRows<'a, T>,
     /// Recurrent dropout's masks `[B, H]`.
@@ -80,6 +82,7 @@ impl DecoderSequence {
         };
         let cd = self.cov_data::<T>()?;
         let cgru_v = self.cgru_data::<T>()?;
+        let deep_v = self.deep_data::<T>()?;
         let x = Forward::new(
             self,
             dims,
@@ -94,7 +97,7 @@ impl DecoderSequence {
             wz,
             (&tw_v, wq, &cw_v, wc),
             cd.as_ref(),
-            cgru_v.as_ref(),
+            (cgru_v.as_ref(), &deep_v),
         )?;
         let mut a = x.acts(storage_slice::<T>(&g_t0, &l_t0)?);
         let Dims { tl, b, h, .. } = dims;
@@ -123,6 +126,7 @@ impl DecoderSequence {
             x.context_product(&mut a, i, mt);
             x.gate(&mut a, i, mt);
             x.transition(&mut a, i, mt);
+            x.deep(&mut a, i, mt);
         }
         let out = x.readout_input(&a);
         drop(x);
@@ -143,9 +147,9 @@ impl<'a, T: Real> Forward<'a, T> {
         wz: Option<&'a [T]>,
         (tw, wq, cw, wc): (&'a [T], usize, &'a [T], usize),
         cd: Option<&'a CovData<T>>,
-        cgru_v: Option<&'a [Vec<T>; 3]>,
+        (cgru_v, deep_v): (Option<&'a [Vec<T>; 3]>, &'a [[Vec<T>; 3]]),
     ) -> Result<Self> {
-        let Dims { h, k, .. } = dims;
+        let Dims { h, k, b, .. } = dims;
         let cgru = cgru_v.map(|v| CgruView::new(v, h));
         let cr = cd.map(|c| c.rows());
         Ok(Forward {
@@ -173,6 +177,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 cgru.is_none().then_some((wp, &op.toff[..])),
             ),
             cgru,
+            deep: deep_v.iter().map(|v| DeepView::new(v, b, h)).collect(),
             drop: op.drop_data::<T>()?,
         })
     }
@@ -220,6 +225,16 @@ impl<'a, T: Real> Forward<'a, T> {
                 wru: zeroed(off[cn] * 2 * h),
                 wrh: zeroed(off[cn] * h),
                 wht: zeroed(off[cn] * h),
+                deep: (0..self.deep.len())
+                    .map(|_| {
+                        [
+                            zeroed(off[nt] * h),
+                            zeroed(off[nt] * 2 * h),
+                            zeroed(off[nt] * h),
+                            zeroed(off[nt] * h),
+                        ]
+                    })
+                    .collect(),
                 tw: vec![],
                 wq: 0,
                 cw: vec![],
@@ -454,6 +469,46 @@ impl<'a, T: Real> Forward<'a, T> {
                 )
             }
         });
+    }
+
+    /// A deep transition's later GRUs over the `mt` rows the transition of step `i` wrote (its output, `t_{i+1}`
+    /// or the cGRU's `t_i`), in place: each saves its input state and its activations at step `i`'s rows.
+    fn deep(&self, a: &mut Acts<T>, i: usize, mt: usize) {
+        if self.deep.is_empty() {
+            return;
+        }
+        let h = self.dims.h;
+        let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
+        let mth = mt * h;
+        let Saved {
+            tall, sall, deep, ..
+        } = &mut a.s;
+        let state = if self.cgru.is_some() {
+            &mut sall[o * h..o * h + mth]
+        } else {
+            &mut tall[o1 * h..o1 * h + mth]
+        };
+        for (g, [hp, ru, rh, ht]) in self.deep.iter().zip(deep.iter_mut()) {
+            hp[o * h..o * h + mth].copy_from_slice(state);
+            let acts = GruActs {
+                ru: &mut ru[o * 2 * h..o * 2 * h + 2 * mth],
+                rh: &mut rh[o * h..o * h + mth],
+                ht: &mut ht[o * h..o * h + mth],
+            };
+            crate::kernels::profile::timed("  decoder fwd: deep transition", || {
+                gru_step_forward(
+                    h,
+                    &g.xp[..3 * mth],
+                    state,
+                    None,
+                    self.drop.as_ref().map(|d| &d[..mth]),
+                    acts,
+                    (&mut a.hu[..2 * mth], &mut a.rc[..mth]),
+                    &g.u_ru,
+                    &g.u,
+                )
+            });
+        }
     }
 
     /// The transition over its `mt` rows, from the pre-activations and `T∘t`: the next state `t_i` (the

@@ -90,6 +90,7 @@ pub fn decoder_sequence_fused<'a>(
                 u,
                 paper_form,
                 cgru,
+                deep,
             },
         gate: GateWeights { u_z, c_z, z_pre },
     } = w;
@@ -132,7 +133,10 @@ pub fn decoder_sequence_fused<'a>(
                     && g.u.dims2()? == (h, h)
             }
         };
-    if !ok || drop.is_some_and(|d| d.dims() != [b, h]) {
+    let deep_ok = deep.iter().all(|[db, du_ru, du]| {
+        db.elem_count() == 3 * h && du_ru.dims() == [h, 2 * h] && du.dims() == [h, h]
+    });
+    if !ok || !deep_ok || drop.is_some_and(|d| d.dims() != [b, h]) {
         candle_core::bail!("fused decoder sequence: shape mismatch");
     }
     let sh = |x: &Tensor| Shared::new(x);
@@ -225,6 +229,16 @@ pub fn decoder_sequence_fused<'a>(
                 u: sh(g.u)?,
             }),
         },
+        deep: deep
+            .iter()
+            .map(|[db, du_ru, du]| {
+                Ok(DeepOp {
+                    b: sh(db)?,
+                    u_ru: sh(du_ru)?,
+                    u: sh(du)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
         drop: drop.map(|d| d.contiguous()).transpose()?,
         saved: Default::default(),
     };
@@ -247,6 +261,9 @@ pub fn decoder_sequence_fused<'a>(
         None => {}
     }
     if let Some(g) = &op.cgru {
+        tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
+    }
+    for g in &op.deep {
         tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
     }
     if let Some(c) = &op.cov {
@@ -309,6 +326,8 @@ struct DecoderSequence {
     gate: Option<GateKinds>,
     cov: Option<CovOp>,
     cgru: Option<CgruOp>,
+    /// A deep transition's later GRUs (see [`DeepOp`]).
+    deep: Vec<DeepOp>,
     /// Recurrent dropout's masks `[B, H]` (see [`decoder_sequence_fused`]).
     drop: Option<Tensor>,
     saved: crate::kernels::SavedSlot,
@@ -326,6 +345,32 @@ impl<'a, T: Real> CgruView<'a, T> {
     fn new([b, u_ru, u]: &'a [Vec<T>; 3], h: usize) -> Self {
         CgruView {
             b,
+            u_ru: Oriented::new(u_ru, h, 2 * h),
+            u: Oriented::new(u, h, h),
+        }
+    }
+}
+
+/// One later GRU of a deep transition (see [`crate::model::decoder_cell::DeepTransition`]): its bias
+/// `[b_r | b_u | b_c]` (the step's input terms), `U_ru`, `U`.
+struct DeepOp {
+    b: Shared,
+    u_ru: Shared,
+    u: Shared,
+}
+
+/// A [`DeepOp`]'s values for one pass: its input terms repeated over `B` rows `[B, 3H]`, `U_ru`, `U`.
+struct DeepView<'a, T> {
+    xp: Vec<T>,
+    u_ru: Oriented<'a, T>,
+    u: Oriented<'a, T>,
+}
+
+impl<'a, T: Real> DeepView<'a, T> {
+    /// From [`DecoderSequence::deep_data`]'s values, for `b` rows of hidden size `h`.
+    fn new([bias, u_ru, u]: &'a [Vec<T>; 3], b: usize, h: usize) -> Self {
+        DeepView {
+            xp: bias.repeat(b),
             u_ru: Oriented::new(u_ru, h, 2 * h),
             u: Oriented::new(u, h, h),
         }
@@ -397,6 +442,9 @@ struct Saved<T> {
     wru: Vec<T>,
     wrh: Vec<T>,
     wht: Vec<T>,
+    /// A deep transition's later GRUs, each: its input state, `[r | u]`, `r∘(d∘t)`, `tanh(·)`
+    /// `[nt, B, ·]` (the first one's input state is the transition's output).
+    deep: Vec<[Vec<T>; 4]>,
 }
 
 /// The coverage inputs' values for one pass (all small: `[d, Ad]`, `[B, S, ·]`, `[d, 2d]`).
@@ -689,6 +737,15 @@ impl DecoderSequence {
             .as_ref()
             .map(|d| crate::kernels::to_vec::<T>(d))
             .transpose()
+    }
+
+    /// A deep transition's later GRUs' `b`, `U_ru`, `U` as values.
+    fn deep_data<T: Real>(&self) -> Result<Vec<[Vec<T>; 3]>> {
+        let v = |x: &Shared| crate::kernels::to_vec::<T>(&x.tensor);
+        self.deep
+            .iter()
+            .map(|g| Ok([v(&g.b)?, v(&g.u_ru)?, v(&g.u)?]))
+            .collect()
     }
 
     /// cGRU: the context GRU's bias and the word GRU's `U_ru`, `U` as values.

@@ -279,6 +279,96 @@ fn stacked_encoder_gradients_match_finite_differences() {
     assert!(three.contains(&"encoder.layer3.bwd.U_ru".to_string()));
 }
 
+/// Deep-transition decoders (`model.decoder_transition_depth`): every parameter against finite differences
+/// under the GRU, vanilla and cGRU decoders in both gate forms, with a gate and coverage, with every dropout,
+/// and with a stacked encoder; the later transitions' parameters are `decoder.cell.deepK.{b, U_ru, U}`.
+#[test]
+fn deep_transition_gradients_match_finite_differences() {
+    use cgnmt::model::dropout::Dropout;
+    let cases: Vec<Vec<&str>> = vec![
+        vec![
+            "model.decoder_transition_depth=2",
+            "model.context_gate=both",
+        ],
+        vec![
+            "model.decoder_transition_depth=3",
+            "model.gate_form=paper",
+            "model.context_gate=both",
+        ],
+        vec![
+            "model.decoder_transition_depth=2",
+            "model.decoder=vanilla",
+            "model.context_gate=source",
+        ],
+        vec![
+            "model.decoder_transition_depth=2",
+            "model.decoder=vanilla",
+            "model.gate_form=paper",
+            "model.context_gate=target",
+        ],
+        vec![
+            "model.decoder_transition_depth=2",
+            "model.decoder=cgru",
+            "model.context_gate=both",
+        ],
+        vec![
+            "model.decoder_transition_depth=2",
+            "model.decoder=cgru",
+            "model.gate_form=paper",
+            "model.context_gate=none",
+        ],
+        vec![
+            "model.decoder_transition_depth=2",
+            "model.encoder_layers=2",
+            "model.coverage=neural",
+            "model.coverage_dim=2",
+            "model.context_gate=both",
+        ],
+    ];
+    for (i, sets) in cases.iter().enumerate() {
+        let cfg = tiny_model_config(sets);
+        let worst = grad_check(&cfg, 81 + i as u64, 30);
+        assert!(worst < 1e-5, "{sets:?}: {worst:e}");
+        let opts = cgnmt::model::LossOptions {
+            dropout: Some(Dropout {
+                embeddings: 0.3,
+                annotations: 0.25,
+                readout: 0.4,
+                recurrent: 0.35,
+                seed: 5,
+            }),
+            ..Default::default()
+        };
+        let worst = grad_check_with(&cfg, 91 + i as u64, 30, &opts);
+        assert!(worst < 1e-5, "{sets:?} with dropout: {worst:e}");
+    }
+    let (_m, varmap) = Model::build(
+        &tiny_model_config(&["model.decoder_transition_depth=3"]),
+        7,
+        6,
+        1,
+        DType::F64,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let deep: Vec<String> = sorted_vars(&varmap)
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.contains(".deep"))
+        .collect();
+    assert_eq!(
+        deep,
+        [
+            "decoder.cell.deep2.U",
+            "decoder.cell.deep2.U_ru",
+            "decoder.cell.deep2.b",
+            "decoder.cell.deep3.U",
+            "decoder.cell.deep3.U_ru",
+            "decoder.cell.deep3.b"
+        ]
+    );
+}
+
 #[test]
 fn every_parameter_gets_a_nonzero_gradient_at_normal_size() {
     for gate in ["none", "both"] {

@@ -413,11 +413,12 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
             &["model.decoder=gru", "model.context_gate=both"][..],
         ),
         (
-            "cgru + both, 2 encoder layers",
+            "cgru + both, 2 encoder layers, depth-2 transition",
             &[
                 "model.decoder=cgru",
                 "model.context_gate=both",
                 "model.encoder_layers=2",
+                "model.decoder_transition_depth=2",
             ][..],
         ),
         (

@@ -88,6 +88,23 @@ fn stacked_encoder_parameter_counts() {
     }
 }
 
+/// Each later transition of a deep-transition decoder is a GRU over the state: `b` `[3H]`, `U_ru` `[H, 2H]`,
+/// `U` `[H, H]` (3.003M at H = 1000), under every decoder.
+#[test]
+fn deep_transition_parameter_counts() {
+    for dec in ["gru", "vanilla", "cgru"] {
+        let one = count(&["model.context_gate=both", &format!("model.decoder={dec}")]);
+        for depth in [2, 4] {
+            let n = count(&[
+                "model.context_gate=both",
+                &format!("model.decoder={dec}"),
+                &format!("model.decoder_transition_depth={depth}"),
+            ]);
+            assert_eq!(n - one, (depth - 1) * 3_003_000, "{dec}, depth {depth}");
+        }
+    }
+}
+
 #[test]
 fn coverage_overheads_match_the_coverage_paper() {
     let base = count(&["model.context_gate=none"]);
@@ -166,11 +183,13 @@ fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
 
 /// A gated model and an ungated model sharing every common parameter; the gate's weights are zero so that
 /// z = σ(0) = 0.5 exactly.
-fn pair(dec: &str, form: &str, gate_sets: &[&str]) -> (Model, Model, Batch) {
+/// (`depth`: `model.decoder_transition_depth` of both.)
+fn pair(dec: &str, form: &str, depth: usize, gate_sets: &[&str]) -> (Model, Model, Batch) {
     let mut sets = vec![
         format!("model.decoder={dec}"),
         format!("model.gate_form={form}"),
         "model.context_gate=none".to_string(),
+        format!("model.decoder_transition_depth={depth}"),
     ];
     let plain_cfg: ModelConfig =
         tiny_model_config(&sets.iter().map(|s| s.as_str()).collect::<Vec<_>>());
@@ -192,9 +211,17 @@ fn pair(dec: &str, form: &str, gate_sets: &[&str]) -> (Model, Model, Batch) {
     (gated, plain, tiny_batch(5, 7, 6, DType::F64))
 }
 
+/// In a deep-transition decoder (depth 2 and 3) the gate scales the inputs of the first transition only (the
+/// later ones read the state alone), so the same identities hold.
 #[test]
 fn gates_at_one_half_reduce_to_the_ungated_cell_with_matching_scales() {
-    for dec in ["gru", "vanilla"] {
+    for (dec, depth) in [
+        ("gru", 1),
+        ("vanilla", 1),
+        ("gru", 2),
+        ("vanilla", 2),
+        ("gru", 3),
+    ] {
         for form in ["reference", "paper"] {
             // (gate settings, context scale that cancels z = 0.5, equivalent scaling of the ungated cell)
             let cases: Vec<(Vec<&str>, (f64, f64), (f64, f64))> = vec![
@@ -214,17 +241,17 @@ fn gates_at_one_half_reduce_to_the_ungated_cell_with_matching_scales() {
                 ),
             ];
             for (sets, cancel, equiv) in cases {
-                let (gated, plain, batch) = pair(dec, form, &sets);
+                let (gated, plain, batch) = pair(dec, form, depth, &sets);
                 let reference = states(&plain, &batch, (1.0, 1.0));
                 let d = max_diff(&states(&gated, &batch, cancel), &reference);
-                assert!(d < 1e-12, "{dec}/{form}/{sets:?}: z = 0.5 with scale {cancel:?} differs from ungated by {d}");
+                assert!(d < 1e-12, "{dec}/{form}/depth {depth}/{sets:?}: z = 0.5 with scale {cancel:?} differs from ungated by {d}");
                 let d = max_diff(
                     &states(&gated, &batch, (1.0, 1.0)),
                     &states(&plain, &batch, equiv),
                 );
                 assert!(
                     d < 1e-12,
-                    "{dec}/{form}/{sets:?}: gate 0.5 ≠ ungated with scale {equiv:?} ({d})"
+                    "{dec}/{form}/depth {depth}/{sets:?}: gate 0.5 ≠ ungated with scale {equiv:?} ({d})"
                 );
                 // And the gate really matters: without cancelling, the states differ.
                 assert!(max_diff(&states(&gated, &batch, (1.0, 1.0)), &reference) > 1e-6);
@@ -235,12 +262,13 @@ fn gates_at_one_half_reduce_to_the_ungated_cell_with_matching_scales() {
 
 #[test]
 fn context_scale_one_one_changes_nothing_and_zero_removes_the_source_context() {
-    for dec in ["gru", "vanilla"] {
+    for (dec, depth) in [("gru", 1), ("vanilla", 1), ("gru", 2), ("vanilla", 3)] {
         for gate in ["none", "source", "target", "both"] {
             let cfg = tiny_model_config(&[
                 &format!("model.decoder={dec}"),
                 &format!("model.context_gate={gate}"),
                 "model.gate_inputs=[\"word\",\"state\"]",
+                &format!("model.decoder_transition_depth={depth}"),
             ]);
             let (m, vm) = Model::build(&cfg, 7, 6, 3, DType::F64, &Device::Cpu).unwrap();
             randomize(&vm, 8, 0.5);
@@ -400,6 +428,16 @@ fn every_variant_learns_on_real_data() {
             "model.context_gate=both",
             "model.encoder_layers=3",
             "model.residual=false",
+        ],
+        vec![
+            "model.context_gate=both",
+            "model.decoder_transition_depth=2",
+        ],
+        vec![
+            "model.decoder=cgru",
+            "model.context_gate=both",
+            "model.decoder_transition_depth=3",
+            "model.encoder_layers=2",
         ],
     ];
     for v in variants {

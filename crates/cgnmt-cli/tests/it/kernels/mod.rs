@@ -169,6 +169,32 @@ fn variants() -> Vec<Vec<String>> {
         "model.coverage=neural".into(),
         "model.coverage_dim=2".into(),
     ]);
+    // Deep transitions (`model.decoder_transition_depth`) under every decoder and form, with and without a
+    // gate, with coverage, and with a stacked encoder.
+    for dec in ["gru", "vanilla", "cgru"] {
+        for form in ["reference", "paper"] {
+            for gate in ["none", "both"] {
+                v.push(vec![
+                    "model.decoder_transition_depth=2".into(),
+                    format!("model.decoder={dec}"),
+                    format!("model.gate_form={form}"),
+                    format!("model.context_gate={gate}"),
+                ]);
+            }
+        }
+    }
+    v.push(vec![
+        "model.decoder_transition_depth=3".into(),
+        "model.encoder_layers=2".into(),
+        "model.coverage=neural".into(),
+        "model.coverage_dim=2".into(),
+    ]);
+    v.push(vec![
+        "model.decoder_transition_depth=3".into(),
+        "model.decoder=cgru".into(),
+        "model.context_gate=none".into(),
+        "model.gating_scalar=true".into(),
+    ]);
     v
 }
 
