@@ -133,10 +133,7 @@ pub fn decoder_sequence_fused<'a>(
                     && g.u.dims2()? == (h, h)
             }
         };
-    let deep_ok = deep.iter().all(|[db, du_ru, du]| {
-        db.elem_count() == 3 * h && du_ru.dims() == [h, 2 * h] && du.dims() == [h, h]
-    });
-    if !ok || !deep_ok || drop.is_some_and(|d| d.dims() != [b, h]) {
+    if !ok || drop.is_some_and(|d| d.dims() != [b, h]) {
         candle_core::bail!("fused decoder sequence: shape mismatch");
     }
     let sh = |x: &Tensor| Shared::new(x);
@@ -229,16 +226,7 @@ pub fn decoder_sequence_fused<'a>(
                 u: sh(g.u)?,
             }),
         },
-        deep: deep
-            .iter()
-            .map(|[db, du_ru, du]| {
-                Ok(DeepOp {
-                    b: sh(db)?,
-                    u_ru: sh(du_ru)?,
-                    u: sh(du)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?,
+        deep: DeepOp::all(deep, h)?,
         drop: drop.map(|d| d.contiguous()).transpose()?,
         saved: Default::default(),
     };
@@ -357,6 +345,24 @@ struct DeepOp {
     b: Shared,
     u_ru: Shared,
     u: Shared,
+}
+
+impl DeepOp {
+    /// The ops of a deep transition's later GRUs `[b, U_ru, U]` of hidden size `h`.
+    fn all(deep: &[[&Tensor; 3]], h: usize) -> Result<Vec<DeepOp>> {
+        deep.iter()
+            .map(|[b, u_ru, u]| {
+                if b.elem_count() != 3 * h || u_ru.dims() != [h, 2 * h] || u.dims() != [h, h] {
+                    candle_core::bail!("fused decoder sequence: deep transition shape mismatch");
+                }
+                Ok(DeepOp {
+                    b: Shared::new(b)?,
+                    u_ru: Shared::new(u_ru)?,
+                    u: Shared::new(u)?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// A [`DeepOp`]'s values for one pass: its input terms repeated over `B` rows `[B, 3H]`, `U_ru`, `U`.

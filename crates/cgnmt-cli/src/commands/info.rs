@@ -28,6 +28,19 @@ pub fn run(a: InfoArgs) -> Result<()> {
         cfg.data.src_vocab_size,
         cfg.data.tgt_vocab_size
     );
+    let m = &cfg.model;
+    if m.encoder_layers > 1 || m.decoder_transition_depth > 1 {
+        println!(
+            "depth: {} encoder layer(s){}, {} transition(s) per decoder step",
+            m.encoder_layers,
+            if m.encoder_layers > 1 && m.residual {
+                " with residual connections"
+            } else {
+                ""
+            },
+            m.decoder_transition_depth
+        );
+    }
     for (k, n) in &counts {
         println!("{k:<28} {n:>12}  ({:.2}M)", *n as f64 / 1e6);
     }

@@ -10,6 +10,7 @@ mod bundled_data;
 mod cli_errors;
 mod common;
 mod data_get;
+mod deep;
 mod divergence;
 mod ensemble;
 mod eval_cli;
