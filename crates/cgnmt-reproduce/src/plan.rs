@@ -483,6 +483,7 @@ mod tests {
             "gates-modern.toml",
             "gates-modern-hansards.toml",
             "low-resource.toml",
+            "deep.toml",
         ] {
             let plan = Plan::load(&root.join("configs/reproduce").join(p)).unwrap();
             assert!(plan.systems.len() >= 3, "{p}");
