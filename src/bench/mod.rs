@@ -15,13 +15,27 @@ use crate::error::{NmtError, Result};
 use crate::model::{Batch, Model};
 use crate::train::optim::Optimizer;
 
-/// Named sizes: (E, H, V, batch, target length).
+/// Named sizes: (E, H, V, batch, target length). A `-deep` size (`small-deep`, `paper-deep`) is its base size
+/// with a deep model ([`size_model_sets`]).
 pub fn size_preset(name: &str) -> Option<(usize, usize, usize, usize, usize)> {
-    match name {
+    match name.strip_suffix("-deep").unwrap_or(name) {
         "small" => Some((256, 512, 8000, 64, 20)),
         "paper" => Some((620, 1000, 30000, 80, 30)),
         "tiny" => Some((64, 128, 2000, 16, 10)),
         _ => None,
+    }
+}
+
+/// The model settings a named size adds to its dimensions: a `-deep` size has two bidirectional encoder
+/// layers (with a residual connection) and a depth-2 transition in the decoder.
+pub fn size_model_sets(name: &str) -> Vec<String> {
+    if name.ends_with("-deep") {
+        vec![
+            "model.encoder_layers=2".into(),
+            "model.decoder_transition_depth=2".into(),
+        ]
+    } else {
+        vec![]
     }
 }
 
@@ -238,8 +252,14 @@ pub fn encoder_flops(cfg: &Config, b: usize, s: usize) -> f64 {
     );
     let (b, s) = (b as f64, s as f64);
     let enc = 2.0 * (2.0 * e * 3.0 * h + 2.0 * h * 3.0 * h) * b * s;
+    // Each layer above the first: both directions' input products over the 2H annotations, and recurrent.
+    let upper = (m.encoder_layers.max(1) - 1) as f64
+        * 2.0
+        * (2.0 * 2.0 * h * 3.0 * h + 2.0 * h * 3.0 * h)
+        * b
+        * s;
     let keys = 2.0 * 2.0 * h * ad * b * s;
-    enc + keys
+    enc + upper + keys
 }
 
 /// FLOPs of one decoder step for one hypothesis (attention over `s` source positions, transition,
@@ -261,6 +281,8 @@ pub fn decoder_step_flops(cfg: &Config, v: usize, s: usize) -> f64 {
         DecoderKind::Cgru => 2.0 * ((e + h) + (2.0 * h + h)) * 3.0 * h,
     } * b
         * t;
+    // A deep transition's later GRUs: their recurrent products only (their input terms are a bias).
+    let cell = cell + (m.decoder_transition_depth.max(1) - 1) as f64 * 2.0 * h * 3.0 * h * b * t;
     let gate = if m.context_gate != ContextGate::None {
         2.0 * (e + h + 2.0 * h) * h * b * t
     } else {
@@ -440,7 +462,9 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         "config": {"size": opts.size, "embedding_dim": cfg.model.embedding_dim, "hidden_dim": cfg.model.hidden_dim,
                    "vocab": v, "batch": bsz, "tgt_len": tlen,
                    "lengths": if opts.reference_lengths { "reference" } else { "fixed" }, "decoder": cfg.model.decoder, "context_gate": cfg.model.context_gate,
-                   "coverage": cfg.model.coverage, "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
+                   "coverage": cfg.model.coverage, "encoder_layers": cfg.model.encoder_layers,
+                   "decoder_transition_depth": cfg.model.decoder_transition_depth,
+                   "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
                    "label_smoothing": cfg.train.label_smoothing, "recurrent_dropout": cfg.train.recurrent_dropout,
                    "simd": crate::kernels::simd_level()},
         "params": crate::model::init::count(&varmap),
@@ -852,13 +876,42 @@ mod tests {
         let att = 2.0 * h * 30.0 + 3.0 * 30.0 * 7.0 + 2.0 * 7.0 * 2.0 * h;
         assert!((vanilla - readout - att - 2.0 * (e + 3.0 * h) * h).abs() < 1e-6);
     }
+
+    /// A deep model's extra products: each encoder layer above the first `2·(2·2H·3H + 2·H·3H)` per word, each
+    /// later transition `2·H·3H` per step; a `-deep` size names that model.
+    #[test]
+    fn deep_models_count_their_extra_products() {
+        let (h, s) = (20.0, 7.0);
+        let deep = |set: &str| {
+            let base = cfg("gru");
+            let mut c = base.clone();
+            let extra = Config::load(None, &[set.to_string()]).unwrap().model;
+            c.model.encoder_layers = extra.encoder_layers;
+            c.model.decoder_transition_depth = extra.decoder_transition_depth;
+            c
+        };
+        let base = cfg("gru");
+        let enc3 = deep("model.encoder_layers=3");
+        let d = encoder_flops(&enc3, 1, 7) - encoder_flops(&base, 1, 7);
+        assert!((d - 2.0 * 2.0 * (2.0 * 2.0 * h * 3.0 * h + 2.0 * h * 3.0 * h) * s).abs() < 1e-6);
+        let dt3 = deep("model.decoder_transition_depth=3");
+        let d = decoder_step_flops(&dt3, 50, 7) - decoder_step_flops(&base, 50, 7);
+        assert!((d - 2.0 * 2.0 * h * 3.0 * h).abs() < 1e-6);
+        let c = size_config("small-deep", &[]).unwrap();
+        assert_eq!((c.model.hidden_dim, c.model.encoder_layers), (512, 2));
+        assert_eq!(c.model.decoder_transition_depth, 2);
+        assert_eq!(size_preset("paper-deep"), size_preset("paper"));
+        assert!(size_config("huge-deep", &[]).is_err());
+    }
 }
 
 /// The configuration `cgnmt bench` measures: the named size's (see [`size_preset`]) with Adam, then the
 /// `sets` (`section.key=value`).
 pub fn size_config(size: &str, sets: &[String]) -> Result<Config> {
     let (e, h, v, b, _) = size_preset(size).ok_or_else(|| {
-        NmtError::Options(format!("unknown size {size:?} (small, paper or tiny)"))
+        NmtError::Options(format!(
+            "unknown size {size:?} (small, paper or tiny, or small-deep, paper-deep, tiny-deep)"
+        ))
     })?;
     let mut all = vec![
         format!("model.embedding_dim={e}"),
@@ -869,6 +922,7 @@ pub fn size_config(size: &str, sets: &[String]) -> Result<Config> {
         format!("train.batch_size={b}"),
         "train.optimizer=adam".to_string(),
     ];
+    all.extend(size_model_sets(size));
     all.extend(sets.iter().cloned());
     Config::load(None, &all)
 }
