@@ -15,7 +15,8 @@
 //! The fused kernels of the paper's concepts sit here, one file per concept, each with the concept's row
 //! maths and custom ops beside their composed references (and the gradient checks that tie them, in
 //! `tests/it/kernels/`): [`attention`] (scores; softmax + context; decoding's attention over sentence rows),
-//! [`gru`] (the GRU update and step, shared by the encoder and the decoder), [`encoder`] (both directions'
+//! [`gru`] (the GRU update and step, shared by the encoder and the decoder), [`layer_norm`] (a row's blocks
+//! normalised, the building block of a layer-normalised GRU), [`encoder`] (both directions'
 //! recurrences as one op), [`gate`] (the gate's scales on word and context terms), [`coverage`] (the coverage
 //! rows of the decoder's recurrence), [`readout`] (maxout; output layer + log-softmax + NLL; inference
 //! log-softmax; the readout rows). `model/<concept>.rs` holds the concept itself: its parameters, its step and
@@ -34,6 +35,7 @@ pub mod gate;
 mod gemm;
 mod gemm_common;
 pub mod gru;
+pub mod layer_norm;
 mod ops;
 pub mod packed_gemm;
 mod pass;

@@ -1065,3 +1065,96 @@ fn a_shape_error_names_the_sizes_it_expected_and_got() {
         assert!(err.contains(part), "{part:?} missing from: {err}");
     }
 }
+
+/// Layer normalisation of a row's blocks (`kernels::layer_norm`, the building block of a layer-normalised GRU):
+/// the fused op against its composed reference (forward to 1e-5 in f32, gradients to 1e-10 in f64, with a
+/// width that leaves remainders and GRU-like blocks `[2H | H]`), the fused gradients against central finite
+/// differences in f64, each block normalised on its own (mean 0, variance 1 before the gain), and bad blocks
+/// refused.
+#[test]
+fn layer_norm_matches_its_reference_and_finite_differences() {
+    use cgnmt::kernels::layer_norm::{layer_norm_fused, layer_norm_reference};
+    for (dtype, ft, gt) in [(DType::F32, 1e-5, 1e-4), (DType::F64, 1e-12, 1e-10)] {
+        for blocks in [vec![14, 7], vec![21], vec![3, 5, 13]] {
+            let mut rng = StdRng::seed_from_u64(17);
+            let vars = [
+                rand_var(&mut rng, &[9, 21], 2.0, dtype),
+                rand_var(&mut rng, &[21], 1.5, dtype),
+                rand_var(&mut rng, &[21], 1.0, dtype),
+            ];
+            compare(
+                dtype,
+                &vars,
+                &|x| vec![layer_norm_fused(&x[0], &x[1], &x[2], &blocks).unwrap()],
+                &|x| vec![layer_norm_reference(&x[0], &x[1], &x[2], &blocks).unwrap()],
+                ft,
+                gt,
+                &format!("layer norm {blocks:?}"),
+            );
+        }
+    }
+    // Finite differences of Σ r∘LN(x) in f64, every input.
+    let mut rng = StdRng::seed_from_u64(23);
+    let blocks = [6, 3];
+    let xs = [
+        rand_var(&mut rng, &[4, 9], 2.0, DType::F64),
+        rand_var(&mut rng, &[9], 1.5, DType::F64),
+        rand_var(&mut rng, &[9], 1.0, DType::F64),
+    ];
+    let r = rand_var(&mut rng, &[4, 9], 1.0, DType::F64);
+    let loss = |x: &[Tensor]| {
+        (layer_norm_fused(&x[0], &x[1], &x[2], &blocks).unwrap() * r.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    };
+    let ts: Vec<Tensor> = xs.iter().map(|v| v.as_tensor().clone()).collect();
+    let grads = cgnmt::kernels::backward(&loss(&ts)).unwrap();
+    let mut worst: f64 = 0.0;
+    for (i, v) in xs.iter().enumerate() {
+        let g: Vec<f64> = grads
+            .get(v.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let base: Vec<f64> = v.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
+        for k in 0..base.len() {
+            let at = |d: f64| {
+                let mut p = base.clone();
+                p[k] += d;
+                let mut x = ts.clone();
+                x[i] = Tensor::from_vec(p, v.shape(), &Device::Cpu).unwrap();
+                loss(&x).to_scalar::<f64>().unwrap()
+            };
+            let fd = (at(1e-6) - at(-1e-6)) / 2e-6;
+            worst = worst.max((fd - g[k]).abs() / (1e-3 + fd.abs().max(g[k].abs())));
+        }
+    }
+    assert!(
+        worst < 1e-6,
+        "layer norm gradients against finite differences: {worst:e}"
+    );
+    // With unit gain and zero bias each block has mean 0 and variance 1 (up to ε).
+    let x = rand_var(&mut rng, &[5, 9], 3.0, DType::F64);
+    let ones = Tensor::ones(9, DType::F64, &Device::Cpu).unwrap();
+    let zeros = Tensor::zeros(9, DType::F64, &Device::Cpu).unwrap();
+    let y: Vec<Vec<f64>> = layer_norm_fused(x.as_tensor(), &ones, &zeros, &blocks)
+        .unwrap()
+        .to_vec2()
+        .unwrap();
+    for row in &y {
+        for (from, n) in [(0, 6), (6, 3)] {
+            let b = &row[from..from + n];
+            let mean = b.iter().sum::<f64>() / n as f64;
+            let var = b.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+            assert!(
+                mean.abs() < 1e-12 && (var - 1.0).abs() < 1e-3,
+                "{mean} {var}"
+            );
+        }
+    }
+    let err = layer_norm_fused(x.as_tensor(), &ones, &zeros, &[6, 4]).unwrap_err();
+    assert!(err.to_string().contains("do not tile"), "{err}");
+}

@@ -1,0 +1,267 @@
+//! Layer normalisation (Ba et al. 2016) of a row's blocks, as Nematus and Marian apply it inside a GRU: each
+//! block of a pre-activation row (e.g. `[r | u]` and the candidate's of `x W`, `[2H | H]`) is normalised on its
+//! own, `y = g∘(x − μ)/σ + β` with the block's mean `μ`, `σ = √(var + ε)` (the biased variance), and a learned
+//! gain `g` and bias `β` per unit. The composed reference ([`layer_norm_reference`]), the fused op with a
+//! hand-derived backward pass ([`layer_norm_fused`]), and the row kernels ([`ln_row_forward`],
+//! [`ln_row_backward`]) that a fused recurrence can run per step; the gradient checks that tie them are in
+//! `tests/it/kernels/ops.rs`. (The building block of `model.layer_norm`, which the cells do not read yet.)
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+
+use crate::kernels::{by_dtype, slice, Kernels, Real};
+
+/// The `ε` under the variance (Nematus's and Marian's 1e-5).
+pub const EPS: f64 = 1e-5;
+
+/// Whether `blocks` tile a row of `width`: positive widths summing to it.
+fn check_blocks(width: usize, blocks: &[usize]) -> Result<()> {
+    if blocks.is_empty() || blocks.contains(&0) || blocks.iter().sum::<usize>() != width {
+        candle_core::bail!("layer norm: blocks {blocks:?} do not tile a row of {width} values");
+    }
+    Ok(())
+}
+
+/// `x` `[N, W]` with each of its rows' `blocks` (widths summing to `W`) normalised on its own, then scaled by
+/// `g` `[W]` and shifted by `b` `[W]`. Composed reference.
+pub fn layer_norm_reference(
+    x: &Tensor,
+    g: &Tensor,
+    b: &Tensor,
+    blocks: &[usize],
+) -> Result<Tensor> {
+    let (_, w) = x.dims2()?;
+    check_blocks(w, blocks)?;
+    let mut parts = Vec::with_capacity(blocks.len());
+    let mut at = 0;
+    for &n in blocks {
+        let xb = x.narrow(1, at, n)?;
+        let mu = xb.mean_keepdim(D::Minus1)?;
+        let c = xb.broadcast_sub(&mu)?;
+        let var = c.sqr()?.mean_keepdim(D::Minus1)?;
+        let xhat = c.broadcast_div(&(var + EPS)?.sqrt()?)?;
+        parts.push(
+            xhat.broadcast_mul(&g.narrow(0, at, n)?)?
+                .broadcast_add(&b.narrow(0, at, n)?)?,
+        );
+        at += n;
+    }
+    Tensor::cat(&parts, 1)
+}
+
+/// [`layer_norm_reference`] as one fused op with a hand-derived backward pass.
+pub fn layer_norm_fused(x: &Tensor, g: &Tensor, b: &Tensor, blocks: &[usize]) -> Result<Tensor> {
+    let (_, w) = x.dims2()?;
+    check_blocks(w, blocks)?;
+    if g.elem_count() != w || b.elem_count() != w {
+        candle_core::bail!(
+            "layer norm: a gain of {} and a bias of {} values for rows of {w}",
+            g.elem_count(),
+            b.elem_count()
+        );
+    }
+    x.contiguous()?.apply_op3(
+        &g.contiguous()?,
+        &b.contiguous()?,
+        LayerNorm {
+            blocks: blocks.to_vec(),
+        },
+    )
+}
+
+/// Reference or fused, as `kernels` and the device say.
+pub fn layer_norm(
+    kernels: Kernels,
+    x: &Tensor,
+    g: &Tensor,
+    b: &Tensor,
+    blocks: &[usize],
+) -> Result<Tensor> {
+    if kernels.fused_on(x.device()) {
+        layer_norm_fused(x, g, b, blocks)
+    } else {
+        layer_norm_reference(x, g, b, blocks)
+    }
+}
+
+/// One row's forward pass: `y` = the normalised blocks scaled and shifted; `xhat` keeps `(x − μ)/σ` and
+/// `rstd` each block's `1/σ` (one value per block) for the backward pass.
+pub fn ln_row_forward<T: Real>(
+    x: &[T],
+    g: &[T],
+    b: &[T],
+    blocks: &[usize],
+    xhat: &mut [T],
+    rstd: &mut [T],
+    y: &mut [T],
+) {
+    let mut at = 0;
+    for (k, &n) in blocks.iter().enumerate() {
+        let r = at..at + n;
+        let inv = T::one() / T::from_f64c(n as f64);
+        let mu = x[r.clone()].iter().fold(T::zero(), |s, &v| s + v) * inv;
+        let var = x[r.clone()]
+            .iter()
+            .fold(T::zero(), |s, &v| s + (v - mu) * (v - mu))
+            * inv;
+        let rs = T::one() / (var + T::from_f64c(EPS)).sqrt();
+        rstd[k] = rs;
+        for j in r {
+            let xh = (x[j] - mu) * rs;
+            xhat[j] = xh;
+            y[j] = g[j] * xh + b[j];
+        }
+        at += n;
+    }
+}
+
+/// One row's backward pass from `dy`, its saved `xhat` and `rstd` and the gain `g`: writes `∂x` into `dx`
+/// and adds the row's shares of `∂g` and `∂β` into `dg` and `db`:
+/// `∂x = (1/σ)·(d − mean(d) − x̂·mean(d∘x̂))` per block with `d = g∘dy`.
+pub fn ln_row_backward<T: Real>(
+    dy: &[T],
+    xhat: &[T],
+    rstd: &[T],
+    g: &[T],
+    blocks: &[usize],
+    dx: &mut [T],
+    dg: &mut [T],
+    db: &mut [T],
+) {
+    let mut at = 0;
+    for (k, &n) in blocks.iter().enumerate() {
+        let r = at..at + n;
+        let inv = T::one() / T::from_f64c(n as f64);
+        let (mut sd, mut sdx) = (T::zero(), T::zero());
+        for j in r.clone() {
+            let d = g[j] * dy[j];
+            sd = sd + d;
+            sdx = sdx + d * xhat[j];
+            dg[j] = dg[j] + dy[j] * xhat[j];
+            db[j] = db[j] + dy[j];
+        }
+        let (md, mdx) = (sd * inv, sdx * inv);
+        for j in r {
+            dx[j] = rstd[k] * (g[j] * dy[j] - md - xhat[j] * mdx);
+        }
+        at += n;
+    }
+}
+
+struct LayerNorm {
+    blocks: Vec<usize>,
+}
+
+fn ln_fwd<T: Real>(
+    blocks: &[usize],
+    s1: &CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+) -> Result<(CpuStorage, Shape)> {
+    let (n, w) = l1.shape().dims2()?;
+    let (x, g, b) = (
+        slice::<T>(s1, l1)?,
+        slice::<T>(s2, l2)?,
+        slice::<T>(s3, l3)?,
+    );
+    let mut y = vec![T::zero(); n * w];
+    let (mut xhat, mut rstd) = (vec![T::zero(); w], vec![T::zero(); blocks.len()]);
+    for (i, yr) in y.chunks_mut(w.max(1)).enumerate() {
+        ln_row_forward(
+            &x[i * w..(i + 1) * w],
+            g,
+            b,
+            blocks,
+            &mut xhat,
+            &mut rstd,
+            yr,
+        );
+    }
+    Ok((T::to_cpu_storage_owned(y), Shape::from((n, w))))
+}
+
+/// The backward pass's three gradients `(∂x, ∂g, ∂β)` from the inputs' and the output gradient's values.
+fn ln_bwd<T: Real>(
+    blocks: &[usize],
+    x: &Tensor,
+    g: &Tensor,
+    grad: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (n, w) = x.dims2()?;
+    let (xv, gv, dyv) = (
+        crate::kernels::to_vec::<T>(x)?,
+        crate::kernels::to_vec::<T>(g)?,
+        crate::kernels::to_vec::<T>(grad)?,
+    );
+    let mut dx = vec![T::zero(); n * w];
+    let (mut dg, mut db) = (vec![T::zero(); w], vec![T::zero(); w]);
+    let (mut xhat, mut rstd, mut y) = (
+        vec![T::zero(); w],
+        vec![T::zero(); blocks.len()],
+        vec![T::zero(); w],
+    );
+    let zeros = vec![T::zero(); w];
+    for i in 0..n {
+        let r = i * w..(i + 1) * w;
+        // The row's statistics again (cheaper to recompute than to keep for every row).
+        ln_row_forward(
+            &xv[r.clone()],
+            &gv,
+            &zeros,
+            blocks,
+            &mut xhat,
+            &mut rstd,
+            &mut y,
+        );
+        ln_row_backward(
+            &dyv[r.clone()],
+            &xhat,
+            &rstd,
+            &gv,
+            blocks,
+            &mut dx[r],
+            &mut dg,
+            &mut db,
+        );
+    }
+    let dev = x.device();
+    Ok((
+        Tensor::from_vec(dx, (n, w), dev)?,
+        Tensor::from_vec(dg, g.shape(), dev)?,
+        Tensor::from_vec(db, g.shape(), dev)?,
+    ))
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "fused-layer-norm"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        by_dtype!(s1, ln_fwd, &self.blocks, s1, l1, s2, l2, s3, l3)
+    }
+    fn bwd(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dg, db) = match x.dtype() {
+            candle_core::DType::F32 => ln_bwd::<f32>(&self.blocks, x, g, grad)?,
+            candle_core::DType::F64 => ln_bwd::<f64>(&self.blocks, x, g, grad)?,
+            _ => candle_core::bail!("fused kernels support f32 and f64"),
+        };
+        Ok((Some(dx), Some(dg), Some(db)))
+    }
+}
