@@ -484,6 +484,7 @@ mod tests {
             "gates-modern-hansards.toml",
             "low-resource.toml",
             "deep.toml",
+            "deep-hansards.toml",
         ] {
             let plan = Plan::load(&root.join("configs/reproduce").join(p)).unwrap();
             assert!(plan.systems.len() >= 3, "{p}");
