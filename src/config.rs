@@ -735,6 +735,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("batch_size"), "{e}");
+        for key in ["model.encoder_layers", "model.decoder_transition_depth"] {
+            let e = Config::load(None, &[format!("{key}=0")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains("at least 1"), "{e}");
+        }
         let e = Config::load(None, &["train.weight_decay=0.01".into()])
             .unwrap_err()
             .to_string();

@@ -135,3 +135,28 @@ def test_fine_tuning_starts_from_the_model(prepared, tmp_path):
     with pytest.raises(FileNotFoundError):
         cgnmt.train(set={"data.prepared": str(prepared)}, out=tmp_path / "y", init=tmp_path / "nothing",
                     quiet=True)
+
+
+def test_a_deep_model_trains_and_translates_from_python(prepared, tmp_path):
+    """Stacked encoders and a deep transition (`model.encoder_layers`, `model.decoder_transition_depth`) from
+    Python: the summary counts their parameters, and the model translates with attention and gates."""
+    plain = cgnmt.train(set=tiny(prepared, **{"train.max_steps": 4}), out=tmp_path / "plain", quiet=True)
+    deep = cgnmt.train(
+        set=tiny(
+            prepared,
+            **{"train.max_steps": 4, "model.encoder_layers": 2, "model.decoder_transition_depth": 2},
+        ),
+        out=tmp_path / "deep",
+        quiet=True,
+    )
+    h = 12
+    # One more bidirectional layer over 2H-wide annotations, one more state-only GRU.
+    upper = 2 * (2 * h * 3 * h + h + 2 * h * h + h * h)
+    later = 3 * h + 2 * h * h + h * h
+    assert deep.parameters - plain.parameters == upper + later
+    tr = cgnmt.Translator(tmp_path / "deep" / "last")
+    out = tr.translate(["我们应该坐下。", "日本比加拿大小。"], beam=3, return_attention=True, return_gates=True)
+    assert len(out) == 2
+    for t in out:
+        assert t.attention.shape[1] == len(t.source_tokens) + 1
+        assert t.gates.shape == (len(t.tokens),)
