@@ -50,6 +50,17 @@ pub enum GateInput {
     Context,
 }
 
+/// The encoder's layers above the first (model-spec §1; Marian's `--enc-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EncoderType {
+    /// Every layer bidirectional.
+    #[serde(rename = "bidirectional")]
+    Bidirectional,
+    /// A bidirectional first layer, then unidirectional (forward) layers of width 2H.
+    #[serde(rename = "bi-unidirectional")]
+    BiUnidirectional,
+}
+
 /// Coverage model (Tu et al. 2016; model-spec §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -91,6 +102,9 @@ pub struct ModelConfig {
     /// Bidirectional encoder layers N (1, the paper's: one); the layers above the first read the annotations
     /// of the layer below, and the attention reads the top layer's (Marian's `--enc-depth`).
     pub encoder_layers: usize,
+    /// The layers above the first: `"bidirectional"` (default) or `"bi-unidirectional"` (forward GRUs of width
+    /// 2H over the annotations; Marian's `--enc-type bi-unidirectional`).
+    pub encoder_type: EncoderType,
     /// With `encoder_layers` > 1: each layer above the first adds its input to its output (a residual
     /// connection, as Marian's deep encoders; false: the plain stack).
     pub residual: bool,
@@ -119,6 +133,7 @@ impl Default for ModelConfig {
             coverage_gated: true,
             tied_output_embeddings: false,
             encoder_layers: 1,
+            encoder_type: EncoderType::Bidirectional,
             residual: true,
             decoder_transition_depth: 1,
         }

@@ -40,8 +40,9 @@ pub(crate) struct BiGru {
     word_rows: Option<crate::kernels::Rows>,
     /// With `word_rows`: each sentence's first row in `x`.
     offsets: Vec<usize>,
-    u_ru: [Shared; 2],
-    u: [Shared; 2],
+    /// Each direction's `U_ru`, `U`: the forward direction's, then the backward one's when there are two.
+    u_ru: Vec<Shared>,
+    u: Vec<Shared>,
     /// The order the recurrences run the sentences in (see [`RowOrder`]).
     order: RowOrder,
     /// Recurrent dropout's masks `[B, H]` of each direction, batch order.
@@ -72,22 +73,25 @@ impl BiGru {
             );
         }
         let order = RowOrder::new(&mask, s, b);
-        BiGru::build(x, (b, s), order, None, fwd, bwd, drop)
+        BiGru::build(x, (b, s), order, None, fwd, Some(bwd), drop)
     }
 
     /// The op over inputs `x` of every row `(b, t)`, or of `word_rows` only (the words' rows of a
-    /// words-then-padding mask, see [`RowOrder::word_rows`]).
+    /// words-then-padding mask, see [`RowOrder::word_rows`]). Without `bwd`, one forward recurrence (a
+    /// unidirectional layer): `x` is `[·, 3H]`, the output `[B, S, H]`, and only the first dropout mask is read.
     pub(crate) fn build(
         x: crate::kernels::Input,
         (b, s): (usize, usize),
         order: RowOrder,
         word_rows: Option<crate::kernels::Rows>,
         fwd: (&Tensor, &Tensor),
-        bwd: (&Tensor, &Tensor),
+        bwd: Option<(&Tensor, &Tensor)>,
         drop: Option<[Vec<f64>; 2]>,
     ) -> Result<BiGru> {
+        let dirs = if bwd.is_some() { 2 } else { 1 };
         let (rows, h6) = x.tensor().dims2()?;
-        let h = h6 / 6;
+        let h = h6 / (3 * dirs);
+        let weights: Vec<(&Tensor, &Tensor)> = std::iter::once(fwd).chain(bwd).collect();
         let mut offsets = vec![];
         if word_rows.is_some() {
             let mut at = 0;
@@ -96,39 +100,41 @@ impl BiGru {
                 at += l;
             }
         }
-        let ok = h6 == 6 * h
+        let ok = h6 == 3 * dirs * h
             && rows == word_rows.as_ref().map_or(b * s, |r| r.len())
             && (word_rows.is_none() || (order.mask.is_none() && order.lens.len() == b))
-            && [fwd.0, bwd.0]
+            && weights
                 .iter()
-                .all(|w| w.dims2().ok() == Some((h, 2 * h)))
-            && [fwd.1, bwd.1]
-                .iter()
-                .all(|w| w.dims2().ok() == Some((h, h)))
+                .all(|w| w.0.dims2().ok() == Some((h, 2 * h)) && w.1.dims2().ok() == Some((h, h)))
             && drop
                 .as_ref()
-                .is_none_or(|d| d.iter().all(|d| d.len() == b * h));
+                .is_none_or(|d| d[..dirs].iter().all(|d| d.len() == b * h));
         if !ok {
             candle_core::bail!(
-                "fused bidirectional GRU: for B {b} × S {s} × H {h}, the inputs are [{rows}, {h6}] (rows: B·S or the \
-                 words' rows, width 6H), the forward weights {:?} and {:?}, the backward {:?} and {:?} (each \
-                 [H, 2H] and [H, H]), the dropout masks {:?} values (B·H each)",
-                fwd.0.dims(),
-                fwd.1.dims(),
-                bwd.0.dims(),
-                bwd.1.dims(),
+                "fused GRU layer ({dirs} direction(s)): for B {b} × S {s} × H {h}, the inputs are [{rows}, {h6}] \
+                 (rows: B·S or the words' rows, width 3H per direction), the weights {:?} (each [H, 2H] and \
+                 [H, H]), the dropout masks {:?} values (B·H each)",
+                weights
+                    .iter()
+                    .map(|w| (w.0.dims().to_vec(), w.1.dims().to_vec()))
+                    .collect::<Vec<_>>(),
                 drop.as_ref().map(|d| [d[0].len(), d[1].len()])
             );
         }
-        let sh = Shared::new;
         let mut op = BiGru {
             b,
             s,
             x: x.into_shared()?,
             word_rows,
             offsets,
-            u_ru: [sh(fwd.0)?, sh(bwd.0)?],
-            u: [sh(fwd.1)?, sh(bwd.1)?],
+            u_ru: weights
+                .iter()
+                .map(|w| Shared::new(w.0))
+                .collect::<Result<_>>()?,
+            u: weights
+                .iter()
+                .map(|w| Shared::new(w.1))
+                .collect::<Result<_>>()?,
             order,
             drop,
             save: false,
@@ -158,8 +164,14 @@ impl BiGru {
         crate::kernels::shared_output(self, &bundle)
     }
 
+    /// `(S, B, H)`, `H` each direction's width.
     fn dims(&self) -> Result<(usize, usize, usize)> {
-        Ok((self.s, self.b, self.x.tensor.dim(1)? / 6))
+        Ok((self.s, self.b, self.x.tensor.dim(1)? / (3 * self.dirs())))
+    }
+
+    /// The recurrences: 2 (forward and backward) or 1 (forward).
+    fn dirs(&self) -> usize {
+        self.u.len()
     }
 
     /// Direction `d`'s recurrent dropout masks in the order the recurrences run the rows (`[B, H]`).
@@ -184,6 +196,7 @@ impl BiGru {
 
     fn forward<T: Real>(&self) -> Result<(CpuStorage, Shape)> {
         let (s, b, h) = self.dims()?;
+        let dirs = self.dirs();
         let save = self.save;
         let (g_x, l_x) = self.x.tensor.storage_and_layout();
         let xs = crate::kernels::storage_slice::<T>(&g_x, l_x)?;
@@ -195,7 +208,7 @@ impl BiGru {
             for (row, o) in x.chunks_mut(h3).enumerate() {
                 let (t, p) = (row / b, row % b);
                 if let Some(xr) = self.x_row(self.order.perm[p], t) {
-                    let at = xr * 2 * h3 + d * h3;
+                    let at = xr * dirs * h3 + d * h3;
                     o.copy_from_slice(&xs[at..at + h3]);
                 }
             }
@@ -215,29 +228,37 @@ impl BiGru {
                 )
             }))
         };
-        let (f, r) = crate::kernels::profile::timed("  encoder fwd: both directions", || {
-            rayon::join(|| run(0), || run(1))
-        });
-        let ((f, fs), (r, rs)) = (f?, r?);
-        // Annotations, batch-major: [→h_j ; ←h_j].
-        let mut out = crate::kernels::zeroed(b * s * 2 * h);
+        let runs = crate::kernels::profile::timed("  encoder fwd: both directions", || {
+            if dirs == 2 {
+                let (f, r) = rayon::join(|| run(0), || run(1));
+                Ok::<_, candle_core::Error>(vec![f?, r?])
+            } else {
+                Ok(vec![run(0)?])
+            }
+        })?;
+        // Annotations, batch-major: [→h_j ; ←h_j] (one direction: →h_j).
+        let w = dirs * h;
+        let mut out = crate::kernels::zeroed(b * s * w);
         let pos = &self.order.pos;
-        out.par_chunks_mut(2 * h).enumerate().for_each(|(row, o)| {
+        out.par_chunks_mut(w).enumerate().for_each(|(row, o)| {
             let (i, t) = (row / s, row % s);
             let p = pos[i];
-            o[..h].copy_from_slice(&f[(t * b + p) * h..(t * b + p + 1) * h]);
-            o[h..].copy_from_slice(&r[(t * b + p) * h..(t * b + p + 1) * h]);
+            for (d, (states, _)) in runs.iter().enumerate() {
+                o[d * h..(d + 1) * h]
+                    .copy_from_slice(&states[(t * b + p) * h..(t * b + p + 1) * h]);
+            }
         });
-        if let (Some(fs), Some(rs)) = (fs, rs) {
-            *self.saved.lock().expect("saved activations") = Some(Box::new([fs, rs]));
+        let saved: Option<Vec<GruSaved<T>>> = runs.into_iter().map(|(_, sv)| sv).collect();
+        if let Some(saved) = saved {
+            *self.saved.lock().expect("saved activations") = Some(Box::new(saved));
         }
-        Ok((T::to_cpu_storage_owned(out), Shape::from((b, s, 2 * h))))
+        Ok((T::to_cpu_storage_owned(out), Shape::from((b, s, w))))
     }
 
     fn backward<T: Real>(&self, grad: &Tensor) -> Result<()> {
         let (s, b, h) = self.dims()?;
-        let [fs, rs] =
-            crate::kernels::take_saved::<[GruSaved<T>; 2]>(&self.saved, "fused encoder")?;
+        let dirs = self.dirs();
+        let saved = crate::kernels::take_saved::<Vec<GruSaved<T>>>(&self.saved, "fused encoder")?;
         let grad = grad.contiguous()?;
         let (g_st, g_l) = grad.storage_and_layout();
         let g = crate::kernels::storage_slice::<T>(&g_st, g_l)?; // [B, S, 2H]
@@ -246,7 +267,7 @@ impl BiGru {
             let mut out = crate::kernels::zeroed(s * b * h);
             for (row, o) in out.chunks_mut(h).enumerate() {
                 let (t, p) = (row / b, row % b);
-                let at = (self.order.perm[p] * s + t) * 2 * h + d * h;
+                let at = (self.order.perm[p] * s + t) * dirs * h + d * h;
                 o.copy_from_slice(&g[at..at + h]);
             }
             out
@@ -272,22 +293,30 @@ impl BiGru {
             self.u[d].add_grad(du);
             Ok(dx)
         };
-        let (a, c) = crate::kernels::profile::timed("  encoder bwd: both directions", || {
-            rayon::join(|| run(0, fs), || run(1, rs))
-        });
-        // ∂x batch-major `[B, S, 6H]` (or the words' rows) from each direction's time-major `[S, B, 3H]`.
-        let h3 = 3 * h;
-        let dxs = [a?, c?];
-        let mut dx = crate::kernels::zeroed(self.x.tensor.dim(0)? * 2 * h3);
-        let pos = &self.order.pos;
-        dx.par_chunks_mut(2 * h3).enumerate().for_each(|(row, o)| {
-            let bt = self.word_rows.as_ref().map_or(row, |r| r[row]);
-            let (i, t) = (bt / s, bt % s);
-            for (d, dxd) in dxs.iter().enumerate() {
-                let at = (t * b + pos[i]) * h3;
-                o[d * h3..(d + 1) * h3].copy_from_slice(&dxd[at..at + h3]);
+        let mut saved = saved.into_iter();
+        let dxs = crate::kernels::profile::timed("  encoder bwd: both directions", || {
+            let fs = saved.next().expect("the forward direction's activations");
+            if let Some(rs) = saved.next() {
+                let (a, c) = rayon::join(|| run(0, fs), || run(1, rs));
+                Ok::<_, candle_core::Error>(vec![a?, c?])
+            } else {
+                Ok(vec![run(0, fs)?])
             }
-        });
+        })?;
+        // ∂x batch-major `[B, S, 3H·dirs]` (or the words' rows) from each direction's time-major `[S, B, 3H]`.
+        let h3 = 3 * h;
+        let mut dx = crate::kernels::zeroed(self.x.tensor.dim(0)? * dirs * h3);
+        let pos = &self.order.pos;
+        dx.par_chunks_mut(dirs * h3)
+            .enumerate()
+            .for_each(|(row, o)| {
+                let bt = self.word_rows.as_ref().map_or(row, |r| r[row]);
+                let (i, t) = (bt / s, bt % s);
+                for (d, dxd) in dxs.iter().enumerate() {
+                    let at = (t * b + pos[i]) * h3;
+                    o[d * h3..(d + 1) * h3].copy_from_slice(&dxd[at..at + h3]);
+                }
+            });
         self.x.add_grad(dx);
         Ok(())
     }

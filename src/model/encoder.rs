@@ -25,11 +25,11 @@ pub struct Encoder {
     pub residual: bool,
 }
 
-/// One bidirectional layer above the first: a forward and a backward GRU reading the `2H`-wide annotations
-/// of the layer below.
+/// One layer above the first, reading the `2H`-wide annotations of the layer below: a forward and a backward
+/// GRU of width `H` (bidirectional), or one forward GRU of width `2H` (unidirectional, `bwd` = `None`).
 pub struct Layer {
     pub fwd: Gru,
-    pub bwd: Gru,
+    pub bwd: Option<Gru>,
 }
 
 /// What the encoder hands to the decoder.
@@ -50,7 +50,7 @@ impl Encoder {
         mask: &Tensor,
         drop: Option<&[Tensor; 2]>,
     ) -> Result<BiGru> {
-        bigru_layer_op((&self.fwd, &self.bwd), e, b, mask, drop)
+        bigru_layer_op((&self.fwd, Some(&self.bwd)), e, b, mask, drop)
     }
 
     /// Training with fused kernels on the CPU: the annotations `[B, S, 2H]` as a [`Shared`] output of the fused
@@ -79,21 +79,29 @@ impl Encoder {
         Shared::new(&self.forward_embedded(k, e, mask, drop)?.annotations)
     }
 
-    /// `layers` bidirectional layers (`model.encoder_layers`; the first reads the embeddings, each above it
-    /// the annotations of the one below, adding them to its output when `residual`).
+    /// `layers` layers (`model.encoder_layers`; the first, bidirectional, reads the embeddings, each above it
+    /// the annotations of the one below, bidirectional or not as `uni` says, adding them to its output when
+    /// `residual`).
     pub fn new(
         vb: VarBuilder,
         vocab: usize,
         emb_dim: usize,
         hidden: usize,
-        (layers, residual): (usize, bool),
+        (layers, uni, residual): (usize, bool, bool),
     ) -> Result<Self> {
         let upper = (2..=layers)
             .map(|l| {
                 let v = vb.pp(format!("layer{l}"));
-                Ok(Layer {
-                    fwd: Gru::new(v.pp("fwd"), 2 * hidden, hidden)?,
-                    bwd: Gru::new(v.pp("bwd"), 2 * hidden, hidden)?,
+                Ok(if uni {
+                    Layer {
+                        fwd: Gru::new(v.pp("fwd"), 2 * hidden, 2 * hidden)?,
+                        bwd: None,
+                    }
+                } else {
+                    Layer {
+                        fwd: Gru::new(v.pp("fwd"), 2 * hidden, hidden)?,
+                        bwd: Some(Gru::new(v.pp("bwd"), 2 * hidden, hidden)?),
+                    }
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -137,10 +145,16 @@ impl Encoder {
         self.check_drop(drop)?;
         let (b, s) = mask.dims2()?;
         let h = self.hidden;
-        let mut annotations = self.layer(k, (&self.fwd, &self.bwd), e, mask, drop.first())?;
+        let mut annotations = self.layer(k, (&self.fwd, Some(&self.bwd)), e, mask, drop.first())?;
         for (l, layer) in self.upper.iter().enumerate() {
             let x = annotations.reshape((b * s, 2 * h))?;
-            let out = self.layer(k, (&layer.fwd, &layer.bwd), &x, mask, drop.get(l + 1))?;
+            let out = self.layer(
+                k,
+                (&layer.fwd, layer.bwd.as_ref()),
+                &x,
+                mask,
+                drop.get(l + 1),
+            )?;
             annotations = if self.residual {
                 (out + annotations)?
             } else {
@@ -165,12 +179,13 @@ impl Encoder {
         Ok(())
     }
 
-    /// One bidirectional layer's annotations `[B, S, 2H]` of its inputs `e` `[B·S, in]` (rows `(b, t)`): the
-    /// fused op, or step by step (reference kernels, or a device without the fused ones).
+    /// One layer's annotations `[B, S, 2H]` of its inputs `e` `[B·S, in]` (rows `(b, t)`), bidirectional or
+    /// (without `bwd`) forward only: the fused op, or step by step (reference kernels, or a device without the
+    /// fused ones).
     fn layer(
         &self,
         k: Kernels,
-        (fwd, bwd): (&Gru, &Gru),
+        (fwd, bwd): (&Gru, Option<&Gru>),
         e: &Tensor,
         mask: &Tensor,
         drop: Option<&[Tensor; 2]>,
@@ -179,37 +194,33 @@ impl Encoder {
         if k.fused_on(e.device()) {
             return bigru_layer_op((fwd, bwd), e, b, mask, drop)?.apply();
         }
-        // Time-major so every step reads a contiguous slice.
-        let time_major = |g: &Gru| -> Result<Tensor> {
-            g.project(k, e)?
-                .reshape((b, s, 3 * self.hidden))?
-                .transpose(0, 1)?
-                .contiguous()
-        };
-        let (xf, xb) = (time_major(fwd)?, time_major(bwd)?);
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
-        let h0 = Tensor::zeros((b, self.hidden), e.dtype(), e.device())?;
-        let steps = |x: &Tensor| -> Result<Vec<Tensor>> { (0..s).map(|t| x.i(t)).collect() };
-        let (xf, xb) = (steps(&xf)?, steps(&xb)?);
-        let mut fwd_states = Vec::with_capacity(s);
-        let mut h = h0.clone();
-        for t in 0..s {
-            h = fwd.step_dropped(k, &xf[t], &h, Some(&m.i(t)?), drop.map(|d| &d[0]))?;
-            fwd_states.push(h.clone());
+                                                                           // One direction's states `[B, S, width]`, step by step over a time-major copy of its projections.
+        let run = |g: &Gru, reverse: bool, d: Option<&Tensor>| -> Result<Tensor> {
+            let x = g
+                .project(k, e)?
+                .reshape((b, s, 3 * g.hidden))?
+                .transpose(0, 1)?
+                .contiguous()?;
+            let h0 = Tensor::zeros((b, g.hidden), e.dtype(), e.device())?;
+            let mut states = vec![h0.clone(); s];
+            let mut h = h0;
+            let order: Vec<usize> = if reverse {
+                (0..s).rev().collect()
+            } else {
+                (0..s).collect()
+            };
+            for t in order {
+                h = g.step_dropped(k, &x.i(t)?, &h, Some(&m.i(t)?), d)?;
+                states[t] = h.clone();
+            }
+            Tensor::stack(&states, 1)
+        };
+        let f = run(fwd, false, drop.map(|d| &d[0]))?;
+        match bwd {
+            Some(g) => Tensor::cat(&[f, run(g, true, drop.map(|d| &d[1]))?], 2),
+            None => Ok(f),
         }
-        let mut bwd_states = vec![h0.clone(); s];
-        let mut h = h0;
-        for t in (0..s).rev() {
-            h = bwd.step_dropped(k, &xb[t], &h, Some(&m.i(t)?), drop.map(|d| &d[1]))?;
-            bwd_states[t] = h.clone();
-        }
-        Tensor::cat(
-            &[
-                Tensor::stack(&fwd_states, 1)?,
-                Tensor::stack(&bwd_states, 1)?,
-            ],
-            2,
-        )
     }
 }
 
@@ -217,7 +228,7 @@ impl Encoder {
 /// `[B·S, in]` (rows `(b, t)`) as one product, both recurrences as one op (see
 /// [`crate::kernels::encoder::bigru_fused`]).
 fn bigru_layer_op(
-    (fwd, bwd): (&Gru, &Gru),
+    (fwd, bwd): (&Gru, Option<&Gru>),
     e: &Tensor,
     b: usize,
     mask: &Tensor,
@@ -225,8 +236,13 @@ fn bigru_layer_op(
 ) -> Result<BiGru> {
     let h = fwd.hidden;
     let zeros = Tensor::zeros(2 * h, fwd.b.dtype(), fwd.b.device())?;
-    let w = Tensor::cat(&[&fwd.w, &bwd.w], 1)?;
-    let bias = Tensor::cat(&[&zeros, &fwd.b, &zeros, &bwd.b], 0)?;
+    let (w, bias) = match bwd {
+        Some(bwd) => (
+            Tensor::cat(&[&fwd.w, &bwd.w], 1)?,
+            Tensor::cat(&[&zeros, &fwd.b, &zeros, &bwd.b], 0)?,
+        ),
+        None => (fwd.w.clone(), Tensor::cat(&[&zeros, &fwd.b], 0)?),
+    };
     let m: Vec<f64> = crate::kernels::to_vec(&mask.t()?.to_dtype(DType::F64)?)?;
     let s = mask.dim(1)?;
     let order = RowOrder::new(&m, s, b);
@@ -240,7 +256,7 @@ fn bigru_layer_op(
         order,
         rows,
         (&fwd.u_ru, &fwd.u),
-        (&bwd.u_ru, &bwd.u),
+        bwd.map(|g| (&g.u_ru, &g.u)),
         drop_values(drop)?,
     )
 }

@@ -294,7 +294,11 @@ impl Model {
                 src_vocab,
                 e,
                 h,
-                (cfg.encoder_layers, cfg.residual),
+                (
+                    cfg.encoder_layers,
+                    cfg.encoder_type == crate::config::EncoderType::BiUnidirectional,
+                    cfg.residual,
+                ),
             )?,
             w_init: dec
                 .pp("init")
@@ -518,9 +522,14 @@ impl Model {
         src_mask: &Tensor,
         p: f64,
     ) -> Result<Vec<[Tensor; 2]>> {
-        let shape = (src_mask.dim(0)?, self.encoder.hidden);
         let mut masks = Vec::new();
         for l in 1..=self.encoder.layers() {
+            // Each direction's width: H, or 2H for a unidirectional layer.
+            let width = match l {
+                1 => self.encoder.hidden,
+                _ => self.encoder.upper[l - 2].fwd.hidden,
+            };
+            let shape = (src_mask.dim(0)?, width);
             let d = drop.layer(l as u64);
             let Some(f) = d.mask_shaped(shape, src_mask, Site::EncoderForward, p)? else {
                 return Ok(Vec::new());

@@ -31,8 +31,14 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let m = &cfg.model;
     if m.encoder_layers > 1 || m.decoder_transition_depth > 1 {
         println!(
-            "depth: {} encoder layer(s){}, {} transition(s) per decoder step",
+            "depth: {} encoder layer(s){}{}, {} transition(s) per decoder step",
             m.encoder_layers,
+            match (m.encoder_layers > 1, m.encoder_type) {
+                (true, cgnmt::config::EncoderType::BiUnidirectional) => {
+                    " (bidirectional, then unidirectional)"
+                }
+                _ => "",
+            },
             if m.encoder_layers > 1 && m.residual {
                 " with residual connections"
             } else {

@@ -226,8 +226,9 @@ fn every_decoder_variant_gradients_match_finite_differences() {
 }
 
 /// Stacked encoders (`model.encoder_layers`): every layer's parameters against finite differences, with and
-/// without residual connections, under the GRU and cGRU decoders, and under every kind of dropout (each upper
-/// layer's recurrent masks drawn from a stream of its own).
+/// without residual connections, bidirectional or unidirectional above the first (`model.encoder_type`), under
+/// the GRU and cGRU decoders, and under every kind of dropout (each upper layer's recurrent masks drawn from a
+/// stream of its own).
 #[test]
 fn stacked_encoder_gradients_match_finite_differences() {
     use cgnmt::model::dropout::Dropout;
@@ -242,6 +243,11 @@ fn stacked_encoder_gradients_match_finite_differences() {
             "model.encoder_layers=2",
             "model.decoder=cgru",
             "model.context_gate=target",
+        ],
+        vec![
+            "model.encoder_layers=3",
+            "model.encoder_type=\"bi-unidirectional\"",
+            "model.context_gate=both",
         ],
     ]
     .iter()

@@ -422,12 +422,14 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
             ][..],
         ),
         (
-            "gru + coverage + both",
+            "gru + coverage + both, bi-unidirectional encoder",
             &[
                 "model.decoder=gru",
                 "model.coverage=neural",
                 "model.context_gate=both",
                 "model.tied_output_embeddings=true",
+                "model.encoder_layers=2",
+                "model.encoder_type=\"bi-unidirectional\"",
             ][..],
         ),
     ] {

@@ -72,7 +72,8 @@ fn parameter_counts_match_the_paper() {
 }
 
 /// Each encoder layer above the first is two GRUs over the `2H` annotations: `W` `[2H, 3H]`, `b` `[H]`,
-/// `U_ru` `[H, 2H]`, `U` `[H, H]` per direction (18.002M at the paper's H = 1000), with or without residuals.
+/// `U_ru` `[H, 2H]`, `U` `[H, H]` per direction (18.002M at the paper's H = 1000), with or without residuals;
+/// or, bi-unidirectional, one GRU of width 2H.
 #[test]
 fn stacked_encoder_parameter_counts() {
     let one = count(&["model.context_gate=both"]);
@@ -86,6 +87,17 @@ fn stacked_encoder_parameter_counts() {
         ]);
         assert_eq!(n - one, (layers - 1) * per_layer, "{layers} layers");
     }
+    // A unidirectional layer: one GRU of width 2H over the 2H annotations, `W` `[2H, 6H]`, `b` `[2H]`,
+    // `U_ru` `[2H, 4H]`, `U` `[2H, 2H]` (24.002M at H = 1000).
+    let uni = count(&[
+        "model.context_gate=both",
+        "model.encoder_layers=3",
+        "model.encoder_type=\"bi-unidirectional\"",
+    ]);
+    assert_eq!(
+        uni - one,
+        2 * (2000 * 6000 + 2000 + 2000 * 4000 + 2000 * 2000)
+    );
 }
 
 /// Each later transition of a deep-transition decoder is a GRU over the state: `b` `[3H]`, `U_ru` `[H, 2H]`,
@@ -438,6 +450,11 @@ fn every_variant_learns_on_real_data() {
             "model.context_gate=both",
             "model.decoder_transition_depth=3",
             "model.encoder_layers=2",
+        ],
+        vec![
+            "model.context_gate=both",
+            "model.encoder_layers=2",
+            "model.encoder_type=\"bi-unidirectional\"",
         ],
     ];
     for v in variants {

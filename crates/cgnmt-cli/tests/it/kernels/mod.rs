@@ -169,6 +169,15 @@ fn variants() -> Vec<Vec<String>> {
         "model.coverage=neural".into(),
         "model.coverage_dim=2".into(),
     ]);
+    // Unidirectional layers above the first (Marian's bi-unidirectional encoder).
+    for (layers, residual, dec) in [(2, true, "gru"), (3, false, "cgru")] {
+        v.push(vec![
+            format!("model.encoder_layers={layers}"),
+            "model.encoder_type=\"bi-unidirectional\"".into(),
+            format!("model.residual={residual}"),
+            format!("model.decoder={dec}"),
+        ]);
+    }
     // Deep transitions (`model.decoder_transition_depth`) under every decoder and form, with and without a
     // gate, with coverage, and with a stacked encoder.
     for dec in ["gru", "vanilla", "cgru"] {
