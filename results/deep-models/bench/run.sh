@@ -1,0 +1,19 @@
+#!/bin/bash
+# Do stacked encoders and deep transitions (issue 48) change the one-layer model's speed? (The fused ops gained
+# code paths a one-layer model skips.)
+# `cgnmt bench --size small` with the build from before (OLD) and after (NEW), alternated
+# (OLD NEW OLD NEW ...), two threads each, nothing else running. Writes one JSON and one stderr file per run;
+# summarise.py turns them into the table of README.md.
+# Usage (repository root): OLD=path/to/old/cgnmt NEW=path/to/new/cgnmt bash results/deep-models/bench/run.sh [ROUNDS]
+set -euo pipefail
+out=$(dirname "$0")
+rounds=${1:-7}
+: "${OLD:?OLD=path of the build before}" "${NEW:?NEW=path of the build after}"
+for r in $(seq 1 "$rounds"); do
+  for side in old new; do
+    exe=$OLD; [ $side = new ] && exe=$NEW
+    timeout 900 "$exe" bench --size small --steps 9 --decode-sentences 100 --repeats 3 --set train.threads=2 \
+      2> "$out/$side-$r.err" | tail -n 1 > "$out/$side-$r.json"
+  done
+  echo "round $r done"
+done
