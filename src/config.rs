@@ -112,6 +112,11 @@ pub struct ModelConfig {
     /// followed by K − 1 GRUs over the state alone (a deep transition, Miceli Barone et al. 2017; Nematus's
     /// `--dec_base_recurrence_transition_depth` / Marian's `--dec-cell-base-depth`).
     pub decoder_transition_depth: usize,
+    /// Layer normalisation (Ba et al. 2016) where Nematus and Marian's `s2s` put it (`--layer-normalization`):
+    /// on each block of every recurrent cell's input and recurrent products, on the attention's keys and
+    /// query, and on the readout's three terms, with a learned gain and bias each (model-spec §5b). false: the
+    /// paper's model.
+    pub layer_norm: bool,
 }
 
 impl Default for ModelConfig {
@@ -136,6 +141,7 @@ impl Default for ModelConfig {
             encoder_type: EncoderType::Bidirectional,
             residual: true,
             decoder_transition_depth: 1,
+            layer_norm: false,
         }
     }
 }

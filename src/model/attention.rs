@@ -9,6 +9,7 @@ use crate::kernels::attention::{
     softmax_context_reference, softmax_context_shared, weighted_rows, Keys,
 };
 use crate::kernels::Kernels;
+use crate::model::layer_norm::{maybe, norm, LayerNorm};
 use candle_nn::VarBuilder;
 
 pub struct Attention {
@@ -16,22 +17,53 @@ pub struct Attention {
     pub b: Tensor,
     pub v: Tensor,
     pub dim: usize,
+    /// Layer normalisation (model-spec §5b) of the keys `A h_j` (`ln_A`) and the query `B t` (`ln_B`).
+    pub ln: Option<(LayerNorm, LayerNorm)>,
 }
 
 impl Attention {
-    pub fn new(vb: VarBuilder, ann_dim: usize, hidden: usize, dim: usize) -> Result<Self> {
+    /// The paper's attention, with layer normalisation of keys and query when `layer_norm`.
+    pub fn new(
+        vb: VarBuilder,
+        ann_dim: usize,
+        hidden: usize,
+        dim: usize,
+        layer_norm: bool,
+    ) -> Result<Self> {
+        let ln = match (
+            maybe(&vb, layer_norm, "ln_A", &[dim])?,
+            maybe(&vb, layer_norm, "ln_B", &[dim])?,
+        ) {
+            (Some(a), Some(b)) => Some((a, b)),
+            _ => None,
+        };
         Ok(Self {
             a: vb.get_with_hints((ann_dim, dim), "A", crate::model::init::ZERO)?,
             b: vb.get_with_hints((hidden, dim), "B", crate::model::init::ZERO)?,
             v: vb.get_with_hints((dim, 1), "v", crate::model::init::ZERO)?,
             dim,
+            ln,
         })
+    }
+
+    /// The query term `B t_{i−1}` `[N, Ad]` (normalised with layer normalisation).
+    pub fn query(&self, k: Kernels, t_prev: &Tensor) -> Result<Tensor> {
+        norm(
+            k,
+            self.ln.as_ref().map(|(_, q)| q),
+            crate::kernels::rec_matmul(k, t_prev, &self.b)?,
+        )
     }
 
     pub fn keys(&self, annotations: &Tensor, mask: &Tensor) -> Result<Keys> {
         let (b, s, a) = annotations.dims3()?;
-        let ah = crate::kernels::matmul_or_int8(&annotations.reshape((b * s, a))?, &self.a)?
-            .reshape((b, s, self.dim))?;
+        let flat = crate::kernels::matmul_or_int8(&annotations.reshape((b * s, a))?, &self.a)?;
+        let flat = match &self.ln {
+            // Layer-normalised models run composed (see `Model::set_kernels`).
+            Some((ln, _)) => ln.forward(Kernels::Reference, &flat)?,
+            None => flat,
+        };
+        let ah = flat.reshape((b, s, self.dim))?;
         let mask_bias = ((mask - 1.0)? * 1e9)?;
         Ok(Keys {
             ah,
@@ -57,7 +89,7 @@ impl Attention {
         rows: &[u32],
         t_prev: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
-        let bt = crate::kernels::rec_matmul(k, t_prev, &self.b)?;
+        let bt = self.query(k, t_prev)?;
         attend_rows(keys, rows, &bt, &self.v)
     }
 
@@ -70,7 +102,7 @@ impl Attention {
         t_prev: &Tensor,
         cov: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor)> {
-        let bt = crate::kernels::rec_matmul(k, t_prev, &self.b)?;
+        let bt = self.query(k, t_prev)?;
         let pre = match cov {
             Some(c) => (&keys.ah + c)?,
             None => keys.ah.clone(),

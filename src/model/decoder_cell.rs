@@ -17,7 +17,8 @@ use crate::kernels::gru::gru_update;
 use crate::kernels::{rec_matmul, Kernels};
 use crate::model::attention::Context;
 use crate::model::gate::Scales;
-use crate::model::gru::Gru;
+use crate::model::gru::{Gru, RecNorm};
+use crate::model::layer_norm::{maybe, norm, LayerNorm};
 
 pub struct DecoderCell {
     pub kind: DecoderKind,
@@ -35,6 +36,19 @@ pub struct DecoderCell {
     /// The deep transition's GRUs after the one that reads the inputs (`model.decoder_transition_depth` − 1;
     /// `cell.deep2.*`, `cell.deep3.*`, …): each reads the state only.
     pub deep: Vec<DeepTransition>,
+    /// Layer normalisation (`model.layer_norm`, model-spec §5b) of the word projection `W e` (`ln_W`) and the
+    /// context product `s C` (`ln_C`), in blocks `[2H | H]` (`[H]` for the vanilla unit), and of the recurrent
+    /// products (`ln_U_ru`, `ln_U`); the cGRU's are its two GRUs'.
+    pub ln: Option<CellNorm>,
+}
+
+/// The transition's layer normalisations (see [`DecoderCell::ln`]).
+pub struct CellNorm {
+    pub w: LayerNorm,
+    pub c: LayerNorm,
+    /// `ln_U_ru` (GRU) and `ln_U`; for the vanilla unit `ln_U_ru` is absent and `u` normalises `t U`.
+    pub u_ru: Option<LayerNorm>,
+    pub u: LayerNorm,
 }
 
 /// One transition of a deep-transition decoder after the first (model-spec §3): a GRU over the state alone,
@@ -44,14 +58,17 @@ pub struct DeepTransition {
     pub b: Tensor,
     pub u_ru: Tensor,
     pub u: Tensor,
+    /// Layer normalisation of the two recurrent products.
+    pub ln: Option<RecNorm>,
 }
 
 impl DeepTransition {
-    fn new(vb: VarBuilder, hidden: usize) -> Result<Self> {
+    fn new(vb: VarBuilder, hidden: usize, layer_norm: bool) -> Result<Self> {
         Ok(Self {
             b: vb.get_with_hints(3 * hidden, "b", crate::model::init::ZERO)?,
             u_ru: vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::model::init::ZERO)?,
             u: vb.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
+            ln: RecNorm::maybe(&vb, layer_norm, hidden)?,
         })
     }
 
@@ -62,38 +79,57 @@ impl DeepTransition {
             .b
             .unsqueeze(0)?
             .broadcast_as((t.dim(0)?, self.b.dim(0)?))?;
-        crate::model::gru::gru_step(k, &xp, t, None, drop, (&self.u_ru, &self.u))
+        crate::model::gru::gru_step(
+            k,
+            &xp,
+            t,
+            None,
+            drop,
+            (&self.u_ru, &self.u),
+            self.ln.as_ref(),
+        )
     }
 }
 
-/// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`.
+/// The cGRU's second GRU, over the attention context: `C` (2H × 3H), `b` (H), `U_ru`, `U`; with layer
+/// normalisation, of `s C` in blocks `[2H | H]` (`ln_C`) and of the recurrent products.
 pub struct ContextGru {
     pub c: Tensor,
     pub b: Tensor,
     pub u_ru: Tensor,
     pub u: Tensor,
+    pub ln: Option<(LayerNorm, RecNorm)>,
 }
 
 impl DecoderCell {
-    /// The transition of `kind` in `form`, with `depth` − 1 state-only GRUs after it (a deep transition).
+    /// The transition of `kind` in `form`, with `depth` − 1 state-only GRUs after it (a deep transition),
+    /// layer-normalised when `layer_norm`.
     pub fn new(
         vb: VarBuilder,
         (kind, form): (DecoderKind, GateForm),
         emb: usize,
         hidden: usize,
-        depth: usize,
+        (depth, layer_norm): (usize, bool),
     ) -> Result<Self> {
         let deep = (2..=depth)
-            .map(|k| DeepTransition::new(vb.pp(format!("deep{k}")), hidden))
+            .map(|k| DeepTransition::new(vb.pp(format!("deep{k}")), hidden, layer_norm))
             .collect::<Result<Vec<_>>>()?;
         if kind == DecoderKind::Cgru {
-            let word = Gru::new(vb.pp("word"), emb, hidden)?;
+            let word = Gru::new_normed(vb.pp("word"), emb, hidden, layer_norm)?;
             let v = vb.pp("ctx");
+            let ln = match (
+                maybe(&v, layer_norm, "ln_C", &[2 * hidden, hidden])?,
+                RecNorm::maybe(&v, layer_norm, hidden)?,
+            ) {
+                (Some(c), Some(rec)) => Some((c, rec)),
+                _ => None,
+            };
             let ctx = ContextGru {
                 c: v.get_with_hints((2 * hidden, 3 * hidden), "C", crate::model::init::ZERO)?,
                 b: v.get_with_hints(hidden, "b", crate::model::init::ZERO)?,
                 u_ru: v.get_with_hints((hidden, 2 * hidden), "U_ru", crate::model::init::ZERO)?,
                 u: v.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
+                ln,
             };
             let (w, b, c, u) = (
                 word.w.clone(),
@@ -112,11 +148,27 @@ impl DecoderCell {
                 hidden,
                 cgru: Some((word, ctx)),
                 deep,
+                ln: None,
             });
         }
         let k = match kind {
             DecoderKind::Gru => 3,
             _ => 1,
+        };
+        let blocks: &[usize] = if k == 3 {
+            &[2 * hidden, hidden]
+        } else {
+            &[hidden]
+        };
+        let ln = if layer_norm {
+            Some(CellNorm {
+                w: LayerNorm::new(vb.pp("ln_W"), blocks)?,
+                c: LayerNorm::new(vb.pp("ln_C"), blocks)?,
+                u_ru: maybe(&vb, k == 3, "ln_U_ru", &[2 * hidden])?,
+                u: LayerNorm::new(vb.pp("ln_U"), &[hidden])?,
+            })
+        } else {
+            None
         };
         Ok(Self {
             kind,
@@ -133,6 +185,7 @@ impl DecoderCell {
             hidden,
             cgru: None,
             deep,
+            ln,
         })
     }
 
@@ -211,7 +264,13 @@ impl DecoderCell {
     ) -> Result<Tensor> {
         let (_, g) = self.cgru.as_ref().expect("context_step is the cGRU's");
         let h = self.hidden;
-        let cp = ctx.product(k, &g.c)?;
+        let (ln_c, ln_ru, ln_u) = match &g.ln {
+            Some((c, rec)) => (Some(c), Some(&rec.u_ru), Some(&rec.u)),
+            None => (None, None, None),
+        };
+        let mm_ru = |x: &Tensor| norm(k, ln_ru, Self::mm(k, x, &g.u_ru)?);
+        let mm_u = |x: &Tensor| norm(k, ln_u, Self::mm(k, x, &g.u)?);
+        let cp = norm(k, ln_c, ctx.product(k, &g.c)?)?;
         let (c_ru, c_c) = (
             cp.narrow(1, 0, 2 * h)?,
             cp.narrow(1, 2 * h, h)?.broadcast_add(&g.b)?,
@@ -219,22 +278,18 @@ impl DecoderCell {
         let (ru, base, cand_pre) = if self.form == GateForm::Reference {
             let ts = sc.tgt.apply(t_prev, 1)?;
             let tm = dropped(&ts, drop)?;
-            let ru = crate::kernels::sigmoid(
-                k,
-                &(sc.src.apply(&c_ru, 2)? + Self::mm(k, &tm, &g.u_ru)?)?,
-            )?;
+            let ru = crate::kernels::sigmoid(k, &(sc.src.apply(&c_ru, 2)? + mm_ru(&tm)?)?)?;
             let r = ru.narrow(1, 0, h)?;
-            let cand = (sc.src.apply(&c_c, 1)? + Self::mm(k, &(r * &tm)?, &g.u)?)?;
+            let cand = (sc.src.apply(&c_c, 1)? + mm_u(&(r * &tm)?)?)?;
             (ru, ts, cand)
         } else {
             let tm = dropped(t_prev, drop)?;
             let ru = crate::kernels::sigmoid(
                 k,
-                &(sc.tgt.apply(&Self::mm(k, &tm, &g.u_ru)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
+                &(sc.tgt.apply(&mm_ru(&tm)?, 2)? + sc.src.apply(&c_ru, 2)?)?,
             )?;
             let r = ru.narrow(1, 0, h)?;
-            let cand =
-                (sc.tgt.apply(&Self::mm(k, &(r * &tm)?, &g.u)?, 1)? + sc.src.apply(&c_c, 1)?)?;
+            let cand = (sc.tgt.apply(&mm_u(&(r * &tm)?)?, 1)? + sc.src.apply(&c_c, 1)?)?;
             (ru, t_prev.clone(), cand)
         };
         gru_update(k, &ru, &cand_pre, &base, None)
@@ -245,7 +300,11 @@ impl DecoderCell {
         if let Some((word, _)) = &self.cgru {
             return word.project(k, e);
         }
-        crate::kernels::linear(k, e, &self.w, &self.word_bias()?)
+        norm(
+            k,
+            self.ln.as_ref().map(|n| &n.w),
+            crate::kernels::linear(k, e, &self.w, &self.word_bias()?)?,
+        )
     }
 
     /// [`DecoderCell::project_words`] as the shared input of the fused decoder
@@ -255,6 +314,11 @@ impl DecoderCell {
         e: &Tensor,
         rows: Option<crate::kernels::Rows>,
     ) -> Result<crate::kernels::Shared> {
+        if self.ln.is_some() || self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
+            candle_core::bail!(
+                "the fused decoder does not run layer-normalised cells (the composed path does)"
+            );
+        }
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: `[x W_r, x W_u, x W + b]`.
             let zeros = Tensor::zeros(2 * self.hidden, word.b.dtype(), word.b.device())?;
@@ -311,9 +375,15 @@ impl DecoderCell {
             // The cGRU's word GRU: no context and no gate here.
             return word.step_dropped(k, wp, t_prev, None, drop);
         }
-        let cp = ctx.product(k, &self.c)?;
+        let ln = self.ln.as_ref();
+        let cp = norm(k, ln.map(|n| &n.c), ctx.product(k, &self.c)?)?;
+        // The recurrent products, normalised with layer normalisation.
+        let mm_ru = |x: &Tensor, u_ru: &Tensor| {
+            norm(k, ln.and_then(|n| n.u_ru.as_ref()), Self::mm(k, x, u_ru)?)
+        };
+        let mm_u = |x: &Tensor| norm(k, ln.map(|n| &n.u), Self::mm(k, x, &self.u)?);
         if let Some(m) = sc.mix.as_ref() {
-            if self.form == GateForm::Reference && k.fused_on(wp.device()) {
+            if self.form == GateForm::Reference && k.fused_on(wp.device()) && ln.is_none() {
                 // Fused: the gate's scales applied to the word and context terms of all blocks at once.
                 let ts = sc.tgt.apply(t_prev, 1)?;
                 let tm = dropped(&ts)?;
@@ -334,13 +404,12 @@ impl DecoderCell {
         match (self.kind, self.form) {
             (DecoderKind::Vanilla, GateForm::Reference) => {
                 let ts = dropped(&sc.tgt.apply(t_prev, 1)?)?;
-                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + Self::mm(k, &ts, &self.u)?)?.tanh()
+                (sc.tgt.apply(wp, 1)? + sc.src.apply(&cp, 1)? + mm_u(&ts)?)?.tanh()
             }
-            (DecoderKind::Vanilla, GateForm::Paper) => (sc
-                .tgt
-                .apply(&(wp + Self::mm(k, &dropped(t_prev)?, &self.u)?)?, 1)?
-                + sc.src.apply(&cp, 1)?)?
-            .tanh(),
+            (DecoderKind::Vanilla, GateForm::Paper) => {
+                (sc.tgt.apply(&(wp + mm_u(&dropped(t_prev)?)?)?, 1)? + sc.src.apply(&cp, 1)?)?
+                    .tanh()
+            }
             (DecoderKind::Cgru, _) => unreachable!("handled above"),
             (DecoderKind::Gru, form) => {
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
@@ -351,26 +420,21 @@ impl DecoderCell {
                     let tm = dropped(&ts)?;
                     let ru = crate::kernels::sigmoid(
                         k,
-                        &(sc.tgt.apply(&w_ru, 2)?
-                            + sc.src.apply(&c_ru, 2)?
-                            + Self::mm(k, &tm, u_ru)?)?,
+                        &(sc.tgt.apply(&w_ru, 2)? + sc.src.apply(&c_ru, 2)? + mm_ru(&tm, u_ru)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
-                    let cand = (sc.tgt.apply(&w_c, 1)?
-                        + sc.src.apply(&c_c, 1)?
-                        + Self::mm(k, &(r * &tm)?, &self.u)?)?;
+                    let cand =
+                        (sc.tgt.apply(&w_c, 1)? + sc.src.apply(&c_c, 1)? + mm_u(&(r * &tm)?)?)?;
                     (ru, ts, cand)
                 } else {
                     let tm = dropped(t_prev)?;
                     let ru = crate::kernels::sigmoid(
                         k,
-                        &(sc.tgt.apply(&(w_ru + Self::mm(k, &tm, u_ru)?)?, 2)?
+                        &(sc.tgt.apply(&(w_ru + mm_ru(&tm, u_ru)?)?, 2)?
                             + sc.src.apply(&c_ru, 2)?)?,
                     )?;
                     let r = ru.narrow(1, 0, h)?;
-                    let cand = (sc
-                        .tgt
-                        .apply(&(w_c + Self::mm(k, &(r * &tm)?, &self.u)?)?, 1)?
+                    let cand = (sc.tgt.apply(&(w_c + mm_u(&(r * &tm)?)?)?, 1)?
                         + sc.src.apply(&c_c, 1)?)?;
                     (ru, t_prev.clone(), cand)
                 };

@@ -88,19 +88,23 @@ impl Encoder {
         emb_dim: usize,
         hidden: usize,
         (layers, uni, residual): (usize, bool, bool),
+        layer_norm: bool,
     ) -> Result<Self> {
+        let gru = |v: VarBuilder, input: usize, width: usize| {
+            Gru::new_normed(v, input, width, layer_norm)
+        };
         let upper = (2..=layers)
             .map(|l| {
                 let v = vb.pp(format!("layer{l}"));
                 Ok(if uni {
                     Layer {
-                        fwd: Gru::new(v.pp("fwd"), 2 * hidden, 2 * hidden)?,
+                        fwd: gru(v.pp("fwd"), 2 * hidden, 2 * hidden)?,
                         bwd: None,
                     }
                 } else {
                     Layer {
-                        fwd: Gru::new(v.pp("fwd"), 2 * hidden, hidden)?,
-                        bwd: Some(Gru::new(v.pp("bwd"), 2 * hidden, hidden)?),
+                        fwd: gru(v.pp("fwd"), 2 * hidden, hidden)?,
+                        bwd: Some(gru(v.pp("bwd"), 2 * hidden, hidden)?),
                     }
                 })
             })
@@ -108,8 +112,8 @@ impl Encoder {
         Ok(Self {
             emb: vb.get_with_hints((vocab, emb_dim), "E", crate::model::init::ZERO)?,
             emb_b: vb.get_with_hints(emb_dim, "b_e", crate::model::init::ZERO)?,
-            fwd: Gru::new(vb.pp("fwd"), emb_dim, hidden)?,
-            bwd: Gru::new(vb.pp("bwd"), emb_dim, hidden)?,
+            fwd: gru(vb.pp("fwd"), emb_dim, hidden)?,
+            bwd: gru(vb.pp("bwd"), emb_dim, hidden)?,
             hidden,
             upper,
             residual,

@@ -14,6 +14,8 @@ use crate::error::Result;
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum InitRule {
     Zero,
+    /// A layer normalisation's gain (`….ln_*.g`).
+    One,
     Normal(f64),
     /// Orthogonal square blocks of side `n` laid side by side (`U_ru` = [U_r | U_u]).
     Orthogonal,
@@ -23,6 +25,9 @@ pub enum InitRule {
 pub fn rule_for(name: &str) -> InitRule {
     let leaf = name.rsplit('.').next().unwrap_or(name);
     let in_scope = |s: &str| name.split('.').any(|p| p == s);
+    if leaf == "g" && name.split('.').any(|p| p.starts_with("ln_")) {
+        return InitRule::One;
+    }
     if leaf.starts_with('b') || leaf == "v" || leaf == "z_logit" {
         return InitRule::Zero;
     }
@@ -80,6 +85,7 @@ pub fn init_params(varmap: &VarMap, seed: u64) -> Result<()> {
         let n: usize = dims.iter().product();
         let values: Vec<f64> = match rule_for(name) {
             InitRule::Zero => vec![0.0; n],
+            InitRule::One => vec![1.0; n],
             InitRule::Normal(sd) => (0..n).map(|_| normal(&mut rng) * sd).collect(),
             InitRule::Orthogonal => {
                 let (rows, cols) = (dims[0], dims.get(1).copied().unwrap_or(1));

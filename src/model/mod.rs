@@ -11,6 +11,7 @@ pub mod encoder;
 pub mod gate;
 pub mod gru;
 pub mod init;
+pub mod layer_norm;
 pub mod readout;
 pub mod store;
 
@@ -284,6 +285,7 @@ impl Model {
             h,
             tgt_vocab,
             cfg.tied_output_embeddings.then_some(&tgt_emb),
+            cfg.layer_norm,
         )?;
         Ok(Self {
             cfg: cfg.clone(),
@@ -299,6 +301,7 @@ impl Model {
                     cfg.encoder_type == crate::config::EncoderType::BiUnidirectional,
                     cfg.residual,
                 ),
+                cfg.layer_norm,
             )?,
             w_init: dec
                 .pp("init")
@@ -306,7 +309,13 @@ impl Model {
             b_init: dec
                 .pp("init")
                 .get_with_hints(h, "b_init", crate::model::init::ZERO)?,
-            attention: Attention::new(dec.pp("attention"), 2 * h, h, cfg.attention_dim)?,
+            attention: Attention::new(
+                dec.pp("attention"),
+                2 * h,
+                h,
+                cfg.attention_dim,
+                cfg.layer_norm,
+            )?,
             coverage: Coverage::new(dec.clone(), cfg)?,
             tgt_emb,
             gate: Gate::new(dec.clone(), cfg)?,
@@ -315,10 +324,10 @@ impl Model {
                 (cfg.decoder, cfg.gate_form),
                 e,
                 h,
-                cfg.decoder_transition_depth,
+                (cfg.decoder_transition_depth, cfg.layer_norm),
             )?,
             readout,
-            kernels: Kernels::process_choice(),
+            kernels: Self::kernels_for(cfg, Kernels::process_choice()),
         })
     }
 
@@ -334,8 +343,19 @@ impl Model {
 
     /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
     /// argument from here).
+    /// A layer-normalised model (`model.layer_norm`) runs the composed path whatever is asked: its cells have
+    /// no fused ops yet.
     pub fn set_kernels(&mut self, k: Kernels) {
-        self.kernels = k;
+        self.kernels = Self::kernels_for(&self.cfg, k);
+    }
+
+    /// The kernels a model of `cfg` runs when `k` is asked for (see [`Model::set_kernels`]).
+    fn kernels_for(cfg: &ModelConfig, k: Kernels) -> Kernels {
+        if cfg.layer_norm {
+            Kernels::Reference
+        } else {
+            k
+        }
     }
 
     /// The parameters whose gradient has non-zero rows only for the words of the batch: the word-embedding

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::kernels::readout::{maxout_fused, maxout_reference, ReadoutWeights};
 use crate::kernels::Kernels;
 use crate::model::attention::Context;
+use crate::model::layer_norm::{maybe, norm, LayerNorm};
 use candle_nn::VarBuilder;
 
 pub struct Readout {
@@ -20,6 +21,8 @@ pub struct Readout {
     pub w_2: Tensor,
     pub b: Tensor,
     pub hidden: usize,
+    /// Layer normalisation (model-spec §5b) of the three terms of `r~`: `ln_W_o`, `ln_U_o`, `ln_V_o`.
+    pub ln: Option<[LayerNorm; 3]>,
 }
 
 impl Readout {
@@ -31,7 +34,16 @@ impl Readout {
         hidden: usize,
         vocab: usize,
         tied: Option<&Tensor>,
+        layer_norm: bool,
     ) -> Result<Self> {
+        let ln = match (
+            maybe(&vb, layer_norm, "ln_W_o", &[hidden])?,
+            maybe(&vb, layer_norm, "ln_U_o", &[hidden])?,
+            maybe(&vb, layer_norm, "ln_V_o", &[hidden])?,
+        ) {
+            (Some(w), Some(u), Some(v)) => Some([w, u, v]),
+            _ => None,
+        };
         Ok(Self {
             w_o: vb.get_with_hints((2 * hidden, hidden), "W_o", crate::model::init::ZERO)?,
             u_o: vb.get_with_hints((hidden, hidden), "U_o", crate::model::init::ZERO)?,
@@ -44,6 +56,7 @@ impl Readout {
             },
             b: vb.get_with_hints(vocab, "b", crate::model::init::ZERO)?,
             hidden,
+            ln,
         })
     }
 
@@ -61,7 +74,16 @@ impl Readout {
 
     /// The readout's word term `V_o e(y_{i−1})` `[N, H]` of embeddings `[N, E]`.
     pub fn word_term(&self, k: Kernels, e: &Tensor) -> Result<Tensor> {
-        crate::kernels::rec_matmul(k, e, &self.v_o)
+        norm(
+            k,
+            self.norm(2),
+            crate::kernels::rec_matmul(k, e, &self.v_o)?,
+        )
+    }
+
+    /// The layer normalisation of term `i` of `r~` (0: `W_o s`, 1: `U_o t`, 2: `V_o e`), if any.
+    fn norm(&self, i: usize) -> Option<&LayerNorm> {
+        self.ln.as_ref().map(|l| &l[i])
     }
 
     /// [`Readout::hidden`] with the word term `V_o e(y_{i−1})` given ([`Readout::word_term`], or its rows of
@@ -73,15 +95,24 @@ impl Readout {
         t_prev: &Tensor,
         ve_prev: &Tensor,
     ) -> Result<Tensor> {
-        let s_w = ctx.product(k, &self.w_o)?;
-        let r = (s_w + crate::kernels::rec_matmul(k, t_prev, &self.u_o)? + ve_prev)?
-            .broadcast_add(&self.b_o)?;
+        let s_w = norm(k, self.norm(0), ctx.product(k, &self.w_o)?)?;
+        let t_u = norm(
+            k,
+            self.norm(1),
+            crate::kernels::rec_matmul(k, t_prev, &self.u_o)?,
+        )?;
+        let r = (s_w + t_u + ve_prev)?.broadcast_add(&self.b_o)?;
         self.hidden_from(k, &r)
     }
 
     /// [`Readout::hidden`] from rows `[t_{i−1} | s_i]` `[N, 3H]` (the fused decoder's output): the state and
     /// context terms as one product with `[U_o; W_o]`, no copies of the two halves.
     pub fn hidden_stacked(&self, k: Kernels, ts: &Tensor, e_prev: &Tensor) -> Result<Tensor> {
+        if self.ln.is_some() {
+            candle_core::bail!(
+                "the stacked readout does not normalise its terms (the composed path does)"
+            );
+        }
         let uw = Tensor::cat(&[&self.u_o, &self.w_o], 0)?;
         let r = (crate::kernels::linear(k, ts, &uw, &self.b_o)? + e_prev.matmul(&self.v_o)?)?;
         self.hidden_from(k, &r)

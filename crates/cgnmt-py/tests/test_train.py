@@ -160,3 +160,21 @@ def test_a_deep_model_trains_and_translates_from_python(prepared, tmp_path):
     for t in out:
         assert t.attention.shape[1] == len(t.source_tokens) + 1
         assert t.gates.shape == (len(t.tokens),)
+
+
+def test_a_layer_normalised_model_trains_and_translates_from_python(prepared, tmp_path):
+    """`model.layer_norm` from Python: the summary counts the gains and biases (12H per encoder GRU, 18H in
+    the transition, 4·Ad in the attention, 6H in the readout), and the model translates with attention."""
+    plain = cgnmt.train(set=tiny(prepared, **{"train.max_steps": 4}), out=tmp_path / "plain", quiet=True)
+    normed = cgnmt.train(
+        set=tiny(prepared, **{"train.max_steps": 4, "model.layer_norm": True}),
+        out=tmp_path / "ln",
+        quiet=True,
+    )
+    h, ad = 12, 8
+    assert normed.parameters - plain.parameters == 2 * 12 * h + 18 * h + 4 * ad + 6 * h
+    tr = cgnmt.Translator(tmp_path / "ln" / "last")
+    out = tr.translate(["我们应该坐下。", "日本比加拿大小。"], beam=3, return_attention=True)
+    assert len(out) == 2
+    for t in out:
+        assert t.attention.shape[1] == len(t.source_tokens) + 1

@@ -47,6 +47,20 @@ pub fn run(a: InfoArgs) -> Result<()> {
             m.decoder_transition_depth
         );
     }
+    if m.layer_norm {
+        let mut plain = cfg.clone();
+        plain.model.layer_norm = false;
+        let without: usize = cgnmt::model::init::parameter_counts(&plain)?
+            .iter()
+            .map(|(_, n)| n)
+            .sum();
+        let with: usize = counts.iter().map(|(_, n)| n).sum();
+        println!(
+            "layer normalisation: every recurrent cell's products, the attention's keys and query, the readout's \
+             terms ({} gains and biases); runs the composed path",
+            with - without
+        );
+    }
     for (k, n) in &counts {
         println!("{k:<28} {n:>12}  ({:.2}M)", *n as f64 / 1e6);
     }

@@ -18,6 +18,7 @@ mod faults;
 mod fuzz;
 mod gradcheck;
 mod kernels;
+mod layer_norm;
 mod layout;
 mod mpi;
 mod pipeline;

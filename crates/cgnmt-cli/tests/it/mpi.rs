@@ -407,10 +407,12 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
     assert!(
         prepared.join("train.src.store").is_file() && prepared.join("train.tgt.store").is_file()
     );
-    for (name, variant) in [
+    // (name, settings, largest parameter difference allowed)
+    for (name, variant, tol) in [
         (
             "gru + both",
             &["model.decoder=gru", "model.context_gate=both"][..],
+            1e-6,
         ),
         (
             "cgru + both, 2 encoder layers, depth-2 transition",
@@ -420,6 +422,7 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
                 "model.encoder_layers=2",
                 "model.decoder_transition_depth=2",
             ][..],
+            1e-6,
         ),
         (
             "gru + coverage + both, bi-unidirectional encoder",
@@ -431,6 +434,24 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
                 "model.encoder_layers=2",
                 "model.encoder_type=\"bi-unidirectional\"",
             ][..],
+            1e-6,
+        ),
+        (
+            "gru + both, layer-normalised, depth-2 transition",
+            &[
+                "model.decoder=gru",
+                "model.context_gate=both",
+                "model.layer_norm=true",
+                "model.decoder_transition_depth=2",
+                "train.max_steps=12",
+                "train.eval_every=4",
+            ][..],
+            // A layer-normalised model amplifies rounding in itself: in one process, a change of one weight
+            // by 1e-7 of its value grows to 7e-5 in 30 Adam updates (against 9e-8 without layer
+            // normalisation). So its ranks are compared over 12 updates (measured: 5e-7 at 2 ranks, 3e-6 at
+            // 3); the gradient over ranks' shares is the whole batch's to rounding in f64
+            // (`layer_norm.rs`, `a_batch_gradient_is_the_sum_over_its_halves`).
+            1e-5,
         ),
     ] {
         let one = tmp.path().join(format!("{name}-1"));
@@ -440,9 +461,19 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
             .chain(DROPOUT)
             .chain(variant.iter().copied())
             .collect();
+        // The updates and the evaluations' interval (the variant's settings come last and win): training logs
+        // every 10 updates.
+        let setting = |key: &str| -> usize {
+            sets.iter()
+                .rev()
+                .find_map(|s| s.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap()
+        };
+        let (steps, every) = (setting("train.max_steps="), setting("train.eval_every="));
         common::run_ok(&refs(&train_args(&prepared, &one, &sets)));
         let l1 = logged_losses(&one);
-        assert_eq!(l1.len(), 3, "{name}: {l1:?}");
+        assert_eq!(l1.len(), steps / 10, "{name}: {l1:?}");
         let p1 = load_parameters(&one);
         for n in [2, 3] {
             let run = tmp.path().join(format!("{name}-{n}"));
@@ -462,13 +493,13 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
                     "{name}, {n} ranks, update {s1}: {x} against {y}"
                 );
             }
-            // The same parameters, within what summation order does to 30 Adam updates.
+            // The same parameters, within what summation order does to the updates.
             let worst = largest_difference(&p1, &load_parameters(&run));
             eprintln!(
-                "{name}: largest parameter difference after 30 updates with dropout, {n} ranks against 1: \
-                 {worst:e}"
+                "{name}: largest parameter difference after {steps} updates with dropout, {n} ranks against \
+                 1: {worst:e}"
             );
-            assert!(worst < 1e-6, "{name}, {n} ranks: {worst}");
+            assert!(worst < tol, "{name}, {n} ranks: {worst}");
         }
         // The ranks' parameters were the same bits at every evaluation and at the end.
         let agreed = std::fs::read_to_string(two.join("train.log"))
@@ -476,7 +507,7 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
             .lines()
             .filter(|l| l.contains("\"ranks_agree\""))
             .count();
-        assert_eq!(agreed, 4, "{name}");
+        assert_eq!(agreed, steps / every + 1, "{name}");
         // Dev was decoded in shares and scored at rank 0: the same scores as one process.
         let evals = |run: &Path| -> Vec<f64> {
             std::fs::read_to_string(run.join("train.log"))
@@ -486,7 +517,7 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
                 .filter_map(|v| v.get("dev_bleu").and_then(|b| b.as_f64()))
                 .collect()
         };
-        assert_eq!(evals(&one).len(), 3, "{name}");
+        assert_eq!(evals(&one).len(), steps / every, "{name}");
         assert_eq!(evals(&one), evals(&two), "{name}: dev BLEU");
         // Each logged window says where rank 0's time went and what it sent: the embedding tables' untouched
         // rows stay home (all of the source table's and, untied, the target table's).
@@ -496,7 +527,7 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
             .filter_map(|v| v.get("data_parallel").cloned())
             .collect();
-        assert_eq!(windows.len(), 3, "{name}");
+        assert_eq!(windows.len(), steps / 10, "{name}");
         for w in &windows {
             for k in ["compute_s", "wait_s", "exchange_s"] {
                 let x = w[k].as_f64().unwrap();

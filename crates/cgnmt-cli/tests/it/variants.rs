@@ -195,13 +195,19 @@ fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
 
 /// A gated model and an ungated model sharing every common parameter; the gate's weights are zero so that
 /// z = σ(0) = 0.5 exactly.
-/// (`depth`: `model.decoder_transition_depth` of both.)
-fn pair(dec: &str, form: &str, depth: usize, gate_sets: &[&str]) -> (Model, Model, Batch) {
+/// (`depth`: `model.decoder_transition_depth` of both; `ln`: `model.layer_norm` of both.)
+fn pair(
+    dec: &str,
+    form: &str,
+    (depth, ln): (usize, bool),
+    gate_sets: &[&str],
+) -> (Model, Model, Batch) {
     let mut sets = vec![
         format!("model.decoder={dec}"),
         format!("model.gate_form={form}"),
         "model.context_gate=none".to_string(),
         format!("model.decoder_transition_depth={depth}"),
+        format!("model.layer_norm={ln}"),
     ];
     let plain_cfg: ModelConfig =
         tiny_model_config(&sets.iter().map(|s| s.as_str()).collect::<Vec<_>>());
@@ -224,15 +230,19 @@ fn pair(dec: &str, form: &str, depth: usize, gate_sets: &[&str]) -> (Model, Mode
 }
 
 /// In a deep-transition decoder (depth 2 and 3) the gate scales the inputs of the first transition only (the
-/// later ones read the state alone), so the same identities hold.
+/// later ones read the state alone), so the same identities hold; and with layer normalisation, whose
+/// products the scales multiply after their normalisation (model-spec §5b).
 #[test]
 fn gates_at_one_half_reduce_to_the_ungated_cell_with_matching_scales() {
-    for (dec, depth) in [
-        ("gru", 1),
-        ("vanilla", 1),
-        ("gru", 2),
-        ("vanilla", 2),
-        ("gru", 3),
+    for (dec, depth, ln) in [
+        ("gru", 1, false),
+        ("vanilla", 1, false),
+        ("gru", 2, false),
+        ("vanilla", 2, false),
+        ("gru", 3, false),
+        ("gru", 1, true),
+        ("vanilla", 1, true),
+        ("gru", 2, true),
     ] {
         for form in ["reference", "paper"] {
             // (gate settings, context scale that cancels z = 0.5, equivalent scaling of the ungated cell)
@@ -253,17 +263,17 @@ fn gates_at_one_half_reduce_to_the_ungated_cell_with_matching_scales() {
                 ),
             ];
             for (sets, cancel, equiv) in cases {
-                let (gated, plain, batch) = pair(dec, form, depth, &sets);
+                let (gated, plain, batch) = pair(dec, form, (depth, ln), &sets);
                 let reference = states(&plain, &batch, (1.0, 1.0));
                 let d = max_diff(&states(&gated, &batch, cancel), &reference);
-                assert!(d < 1e-12, "{dec}/{form}/depth {depth}/{sets:?}: z = 0.5 with scale {cancel:?} differs from ungated by {d}");
+                assert!(d < 1e-12, "{dec}/{form}/depth {depth}/ln {ln}/{sets:?}: z = 0.5 with scale {cancel:?} differs from ungated by {d}");
                 let d = max_diff(
                     &states(&gated, &batch, (1.0, 1.0)),
                     &states(&plain, &batch, equiv),
                 );
                 assert!(
                     d < 1e-12,
-                    "{dec}/{form}/depth {depth}/{sets:?}: gate 0.5 ≠ ungated with scale {equiv:?} ({d})"
+                    "{dec}/{form}/depth {depth}/ln {ln}/{sets:?}: gate 0.5 ≠ ungated with scale {equiv:?} ({d})"
                 );
                 // And the gate really matters: without cancelling, the states differ.
                 assert!(max_diff(&states(&gated, &batch, (1.0, 1.0)), &reference) > 1e-6);
@@ -455,6 +465,14 @@ fn every_variant_learns_on_real_data() {
             "model.context_gate=both",
             "model.encoder_layers=2",
             "model.encoder_type=\"bi-unidirectional\"",
+        ],
+        vec!["model.context_gate=both", "model.layer_norm=true"],
+        vec![
+            "model.decoder=cgru",
+            "model.context_gate=both",
+            "model.layer_norm=true",
+            "model.decoder_transition_depth=2",
+            "model.encoder_layers=2",
         ],
     ];
     for v in variants {

@@ -109,6 +109,7 @@ fn fused_ops_match_their_composed_reference() {
             w_2: x[6].t().unwrap(),
             b: x[5].clone(),
             hidden: h,
+            ln: None,
         };
         // The composed readout over every row, reading the shifted embeddings e(y_{i−1}).
         let reference_rows = |x: &[Tensor]| {
@@ -644,6 +645,7 @@ fn fused_bidirectional_gru_matches_step_by_step() {
             u_ru: u_ru.clone(),
             u: u.clone(),
             hidden: h,
+            ln: None,
         };
         compare(
             dtype,

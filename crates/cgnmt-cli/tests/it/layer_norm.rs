@@ -1,0 +1,354 @@
+//! Layer normalisation (`model.layer_norm`, model-spec §5b): every parameter against finite differences in
+//! every decoder, gate form, depth and coverage, with every dropout; the parameters' names, counts and
+//! initialisation; the composed path it runs; and the command line end to end (train, resume to the same
+//! bits, every decoding path, `align`, `info`).
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use cgnmt::kernels::Kernels;
+use cgnmt::model::Model;
+
+use crate::common::*;
+
+/// Every parameter, the gains and biases included, against finite differences (f64), without and with every
+/// kind of dropout.
+#[test]
+fn layer_norm_gradients_match_finite_differences() {
+    use cgnmt::model::dropout::Dropout;
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["model.context_gate=both"],
+        vec!["model.context_gate=both", "model.gate_form=paper"],
+        vec!["model.decoder=vanilla", "model.context_gate=source"],
+        vec![
+            "model.decoder=vanilla",
+            "model.gate_form=paper",
+            "model.context_gate=target",
+        ],
+        vec!["model.decoder=cgru", "model.context_gate=both"],
+        vec![
+            "model.encoder_layers=2",
+            "model.decoder_transition_depth=2",
+            "model.coverage=neural",
+            "model.coverage_dim=2",
+            "model.context_gate=both",
+        ],
+        vec![
+            "model.encoder_layers=2",
+            "model.encoder_type=\"bi-unidirectional\"",
+            "model.decoder=cgru",
+            "model.decoder_transition_depth=2",
+            "model.context_gate=none",
+        ],
+    ];
+    for (i, sets) in cases.iter().enumerate() {
+        let mut sets = sets.clone();
+        sets.push("model.layer_norm=true");
+        let cfg = tiny_model_config(&sets);
+        let worst = grad_check(&cfg, 111 + i as u64, 20);
+        assert!(worst < 1e-5, "{sets:?}: {worst:e}");
+        let opts = cgnmt::model::LossOptions {
+            dropout: Some(Dropout {
+                embeddings: 0.3,
+                annotations: 0.25,
+                readout: 0.4,
+                recurrent: 0.35,
+                seed: 5,
+            }),
+            ..Default::default()
+        };
+        let worst = grad_check_with(&cfg, 121 + i as u64, 20, &opts);
+        assert!(worst < 1e-5, "{sets:?} with dropout: {worst:e}");
+    }
+}
+
+/// The parameters of each normalisation are `….ln_<product>.{g, b}`, gains start at 1 and biases at 0, the
+/// other parameters start as the plain model's do, and at the paper's size they add 52,000 values: 12H per
+/// encoder GRU, 18H in the GRU transition, 4 × 1000 in the attention and 6H in the readout.
+#[test]
+fn layer_norm_parameters_are_named_counted_and_initialised() {
+    let build = |sets: &[&str]| {
+        Model::build(&tiny_model_config(sets), 7, 6, 3, DType::F64, &Device::Cpu).unwrap()
+    };
+    let (_, plain) = build(&["model.context_gate=both"]);
+    let (_, normed) = build(&["model.context_gate=both", "model.layer_norm=true"]);
+    let plain = sorted_vars(&plain);
+    let normed = sorted_vars(&normed);
+    let ln: Vec<String> = normed
+        .iter()
+        .map(|(n, _)| n.clone())
+        .filter(|n| n.contains(".ln_"))
+        .collect();
+    for name in [
+        "encoder.fwd.ln_W.g",
+        "encoder.bwd.ln_U_ru.b",
+        "encoder.bwd.ln_U.g",
+        "decoder.cell.ln_W.g",
+        "decoder.cell.ln_C.b",
+        "decoder.cell.ln_U_ru.g",
+        "decoder.cell.ln_U.b",
+        "decoder.attention.ln_A.g",
+        "decoder.attention.ln_B.b",
+        "decoder.readout.ln_W_o.g",
+        "decoder.readout.ln_U_o.g",
+        "decoder.readout.ln_V_o.b",
+    ] {
+        assert!(ln.iter().any(|n| n == name), "{name} in {ln:?}");
+    }
+    assert_eq!(ln.len(), 2 * (3 + 3 + 4 + 2 + 3), "{ln:?}");
+    assert_eq!(normed.len(), plain.len() + ln.len());
+    for (name, var) in &normed {
+        let v = var
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        if name.contains(".ln_") {
+            let want = if name.ends_with(".g") { 1.0 } else { 0.0 };
+            assert!(v.iter().all(|&x| x == want), "{name}: {v:?}");
+        } else {
+            let (_, p) = plain.iter().find(|(n, _)| n == name).unwrap();
+            let pv = p
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            assert_eq!(v, pv, "{name}: initialised as in the plain model");
+        }
+    }
+    let count = |sets: &[&str]| {
+        let cfg = cgnmt::config::Config::load(
+            None,
+            &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let (_, vm) =
+            Model::build_uninit(&cfg.model, 30002, 30002, DType::F32, &Device::Cpu).unwrap();
+        cgnmt::model::init::count(&vm)
+    };
+    assert_eq!(
+        count(&["model.layer_norm=true"]) - count(&[]),
+        24_000 + 18_000 + 4_000 + 6_000
+    );
+    // Deeper: 24H per upper encoder layer, 6H per later transition.
+    assert_eq!(
+        count(&[
+            "model.layer_norm=true",
+            "model.encoder_layers=2",
+            "model.decoder_transition_depth=2"
+        ]) - count(&["model.encoder_layers=2", "model.decoder_transition_depth=2"]),
+        52_000 + 24_000 + 6_000
+    );
+}
+
+/// A layer-normalised model runs the composed path whatever is asked for; a plain model keeps the choice.
+#[test]
+fn a_layer_normalised_model_runs_the_composed_path() {
+    let (mut m, _) = Model::build(
+        &tiny_model_config(&["model.layer_norm=true"]),
+        7,
+        6,
+        1,
+        DType::F32,
+        &Device::Cpu,
+    )
+    .unwrap();
+    m.set_kernels(Kernels::Fused);
+    assert_eq!(m.kernels, Kernels::Reference);
+    let (mut p, _) =
+        Model::build(&tiny_model_config(&[]), 7, 6, 1, DType::F32, &Device::Cpu).unwrap();
+    p.set_kernels(Kernels::Fused);
+    assert_eq!(p.kernels, Kernels::Fused);
+}
+
+fn ln_args(prepared: &Path, run: &Path, steps: usize) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "train".into(),
+        "--quiet".into(),
+        "--out".into(),
+        run.display().to_string(),
+    ];
+    for s in [
+        format!("data.prepared={:?}", prepared.display().to_string()),
+        "model.embedding_dim=16".into(),
+        "model.hidden_dim=24".into(),
+        "model.attention_dim=16".into(),
+        "model.layer_norm=true".into(),
+        "model.encoder_layers=2".into(),
+        "model.decoder_transition_depth=2".into(),
+        "train.batch_size=8".into(),
+        format!("train.max_steps={steps}"),
+        "train.save_every=5".into(),
+        "train.eval_every=0".into(),
+        "train.recurrent_dropout=0.2".into(),
+        "train.threads=1".into(),
+    ] {
+        v.push("--set".into());
+        v.push(s);
+    }
+    v
+}
+
+fn weights(run: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let dir = cgnmt::model::store::complete_dir(&run.join("last")).unwrap();
+    let t =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    t.into_iter()
+        .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_layer_normalised_model_trains_resumes_and_decodes_everywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    prepare(&prepared, 200);
+    let run = |args: Vec<String>| run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let a = tmp.path().join("a");
+    run(ln_args(&prepared, &a, 12));
+    let b = tmp.path().join("b");
+    run(ln_args(&prepared, &b, 6));
+    run_ok(&[
+        "train",
+        "--quiet",
+        "--resume",
+        b.to_str().unwrap(),
+        "--set",
+        "train.max_steps=12",
+    ]);
+    let (wa, wb) = (weights(&a), weights(&b));
+    assert!(wa.contains_key("decoder.cell.deep2.ln_U.g"));
+    assert!(wa.contains_key("encoder.layer2.fwd.ln_W.b"));
+    // Trained: the gains moved off 1.
+    assert!(wa["decoder.cell.ln_U_ru.g"].iter().any(|&g| g != 1.0));
+    assert_eq!(wa, wb, "a resumed run equals the uninterrupted one");
+
+    let src = tmp.path().join("src.txt");
+    let dev: Vec<String> = std::fs::read_to_string(prepared.join("dev.src"))
+        .unwrap()
+        .lines()
+        .take(12)
+        .map(str::to_string)
+        .collect();
+    std::fs::write(&src, dev.join("\n") + "\n").unwrap();
+    let model = a.join("last");
+    let translate = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "translate",
+            "--quiet",
+            "--pretokenized",
+            "-m",
+            model.to_str().unwrap(),
+            "-i",
+            src.to_str().unwrap(),
+            "--beam",
+            "4",
+        ];
+        args.extend(extra);
+        run_ok(&args).lines().map(str::to_string).collect()
+    };
+    let exact = translate(&[]);
+    assert_eq!(exact.len(), 12);
+    assert_eq!(translate(&["--kernels", "reference"]), exact);
+    assert_eq!(translate(&["--int8"]).len(), 12);
+    let lex = tmp.path().join("lex.txt");
+    run_ok(&[
+        "shortlist",
+        "--quiet",
+        "--src",
+        prepared.join("train.src").to_str().unwrap(),
+        "--tgt",
+        prepared.join("train.tgt").to_str().unwrap(),
+        "-o",
+        lex.to_str().unwrap(),
+    ]);
+    assert_eq!(translate(&["--shortlist", lex.to_str().unwrap()]).len(), 12);
+    assert_eq!(translate(&["-m", b.join("last").to_str().unwrap()]), exact);
+    let dump = tmp.path().join("dump.jsonl");
+    translate(&["--dump", dump.to_str().unwrap()]);
+    let d = std::fs::read_to_string(&dump).unwrap();
+    assert_eq!(d.lines().count(), 12);
+    assert!(d.contains("\"attention\"") && d.contains("\"gates\""));
+    let tgt = tmp.path().join("tgt.txt");
+    std::fs::write(&tgt, exact.join("\n") + "\n").unwrap();
+    let links = tmp.path().join("links.txt");
+    run_ok(&[
+        "align",
+        "-m",
+        model.to_str().unwrap(),
+        "--src",
+        src.to_str().unwrap(),
+        "--tgt",
+        tgt.to_str().unwrap(),
+        "-o",
+        links.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read_to_string(&links).unwrap().lines().count(), 12);
+    let info = run_ok(&["info", "--set", "model.layer_norm=true"]);
+    assert!(
+        info.contains("layer normalisation:") && info.contains("(52000 gains and biases)"),
+        "{info}"
+    );
+}
+
+/// The gradient over a batch is the sum of the gradients over its two halves, each padded to its own lengths
+/// (what MPI ranks compute), with every dropout: in f64, to rounding. Also for the plain model, as a control.
+#[test]
+fn a_batch_gradient_is_the_sum_over_its_halves() {
+    use cgnmt::model::dropout::Dropout;
+    use cgnmt::model::{Batch, LossOptions};
+    use rand::SeedableRng;
+    for sets in [
+        vec!["model.decoder_transition_depth=2"],
+        vec!["model.decoder_transition_depth=2", "model.layer_norm=true"],
+        vec!["model.layer_norm=true"],
+    ] {
+        let cfg = tiny_model_config(&sets);
+        let (vs, vt) = (9, 8);
+        let (model, varmap) = Model::build(&cfg, vs, vt, 5, DType::F64, &Device::Cpu).unwrap();
+        randomize(&varmap, 6, 0.5);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let src = random_seqs(&mut rng, 6, vs, 1, 7);
+        let tgt = random_seqs(&mut rng, 6, vt, 1, 7);
+        let opts = LossOptions {
+            dropout: Some(Dropout {
+                embeddings: 0.0,
+                annotations: 0.0,
+                readout: 0.0,
+                recurrent: 0.3,
+                seed: 11,
+            }),
+            ..Default::default()
+        };
+        let grads = |b: &Batch| {
+            let g = model.backward(&model.loss_with(b, &opts).unwrap()).unwrap();
+            sorted_vars(&varmap)
+                .into_iter()
+                .map(|(n, v)| {
+                    let x = g.get(v.as_tensor()).unwrap();
+                    (n, x.flatten_all().unwrap().to_vec1::<f64>().unwrap())
+                })
+                .collect::<Vec<_>>()
+        };
+        let whole = grads(&Batch::new(&src, &tgt, 0, DType::F64, &Device::Cpu).unwrap());
+        let a = grads(&Batch::new(&src[..3], &tgt[..3], 0, DType::F64, &Device::Cpu).unwrap());
+        let mut b2 = Batch::new(&src[3..], &tgt[3..], 0, DType::F64, &Device::Cpu).unwrap();
+        b2.keys.iter_mut().for_each(|k| *k += 3);
+        let b = grads(&b2);
+        let mut worst: (f64, String) = (0.0, String::new());
+        for (((n, w), (_, x)), (_, y)) in whole.iter().zip(&a).zip(&b) {
+            for ((w, x), y) in w.iter().zip(x).zip(y) {
+                // The loss is per sentence: the whole batch's is the mean of the halves'.
+                let d = (w - (x + y) / 2.0).abs() / w.abs().max(1e-6);
+                if d > worst.0 {
+                    worst = (d, n.clone());
+                }
+            }
+        }
+        eprintln!("{sets:?}: worst {worst:?}");
+        assert!(worst.0 < 1e-9, "{sets:?}: {worst:?}");
+    }
+}

@@ -1,0 +1,105 @@
+# The deep model of `cgnmt bench --size small-deep` (two bidirectional encoder layers with a residual connection,
+# a depth-2 decoder transition) written op for op in PyTorch eager, on the batch of
+# ../shared/bench/torch_reference.py: its one-layer model, extended the way cgnmt extends its own (model-spec §1
+# and §3). The second encoder layer is a forward and a backward GRU over the 2H-wide annotations, added to them;
+# the later transition is a GRU over the state alone (its input terms a bias), after the gated one.
+# Usage: python scripts/torch_deep_reference.py train small-deep STEPS   (TORCH_THREADS, default 2)
+# The last line starts with RESULT, as the shared script's: median step time and target tokens/s.
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.environ.get("BENCH_DIR", os.path.join(HERE, "..", "..", "shared", "bench")))
+import torch  # noqa: E402
+import torch_reference as ref  # noqa: E402
+
+CFGS = {"small-deep": ref.CFGS["small"], "paper-deep": ref.CFGS["paper"]}
+
+
+def deep_shapes(c):
+    e, h = c["e"], c["h"]
+    extra = []
+    for d in ["enc2f", "enc2b"]:
+        extra += [(d + "_wx", [2 * h, 3 * h]), (d + "_wh", [h, 3 * h]), (d + "_bx", [3 * h]), (d + "_bh", [3 * h])]
+    extra += [("dt_wh", [h, 3 * h]), ("dt_b", [3 * h]), ("dt_bh", [3 * h])]
+    return ref.param_shapes(c) + extra
+
+
+class DeepModel(ref.Model):
+    def __init__(self, c):
+        self.c = c
+        self.p = {}
+        g = torch.Generator().manual_seed(0)
+        for n, sh in deep_shapes(c):
+            t = torch.zeros(sh) if len(sh) == 1 else torch.rand(sh, generator=g) * 0.2 - 0.1
+            self.p[n] = t.requires_grad_(True)
+
+    def layer(self, x2, mask, names, B, S):
+        """One bidirectional layer over the rows x2 [B·S, in]: its states [B, S, 2H] and the backward ones."""
+        p, c = self.p, self.c
+        outs = []
+        for d, reverse in names:
+            gx = (x2 @ p[d + "_wx"] + p[d + "_bx"]).reshape(B, S, -1).transpose(0, 1).contiguous()
+            mt = mask.t().contiguous().unsqueeze(2)
+            h = torch.zeros(B, c["h"])
+            hs = [None] * S
+            for t in (reversed(range(S)) if reverse else range(S)):
+                gh = h @ p[d + "_wh"] + p[d + "_bh"]
+                hn = self.gru(gx[t], gh, h)
+                h = h + mt[t] * (hn - h)
+                hs[t] = h
+            outs.append(torch.stack(hs, 1))
+        return torch.cat(outs, 2)
+
+    def encode(self, src, mask):
+        p = self.p
+        B, S = src.shape
+        x2 = p["src_emb"][src.reshape(-1)]
+        a1 = self.layer(x2, mask, [("encf", False), ("encb", True)], B, S)
+        a2 = self.layer(a1.reshape(B * S, -1), mask, [("enc2f", False), ("enc2b", True)], B, S) + a1
+        keys = (a2.reshape(B * S, -1) @ p["att_wk"] + p["att_b"]).reshape(B, S, -1)
+        h = self.c["h"]
+        s0 = torch.tanh(a2[:, 0, h:] @ p["init_w"] + p["init_b"])
+        return a2, keys, s0
+
+    def dec_step(self, s_prev, yx, yz, enc, keys, mask_bias):
+        s, ctx = super().dec_step(s_prev, yx, yz, enc, keys, mask_bias)
+        p = self.p
+        gh = s @ p["dt_wh"] + p["dt_bh"]
+        return self.gru(p["dt_b"].expand(s.shape[0], -1), gh, s), ctx
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "train"
+    cfgname = sys.argv[2] if len(sys.argv) > 2 else "small-deep"
+    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+    torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "2")))
+    c = CFGS[cfgname]
+    m = DeepModel(c)
+    print(f"torch {torch.__version__} threads={torch.get_num_threads()} mode={mode} cfg={cfgname} "
+          f"params={sum(t.numel() for t in m.p.values())}")
+    if mode != "train":
+        sys.exit("only `train` is written for the deep model")
+    opt = torch.optim.Adam(list(m.p.values()), lr=1e-3)
+    batch = ref.make_batch(c, c["b"], 1)
+    ntok = float(batch[4].sum())
+    times = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        loss = m.loss(batch)
+        lv = loss.item()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        print(f"step {step} loss={lv:.5f} total={dt:.3f}s", flush=True)
+        if step > 0:
+            times.append(dt)
+    md = statistics.median(times)
+    print(f"RESULT torch train cfg={cfgname} median_step={md:.3f}s tgt_tokens/step={ntok:.0f} tok/s={ntok / md:.0f}")
+
+
+if __name__ == "__main__":
+    main()
