@@ -765,7 +765,7 @@ fn decoding(model: &Model, src: &[Vec<u32>], repeats: usize) -> Result<DecodingT
     let mut beam_t = vec![];
     let mut greedy_t = vec![];
     let int8_on =
-        crate::kernels::quantized_gemm::available() && model.kernels.fused_on(&Device::Cpu);
+        crate::kernels::quantized_gemm::available() && model.kernels.ops_fused_on(&Device::Cpu);
     let mut int8_t = vec![];
     let (mut beam_rows, mut greedy_rows, mut int8_rows) = (0u64, 0u64, 0u64);
     let rows =

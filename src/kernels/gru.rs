@@ -53,7 +53,7 @@ pub fn gru_update(
     base: &Tensor,
     mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    if kernels.fused_on(ru.device()) {
+    if kernels.ops_fused_on(ru.device()) {
         gru_update_fused(ru, pre_c, base, mask)
     } else {
         gru_update_reference(ru, pre_c, base, mask)

@@ -76,7 +76,7 @@ pub fn layer_norm(
     b: &Tensor,
     blocks: &[usize],
 ) -> Result<Tensor> {
-    if kernels.fused_on(x.device()) {
+    if kernels.ops_fused_on(x.device()) {
         layer_norm_fused(x, g, b, blocks)
     } else {
         layer_norm_reference(x, g, b, blocks)

@@ -64,6 +64,11 @@ pub enum Kernels {
     Reference,
     /// Fused CPU kernels with hand-derived backward passes (composed ops on other devices).
     Fused,
+    /// The fused row ops (each with its hand-derived backward pass) inside the composed recurrence: what a
+    /// model whose cells have no fused sequence op runs when fused kernels are asked for (a layer-normalised
+    /// model, see `Model::set_kernels`). Not a command-line choice.
+    #[value(skip)]
+    FusedOps,
 }
 
 static PROCESS_KERNELS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -78,15 +83,22 @@ impl Kernels {
         }
     }
 
-    /// Whether a fused kernel should run for tensors on `dev`.
+    /// Whether the fused sequence ops (the encoder's, the decoder's, decoding's fused steps) run for tensors
+    /// on `dev`.
     pub fn fused_on(self, dev: &Device) -> bool {
         self == Kernels::Fused && dev.is_cpu()
+    }
+
+    /// Whether a fused row op (a product, a gate, a normalisation, the output layer) runs for tensors on `dev`:
+    /// with [`Kernels::Fused`] and [`Kernels::FusedOps`].
+    pub fn ops_fused_on(self, dev: &Device) -> bool {
+        matches!(self, Kernels::Fused | Kernels::FusedOps) && dev.is_cpu()
     }
 
     /// The kernels every model built afterwards in this process starts with.
     pub fn set_process_default(k: Kernels) {
         let v = match k {
-            Kernels::Fused => 0,
+            Kernels::Fused | Kernels::FusedOps => 0,
             Kernels::Reference => 1,
         };
         PROCESS_KERNELS.store(v, std::sync::atomic::Ordering::Relaxed);
@@ -96,6 +108,7 @@ impl Kernels {
         match self {
             Kernels::Reference => "reference",
             Kernels::Fused => "fused",
+            Kernels::FusedOps => "fused row ops, composed recurrence",
         }
     }
 }

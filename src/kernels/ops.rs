@@ -63,7 +63,7 @@ fn select_rows_cpu<T: Real>(s: &CpuStorage, l: &Layout, ids: &[u32], w: usize) -
 /// forward pass runs the GEMM over the broadcast bias and whose backward pass forms `∂b` as parallel column
 /// sums (composed, `broadcast_add` adds a node whose backward pass sums the rows on one thread).
 pub fn linear(k: Kernels, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if !k.fused_on(x.device())
+    if !k.ops_fused_on(x.device())
         || x.rank() != 2
         || w.rank() != 2
         || b.rank() != 1
@@ -81,7 +81,7 @@ pub fn linear(k: Kernels, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> 
 /// `σ(x)`: with fused kernels on the CPU one op whose rows vectorise ([`Real::sigmoid_v`]; candle's runs a
 /// libm `exp` per element), its backward pass `g σ (1 − σ)` composed; otherwise candle's.
 pub fn sigmoid(k: Kernels, x: &Tensor) -> Result<Tensor> {
-    if !k.fused_on(x.device())
+    if !k.ops_fused_on(x.device())
         || !matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
     {
         return candle_nn::ops::sigmoid(x);
@@ -219,7 +219,7 @@ impl candle_core::CustomOp3 for Linear {
 /// node whose backward pass scatters the rows' gradients into one `[V, E]` buffer and hands it over (see
 /// [`hand_over`]); composed, candle's `index_select` adds into a zero-filled table twice per pass.
 pub fn embedding(k: Kernels, table: &Tensor, ids: &Tensor) -> Result<Tensor> {
-    if !k.fused_on(table.device())
+    if !k.ops_fused_on(table.device())
         || table.rank() != 2
         || !matches!(
             table.dtype(),

@@ -9,7 +9,7 @@ use super::*;
 /// `(x, g)`; `∂W = Σ_t x_tᵀ g_t` is then one GEMM over all steps (`[in, T·B] × [T·B, out]`) instead of T small
 /// ones plus T accumulations. Otherwise (reference kernels, a weight not prepared) it is a plain `matmul`.
 pub fn rec_matmul(k: Kernels, x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if k.fused_on(x.device()) && x.rank() == 2 {
+    if k.ops_fused_on(x.device()) && x.rank() == 2 {
         if let Some(rw) = prepared(w) {
             return x
                 .contiguous()?
@@ -229,7 +229,7 @@ pub fn prepare_as(k: Kernels, weights: &[&Tensor], int8: bool) -> Result<Option<
     let Some(first) = weights.first() else {
         return Ok(None);
     };
-    if !k.fused_on(first.device()) {
+    if !k.ops_fused_on(first.device()) {
         return Ok(None);
     }
     let mut prepared = Vec::with_capacity(weights.len());

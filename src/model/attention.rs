@@ -55,12 +55,11 @@ impl Attention {
         )
     }
 
-    pub fn keys(&self, annotations: &Tensor, mask: &Tensor) -> Result<Keys> {
+    pub fn keys(&self, k: Kernels, annotations: &Tensor, mask: &Tensor) -> Result<Keys> {
         let (b, s, a) = annotations.dims3()?;
         let flat = crate::kernels::matmul_or_int8(&annotations.reshape((b * s, a))?, &self.a)?;
         let flat = match &self.ln {
-            // Layer-normalised models run composed (see `Model::set_kernels`).
-            Some((ln, _)) => ln.forward(Kernels::Reference, &flat)?,
+            Some((ln, _)) => ln.forward(k, &flat)?,
             None => flat,
         };
         let ah = flat.reshape((b, s, self.dim))?;

@@ -343,18 +343,18 @@ impl Model {
 
     /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
     /// argument from here).
-    /// A layer-normalised model (`model.layer_norm`) runs the composed path whatever is asked: its cells have
-    /// no fused ops yet.
+    /// A layer-normalised model (`model.layer_norm`) runs the composed recurrence: its cells have no fused
+    /// sequence ops yet, so fused kernels mean the fused row ops inside it ([`Kernels::FusedOps`]).
     pub fn set_kernels(&mut self, k: Kernels) {
         self.kernels = Self::kernels_for(&self.cfg, k);
     }
 
     /// The kernels a model of `cfg` runs when `k` is asked for (see [`Model::set_kernels`]).
     fn kernels_for(cfg: &ModelConfig, k: Kernels) -> Kernels {
-        if cfg.layer_norm {
-            Kernels::Reference
-        } else {
-            k
+        match (cfg.layer_norm, k) {
+            (true, Kernels::Fused) => Kernels::FusedOps,
+            (false, Kernels::FusedOps) => Kernels::Fused,
+            _ => k,
         }
     }
 
@@ -524,7 +524,9 @@ impl Model {
             let h = enc.bwd_first.dim(1)?;
             enc.bwd_first = enc.annotations.i((.., 0))?.narrow(1, h, h)?;
         }
-        let keys = self.attention.keys(&enc.annotations, src_mask)?;
+        let keys = self
+            .attention
+            .keys(self.kernels, &enc.annotations, src_mask)?;
         let t0 = self.initial_state(&enc.bwd_first)?;
         let cov_keys = match &self.coverage {
             Some(c) => Some(c.keys(&enc.annotations)?),
@@ -635,7 +637,7 @@ impl Model {
     /// Whether decoding on `dev` can attend through sentence rows ([`Model::attend_rows`]): no coverage, fused
     /// kernels on the CPU.
     pub fn attends_by_rows(&self, dev: &Device) -> bool {
-        self.coverage.is_none() && self.kernels.fused_on(dev)
+        self.coverage.is_none() && self.kernels.ops_fused_on(dev)
     }
 
     /// Decoding with fused kernels on the CPU: each source position's products with the weights that read the
@@ -643,7 +645,9 @@ impl Model {
     /// the context).
     pub fn context_products(&self, src: &Source) -> Result<Option<ContextProducts>> {
         let ann = &src.keys.annotations;
-        if !self.kernels.fused_on(ann.device()) || !matches!(ann.dtype(), DType::F32 | DType::F64) {
+        if !self.kernels.ops_fused_on(ann.device())
+            || !matches!(ann.dtype(), DType::F32 | DType::F64)
+        {
             return Ok(None);
         }
         // The transition's `C` (the cGRU's context GRU's), the gate's `C_z`, the readout's `W_o`.
@@ -1148,7 +1152,7 @@ impl Model {
                 .affine(1.0 / b as f64, 0.0);
         }
         let targets = batch.tgt.flatten_all()?;
-        let nll = if self.kernels.fused_on(hid.device()) {
+        let nll = if self.kernels.ops_fused_on(hid.device()) {
             output_nll_smoothed_fused(hid, w_2, b_out, &targets, eps)?
         } else {
             output_nll_smoothed_reference(hid, w_2, b_out, &targets, eps)?

@@ -132,7 +132,7 @@ impl Readout {
 
     /// `W_1 maxout(r~)`.
     fn hidden_from(&self, k: Kernels, r: &Tensor) -> Result<Tensor> {
-        let m = if k.fused_on(r.device()) {
+        let m = if k.ops_fused_on(r.device()) {
             maxout_fused(r)?
         } else {
             maxout_reference(r)?
@@ -205,7 +205,7 @@ impl Readout {
         let (w_2, b) = self.output(words);
         let (n, e) = x.dims2()?;
         let v = w_2.dim(1)?;
-        if !k.fused_on(x.device()) || x.dtype() != DType::F32 {
+        if !k.ops_fused_on(x.device()) || x.dtype() != DType::F32 {
             let logits = x.matmul(w_2)?.broadcast_add(b)?;
             *buf = logits
                 .to_dtype(DType::F32)?
@@ -261,7 +261,7 @@ impl Readout {
         let idx = Tensor::from_vec(ids.to_vec(), ids.len(), self.w_2.device())?;
         let w_2 = self.w_2.index_select(&idx, 1)?.contiguous()?;
         let b = self.b.index_select(&idx, 0)?;
-        let packed = if k.fused_on(w_2.device()) {
+        let packed = if k.ops_fused_on(w_2.device()) {
             crate::kernels::packed_as(&w_2, int8)?
         } else {
             None

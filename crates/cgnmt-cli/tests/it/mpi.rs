@@ -449,8 +449,8 @@ fn two_and_three_ranks_train_like_one_process_at_the_same_global_batch_with_drop
             // A layer-normalised model amplifies rounding in itself: in one process, a change of one weight
             // by 1e-7 of its value grows to 7e-5 in 30 Adam updates (against 9e-8 without layer
             // normalisation). So its ranks are compared over 12 updates (measured: 5e-7 at 2 ranks, 3e-6 at
-            // 3); the gradient over ranks' shares is the whole batch's to rounding in f64
-            // (`layer_norm.rs`, `a_batch_gradient_is_the_sum_over_its_halves`).
+            // 3); the gradients over ranks' shares sum to the whole batch's to rounding in f64
+            // (`kernels/model.rs`, `dropout_masks_follow_the_sentence_across_any_split_of_the_batch`).
             1e-5,
         ),
     ] {

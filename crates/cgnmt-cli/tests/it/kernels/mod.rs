@@ -204,6 +204,28 @@ fn variants() -> Vec<Vec<String>> {
         "model.context_gate=none".into(),
         "model.gating_scalar=true".into(),
     ]);
+    // Layer normalisation (its models run the fused row ops inside the composed recurrence when fused
+    // kernels are asked for): each decoder and form, gated, with coverage, depth and a stacked encoder.
+    for (dec, form) in [
+        ("gru", "reference"),
+        ("gru", "paper"),
+        ("vanilla", "reference"),
+        ("cgru", "reference"),
+    ] {
+        v.push(vec![
+            "model.layer_norm=true".into(),
+            format!("model.decoder={dec}"),
+            format!("model.gate_form={form}"),
+            "model.context_gate=both".into(),
+        ]);
+    }
+    v.push(vec![
+        "model.layer_norm=true".into(),
+        "model.decoder_transition_depth=2".into(),
+        "model.encoder_layers=2".into(),
+        "model.coverage=neural".into(),
+        "model.coverage_dim=2".into(),
+    ]);
     v
 }
 

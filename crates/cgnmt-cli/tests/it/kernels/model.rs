@@ -123,6 +123,14 @@ fn dropout_masks_follow_the_sentence_across_any_split_of_the_batch() {
             Kernels::Fused,
         ),
         (vec!["model.context_gate=both"], Kernels::Reference),
+        (
+            vec![
+                "model.layer_norm=true",
+                "model.decoder_transition_depth=2",
+                "model.context_gate=both",
+            ],
+            Kernels::Fused,
+        ),
     ] {
         let cfg = tiny_model(&sets.iter().map(|s| s.to_string()).collect::<Vec<_>>());
         let (mut model, varmap) = Model::build(&cfg, 11, 9, 7, DType::F64, &Device::Cpu).unwrap();
