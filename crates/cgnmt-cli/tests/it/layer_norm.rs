@@ -296,3 +296,24 @@ fn a_layer_normalised_model_trains_resumes_and_decodes_everywhere() {
         "{info}"
     );
 }
+
+/// The key is written out only when true: a configuration from before it serialises as it did (so
+/// `cgnmt reproduce` still recognises the runs it finished), and both forms read back.
+#[test]
+fn the_key_is_written_only_when_set() {
+    let load = |sets: &[&str]| {
+        cgnmt::config::Config::load(
+            None,
+            &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
+        .unwrap()
+    };
+    let plain = load(&[]).to_toml();
+    assert!(!plain.contains("layer_norm"), "{plain}");
+    let normed = load(&["model.layer_norm=true"]).to_toml();
+    assert!(normed.contains("layer_norm = true"), "{normed}");
+    for text in [plain, normed] {
+        let back = cgnmt::config::Config::from_toml_str(&text, "test").unwrap();
+        assert_eq!(back.to_toml(), text);
+    }
+}
