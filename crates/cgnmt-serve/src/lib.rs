@@ -282,6 +282,9 @@ async fn list_models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
                 "dir": m.dir.display().to_string(),
                 "decoder": format!("{:?}", m.tr.model().config.model.decoder).to_lowercase(),
                 "context_gate": format!("{:?}", m.tr.model().config.model.context_gate).to_lowercase(),
+                "encoder_layers": m.tr.model().config.model.encoder_layers,
+                "decoder_transition_depth": m.tr.model().config.model.decoder_transition_depth,
+                "layer_norm": m.tr.model().config.model.layer_norm,
                 "src_vocab": m.tr.model().src_vocab.len(),
                 "tgt_vocab": m.tr.model().tgt_vocab.len(),
             })
@@ -600,7 +603,7 @@ fn openapi() -> serde_json::Value {
         },
         "paths": {
             "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "{\"status\": \"ok\"}"}}}},
-            "/v1/models": {"get": {"summary": "the models served (the first is the default)", "responses": {"200": {"description": "{\"default\", \"models\": [{\"name\", \"dir\", \"decoder\", \"context_gate\", \"src_vocab\", \"tgt_vocab\"}]}"}}}},
+            "/v1/models": {"get": {"summary": "the models served (the first is the default)", "responses": {"200": {"description": "{\"default\", \"models\": [{\"name\", \"dir\", \"decoder\", \"context_gate\", \"encoder_layers\", \"decoder_transition_depth\", \"layer_norm\", \"src_vocab\", \"tgt_vocab\"}]}"}}}},
             "/v1/translate": {"post": {
                 "summary": "translate sentences (answers in the same order)",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}}}},

@@ -236,6 +236,56 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
     assert_eq!(code, 200);
 }
 
+/// A deep, layer-normalised model served: `/v1/models` names its architecture, and the server answers what
+/// `translate` writes.
+#[test]
+fn serve_answers_a_deep_layer_normalised_model_like_translate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    prepare(&prepared, 200);
+    let run = tmp.path().join("run");
+    common::train_tiny(
+        &prepared,
+        &run,
+        &[
+            "model.layer_norm=true",
+            "model.encoder_layers=2",
+            "model.decoder_transition_depth=2",
+            "train.max_steps=12",
+        ],
+    );
+    let model = run.join("last");
+    let src =
+        cgnmt_data::corpus::read_lines(&common::data_dir().join("tatoeba-zh-en/test.zh")).unwrap();
+    let sentences: Vec<String> = src[..8].to_vec();
+    let input = tmp.path().join("in.zh");
+    std::fs::write(&input, sentences.join("\n") + "\n").unwrap();
+    let want: Vec<String> = run_ok(&[
+        "translate",
+        "--quiet",
+        "-m",
+        model.to_str().unwrap(),
+        "-i",
+        input.to_str().unwrap(),
+    ])
+    .lines()
+    .map(String::from)
+    .collect();
+    let s = start(&model, &[]);
+    let models: serde_json::Value = ureq::get(&format!("{}/v1/models", s.base))
+        .call()
+        .map(json)
+        .unwrap();
+    let m = &models["models"][0];
+    assert_eq!(m["layer_norm"], true, "{models}");
+    assert_eq!(m["encoder_layers"], 2, "{models}");
+    assert_eq!(m["decoder_transition_depth"], 2, "{models}");
+    let body = serde_json::json!({ "sentences": sentences }).to_string();
+    let (code, v) = post(&s.base, &body);
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(translations(&v), want);
+}
+
 #[test]
 fn sigterm_lets_the_request_in_flight_finish() {
     let tmp = tempfile::tempdir().unwrap();
