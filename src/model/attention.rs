@@ -9,7 +9,7 @@ use crate::kernels::attention::{
     softmax_context_reference, softmax_context_shared, weighted_rows, Keys,
 };
 use crate::kernels::Kernels;
-use crate::model::layer_norm::{maybe, norm, LayerNorm};
+use crate::model::layer_norm::{norm, LayerNorm};
 use candle_nn::VarBuilder;
 
 pub struct Attention {
@@ -30,12 +30,13 @@ impl Attention {
         dim: usize,
         layer_norm: bool,
     ) -> Result<Self> {
-        let ln = match (
-            maybe(&vb, layer_norm, "ln_A", &[dim])?,
-            maybe(&vb, layer_norm, "ln_B", &[dim])?,
-        ) {
-            (Some(a), Some(b)) => Some((a, b)),
-            _ => None,
+        let ln = if layer_norm {
+            Some((
+                LayerNorm::new(vb.pp("ln_A"), &[dim])?,
+                LayerNorm::new(vb.pp("ln_B"), &[dim])?,
+            ))
+        } else {
+            None
         };
         Ok(Self {
             a: vb.get_with_hints((ann_dim, dim), "A", crate::model::init::ZERO)?,

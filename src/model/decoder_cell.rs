@@ -18,7 +18,7 @@ use crate::kernels::{rec_matmul, Kernels};
 use crate::model::attention::Context;
 use crate::model::gate::Scales;
 use crate::model::gru::{Gru, RecNorm};
-use crate::model::layer_norm::{maybe, norm, LayerNorm};
+use crate::model::layer_norm::{norm, LayerNorm};
 
 pub struct DecoderCell {
     pub kind: DecoderKind,
@@ -68,7 +68,11 @@ impl DeepTransition {
             b: vb.get_with_hints(3 * hidden, "b", crate::model::init::ZERO)?,
             u_ru: vb.get_with_hints((hidden, 2 * hidden), "U_ru", crate::model::init::ZERO)?,
             u: vb.get_with_hints((hidden, hidden), "U", crate::model::init::ZERO)?,
-            ln: RecNorm::maybe(&vb, layer_norm, hidden)?,
+            ln: if layer_norm {
+                Some(RecNorm::new(&vb, hidden)?)
+            } else {
+                None
+            },
         })
     }
 
@@ -117,12 +121,13 @@ impl DecoderCell {
         if kind == DecoderKind::Cgru {
             let word = Gru::new_normed(vb.pp("word"), emb, hidden, layer_norm)?;
             let v = vb.pp("ctx");
-            let ln = match (
-                maybe(&v, layer_norm, "ln_C", &[2 * hidden, hidden])?,
-                RecNorm::maybe(&v, layer_norm, hidden)?,
-            ) {
-                (Some(c), Some(rec)) => Some((c, rec)),
-                _ => None,
+            let ln = if layer_norm {
+                Some((
+                    LayerNorm::new(v.pp("ln_C"), &[2 * hidden, hidden])?,
+                    RecNorm::new(&v, hidden)?,
+                ))
+            } else {
+                None
             };
             let ctx = ContextGru {
                 c: v.get_with_hints((2 * hidden, 3 * hidden), "C", crate::model::init::ZERO)?,
@@ -164,7 +169,11 @@ impl DecoderCell {
             Some(CellNorm {
                 w: LayerNorm::new(vb.pp("ln_W"), blocks)?,
                 c: LayerNorm::new(vb.pp("ln_C"), blocks)?,
-                u_ru: maybe(&vb, k == 3, "ln_U_ru", &[2 * hidden])?,
+                u_ru: if k == 3 {
+                    Some(LayerNorm::new(vb.pp("ln_U_ru"), &[2 * hidden])?)
+                } else {
+                    None
+                },
                 u: LayerNorm::new(vb.pp("ln_U"), &[hidden])?,
             })
         } else {

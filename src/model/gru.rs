@@ -11,7 +11,7 @@ use candle_nn::VarBuilder;
 
 use crate::kernels::gru::gru_update;
 use crate::kernels::{rec_matmul, Kernels};
-use crate::model::layer_norm::{maybe, norm, LayerNorm};
+use crate::model::layer_norm::{norm, LayerNorm};
 
 /// GRU cell parameters: `W` = [W_r | W_u | W] (in × 3H), `b` (H, candidate only), `U_ru` = [U_r | U_u] (H × 2H),
 /// `U` (H × H); with layer normalisation (`ln`), its gains and biases.
@@ -38,17 +38,12 @@ pub struct RecNorm {
 }
 
 impl RecNorm {
-    /// `ln_U_ru` and `ln_U` under `vb` for width `hidden`, when `on`.
-    pub fn maybe(vb: &VarBuilder, on: bool, hidden: usize) -> Result<Option<Self>> {
-        Ok(
-            match (
-                maybe(vb, on, "ln_U_ru", &[2 * hidden])?,
-                maybe(vb, on, "ln_U", &[hidden])?,
-            ) {
-                (Some(u_ru), Some(u)) => Some(RecNorm { u_ru, u }),
-                _ => None,
-            },
-        )
+    /// `ln_U_ru` and `ln_U` under `vb` for width `hidden`.
+    pub fn new(vb: &VarBuilder, hidden: usize) -> Result<Self> {
+        Ok(RecNorm {
+            u_ru: LayerNorm::new(vb.pp("ln_U_ru"), &[2 * hidden])?,
+            u: LayerNorm::new(vb.pp("ln_U"), &[hidden])?,
+        })
     }
 }
 
@@ -65,12 +60,13 @@ impl Gru {
         hidden: usize,
         layer_norm: bool,
     ) -> Result<Self> {
-        let ln = match (
-            maybe(&vb, layer_norm, "ln_W", &[2 * hidden, hidden])?,
-            RecNorm::maybe(&vb, layer_norm, hidden)?,
-        ) {
-            (Some(w), Some(rec)) => Some(GruNorm { w, rec }),
-            _ => None,
+        let ln = if layer_norm {
+            Some(GruNorm {
+                w: LayerNorm::new(vb.pp("ln_W"), &[2 * hidden, hidden])?,
+                rec: RecNorm::new(&vb, hidden)?,
+            })
+        } else {
+            None
         };
         Ok(Self {
             w: vb.get_with_hints((input, 3 * hidden), "W", crate::model::init::ZERO)?,

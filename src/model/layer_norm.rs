@@ -46,12 +46,3 @@ pub fn norm(k: Kernels, ln: Option<&LayerNorm>, x: Tensor) -> Result<Tensor> {
         None => Ok(x),
     }
 }
-
-/// `ln`'s parameters under `vb.pp(name)` when `on`, for rows tiled by `blocks`.
-pub fn maybe(vb: &VarBuilder, on: bool, name: &str, blocks: &[usize]) -> Result<Option<LayerNorm>> {
-    if on {
-        Ok(Some(LayerNorm::new(vb.pp(name), blocks)?))
-    } else {
-        Ok(None)
-    }
-}

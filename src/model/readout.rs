@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use crate::kernels::readout::{maxout_fused, maxout_reference, ReadoutWeights};
 use crate::kernels::Kernels;
 use crate::model::attention::Context;
-use crate::model::layer_norm::{maybe, norm, LayerNorm};
+use crate::model::layer_norm::{norm, LayerNorm};
 use candle_nn::VarBuilder;
 
 pub struct Readout {
@@ -36,13 +36,14 @@ impl Readout {
         tied: Option<&Tensor>,
         layer_norm: bool,
     ) -> Result<Self> {
-        let ln = match (
-            maybe(&vb, layer_norm, "ln_W_o", &[hidden])?,
-            maybe(&vb, layer_norm, "ln_U_o", &[hidden])?,
-            maybe(&vb, layer_norm, "ln_V_o", &[hidden])?,
-        ) {
-            (Some(w), Some(u), Some(v)) => Some([w, u, v]),
-            _ => None,
+        let ln = if layer_norm {
+            Some([
+                LayerNorm::new(vb.pp("ln_W_o"), &[hidden])?,
+                LayerNorm::new(vb.pp("ln_U_o"), &[hidden])?,
+                LayerNorm::new(vb.pp("ln_V_o"), &[hidden])?,
+            ])
+        } else {
+            None
         };
         Ok(Self {
             w_o: vb.get_with_hints((2 * hidden, hidden), "W_o", crate::model::init::ZERO)?,

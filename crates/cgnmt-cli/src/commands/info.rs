@@ -57,7 +57,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
         let with: usize = counts.iter().map(|(_, n)| n).sum();
         println!(
             "layer normalisation: every recurrent cell's products, the attention's keys and query, the readout's \
-             terms ({} gains and biases); runs the composed path",
+             terms ({} gains and biases); runs step by step, with the fused row ops but no fused sequence ops",
             with - without
         );
     }

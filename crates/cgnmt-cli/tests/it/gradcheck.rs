@@ -92,13 +92,7 @@ fn dropout_gradients_match_finite_differences() {
         ),
     ] {
         let cfg = tiny_model_config(&sets);
-        let d = Dropout {
-            embeddings: 0.3,
-            annotations: 0.25,
-            readout: 0.4,
-            recurrent: 0.35,
-            seed: 5,
-        };
+        let d = every_dropout();
         let opts = cgnmt::model::LossOptions {
             target_padding: padding,
             dropout: Some(d),
@@ -231,7 +225,6 @@ fn every_decoder_variant_gradients_match_finite_differences() {
 /// stream of its own).
 #[test]
 fn stacked_encoder_gradients_match_finite_differences() {
-    use cgnmt::model::dropout::Dropout;
     for (i, sets) in [
         vec!["model.encoder_layers=2", "model.context_gate=both"],
         vec![
@@ -257,13 +250,7 @@ fn stacked_encoder_gradients_match_finite_differences() {
         let worst = grad_check(&cfg, 61 + i as u64, 40);
         assert!(worst < 1e-5, "{sets:?}: {worst:e}");
         let opts = cgnmt::model::LossOptions {
-            dropout: Some(Dropout {
-                embeddings: 0.3,
-                annotations: 0.25,
-                readout: 0.4,
-                recurrent: 0.35,
-                seed: 5,
-            }),
+            dropout: Some(every_dropout()),
             ..Default::default()
         };
         let worst = grad_check_with(&cfg, 71 + i as u64, 40, &opts);
@@ -290,7 +277,6 @@ fn stacked_encoder_gradients_match_finite_differences() {
 /// and with a stacked encoder; the later transitions' parameters are `decoder.cell.deepK.{b, U_ru, U}`.
 #[test]
 fn deep_transition_gradients_match_finite_differences() {
-    use cgnmt::model::dropout::Dropout;
     let cases: Vec<Vec<&str>> = vec![
         vec![
             "model.decoder_transition_depth=2",
@@ -336,13 +322,7 @@ fn deep_transition_gradients_match_finite_differences() {
         let worst = grad_check(&cfg, 81 + i as u64, 30);
         assert!(worst < 1e-5, "{sets:?}: {worst:e}");
         let opts = cgnmt::model::LossOptions {
-            dropout: Some(Dropout {
-                embeddings: 0.3,
-                annotations: 0.25,
-                readout: 0.4,
-                recurrent: 0.35,
-                seed: 5,
-            }),
+            dropout: Some(every_dropout()),
             ..Default::default()
         };
         let worst = grad_check_with(&cfg, 91 + i as u64, 30, &opts);

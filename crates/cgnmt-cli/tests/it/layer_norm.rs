@@ -3,8 +3,6 @@
 //! initialisation; the composed recurrence it runs; and the command line end to end (train, resume to the same
 //! bits, every decoding path, `align`, `info`).
 
-use std::path::Path;
-
 use candle_core::{DType, Device};
 use cgnmt::kernels::Kernels;
 use cgnmt::model::Model;
@@ -15,7 +13,6 @@ use crate::common::*;
 /// kind of dropout.
 #[test]
 fn layer_norm_gradients_match_finite_differences() {
-    use cgnmt::model::dropout::Dropout;
     let cases: Vec<Vec<&str>> = vec![
         vec!["model.context_gate=both"],
         vec!["model.context_gate=both", "model.gate_form=paper"],
@@ -48,13 +45,7 @@ fn layer_norm_gradients_match_finite_differences() {
         let worst = grad_check(&cfg, 111 + i as u64, 20);
         assert!(worst < 1e-5, "{sets:?}: {worst:e}");
         let opts = cgnmt::model::LossOptions {
-            dropout: Some(Dropout {
-                embeddings: 0.3,
-                annotations: 0.25,
-                readout: 0.4,
-                recurrent: 0.35,
-                seed: 5,
-            }),
+            dropout: Some(every_dropout()),
             ..Default::default()
         };
         let worst = grad_check_with(&cfg, 121 + i as u64, 20, &opts);
@@ -166,54 +157,25 @@ fn a_layer_normalised_model_runs_the_composed_recurrence() {
     assert_eq!(p.kernels, Kernels::Fused);
 }
 
-fn ln_args(prepared: &Path, run: &Path, steps: usize) -> Vec<String> {
-    let mut v: Vec<String> = vec![
-        "train".into(),
-        "--quiet".into(),
-        "--out".into(),
-        run.display().to_string(),
-    ];
-    for s in [
-        format!("data.prepared={:?}", prepared.display().to_string()),
-        "model.embedding_dim=16".into(),
-        "model.hidden_dim=24".into(),
-        "model.attention_dim=16".into(),
-        "model.layer_norm=true".into(),
-        "model.encoder_layers=2".into(),
-        "model.decoder_transition_depth=2".into(),
-        "train.batch_size=8".into(),
-        format!("train.max_steps={steps}"),
-        "train.save_every=5".into(),
-        "train.eval_every=0".into(),
-        "train.recurrent_dropout=0.2".into(),
-        "train.threads=1".into(),
-    ] {
-        v.push("--set".into());
-        v.push(s);
-    }
-    v
-}
-
-fn weights(run: &Path) -> std::collections::BTreeMap<String, Vec<f32>> {
-    let dir = cgnmt::model::store::complete_dir(&run.join("last")).unwrap();
-    let t =
-        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
-            .unwrap();
-    t.into_iter()
-        .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
-        .collect()
-}
-
 #[test]
 fn a_layer_normalised_model_trains_resumes_and_decodes_everywhere() {
     let tmp = tempfile::tempdir().unwrap();
     let prepared = tmp.path().join("prep");
     prepare(&prepared, 200);
-    let run = |args: Vec<String>| run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let a = tmp.path().join("a");
-    run(ln_args(&prepared, &a, 12));
+    run_args_ok(&deep_train_args(
+        &prepared,
+        &a,
+        12,
+        &["model.layer_norm=true"],
+    ));
     let b = tmp.path().join("b");
-    run(ln_args(&prepared, &b, 6));
+    run_args_ok(&deep_train_args(
+        &prepared,
+        &b,
+        6,
+        &["model.layer_norm=true"],
+    ));
     run_ok(&[
         "train",
         "--quiet",
@@ -222,74 +184,14 @@ fn a_layer_normalised_model_trains_resumes_and_decodes_everywhere() {
         "--set",
         "train.max_steps=12",
     ]);
-    let (wa, wb) = (weights(&a), weights(&b));
+    let (wa, wb) = (saved_weights(&a), saved_weights(&b));
     assert!(wa.contains_key("decoder.cell.deep2.ln_U.g"));
     assert!(wa.contains_key("encoder.layer2.fwd.ln_W.b"));
     // Trained: the gains moved off 1.
     assert!(wa["decoder.cell.ln_U_ru.g"].iter().any(|&g| g != 1.0));
     assert_eq!(wa, wb, "a resumed run equals the uninterrupted one");
 
-    let src = tmp.path().join("src.txt");
-    let dev: Vec<String> = std::fs::read_to_string(prepared.join("dev.src"))
-        .unwrap()
-        .lines()
-        .take(12)
-        .map(str::to_string)
-        .collect();
-    std::fs::write(&src, dev.join("\n") + "\n").unwrap();
-    let model = a.join("last");
-    let translate = |extra: &[&str]| -> Vec<String> {
-        let mut args = vec![
-            "translate",
-            "--quiet",
-            "--pretokenized",
-            "-m",
-            model.to_str().unwrap(),
-            "-i",
-            src.to_str().unwrap(),
-            "--beam",
-            "4",
-        ];
-        args.extend(extra);
-        run_ok(&args).lines().map(str::to_string).collect()
-    };
-    let exact = translate(&[]);
-    assert_eq!(exact.len(), 12);
-    assert_eq!(translate(&["--kernels", "reference"]), exact);
-    assert_eq!(translate(&["--int8"]).len(), 12);
-    let lex = tmp.path().join("lex.txt");
-    run_ok(&[
-        "shortlist",
-        "--quiet",
-        "--src",
-        prepared.join("train.src").to_str().unwrap(),
-        "--tgt",
-        prepared.join("train.tgt").to_str().unwrap(),
-        "-o",
-        lex.to_str().unwrap(),
-    ]);
-    assert_eq!(translate(&["--shortlist", lex.to_str().unwrap()]).len(), 12);
-    assert_eq!(translate(&["-m", b.join("last").to_str().unwrap()]), exact);
-    let dump = tmp.path().join("dump.jsonl");
-    translate(&["--dump", dump.to_str().unwrap()]);
-    let d = std::fs::read_to_string(&dump).unwrap();
-    assert_eq!(d.lines().count(), 12);
-    assert!(d.contains("\"attention\"") && d.contains("\"gates\""));
-    let tgt = tmp.path().join("tgt.txt");
-    std::fs::write(&tgt, exact.join("\n") + "\n").unwrap();
-    let links = tmp.path().join("links.txt");
-    run_ok(&[
-        "align",
-        "-m",
-        model.to_str().unwrap(),
-        "--src",
-        src.to_str().unwrap(),
-        "--tgt",
-        tgt.to_str().unwrap(),
-        "-o",
-        links.to_str().unwrap(),
-    ]);
-    assert_eq!(std::fs::read_to_string(&links).unwrap().lines().count(), 12);
+    decodes_everywhere(tmp.path(), &prepared, &a.join("last"), &b.join("last"));
     let info = run_ok(&["info", "--set", "model.layer_norm=true"]);
     assert!(
         info.contains("layer normalisation:") && info.contains("(52000 gains and biases)"),

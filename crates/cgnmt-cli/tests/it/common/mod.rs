@@ -253,3 +253,144 @@ pub fn train_tiny(prepared: &std::path::Path, out: &std::path::Path, sets: &[&st
     }
     run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
 }
+
+/// A trained model `model` read by every decoding path of the command line, on 12 dev sentences of `prepared`:
+/// exact beam search (the reference kernels give the same translations), `--int8` and `--shortlist` (one line
+/// per input), an ensemble with `twin` (a model with the same parameters: the same translations), `--dump`
+/// (attention and gates for each sentence) and `align` (one line of links per pair). Scratch files go to `tmp`.
+pub fn decodes_everywhere(
+    tmp: &std::path::Path,
+    prepared: &std::path::Path,
+    model: &std::path::Path,
+    twin: &std::path::Path,
+) {
+    let src = tmp.join("src.txt");
+    let dev: Vec<String> = std::fs::read_to_string(prepared.join("dev.src"))
+        .unwrap()
+        .lines()
+        .take(12)
+        .map(str::to_string)
+        .collect();
+    std::fs::write(&src, dev.join("\n") + "\n").unwrap();
+    let translate = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec![
+            "translate",
+            "--quiet",
+            "--pretokenized",
+            "-m",
+            model.to_str().unwrap(),
+            "-i",
+            src.to_str().unwrap(),
+            "--beam",
+            "4",
+        ];
+        args.extend(extra);
+        run_ok(&args).lines().map(str::to_string).collect()
+    };
+    let exact = translate(&[]);
+    assert_eq!(exact.len(), 12);
+    assert_eq!(translate(&["--kernels", "reference"]), exact);
+    assert_eq!(translate(&["--int8"]).len(), 12);
+    let lex = tmp.join("lex.txt");
+    run_ok(&[
+        "shortlist",
+        "--quiet",
+        "--src",
+        prepared.join("train.src").to_str().unwrap(),
+        "--tgt",
+        prepared.join("train.tgt").to_str().unwrap(),
+        "-o",
+        lex.to_str().unwrap(),
+    ]);
+    assert_eq!(translate(&["--shortlist", lex.to_str().unwrap()]).len(), 12);
+    assert_eq!(translate(&["-m", twin.to_str().unwrap()]), exact);
+    let dump = tmp.join("dump.jsonl");
+    translate(&["--dump", dump.to_str().unwrap()]);
+    let d = std::fs::read_to_string(&dump).unwrap();
+    assert_eq!(d.lines().count(), 12);
+    assert!(
+        d.contains("\"attention\"") && d.contains("\"gates\""),
+        "{}",
+        &d[..d.len().min(400)]
+    );
+    let tgt = tmp.join("tgt.txt");
+    std::fs::write(&tgt, exact.join("\n") + "\n").unwrap();
+    let links = tmp.join("links.txt");
+    run_ok(&[
+        "align",
+        "-m",
+        model.to_str().unwrap(),
+        "--src",
+        src.to_str().unwrap(),
+        "--tgt",
+        tgt.to_str().unwrap(),
+        "-o",
+        links.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read_to_string(&links).unwrap().lines().count(), 12);
+}
+
+/// A tiny deep model's training arguments (2 encoder layers, a depth-2 transition, recurrent dropout, a
+/// checkpoint every 5 updates) on `prepared` into `run`, for `steps` updates, with further settings `sets`.
+pub fn deep_train_args(
+    prepared: &std::path::Path,
+    run: &std::path::Path,
+    steps: usize,
+    sets: &[&str],
+) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "train".into(),
+        "--quiet".into(),
+        "--out".into(),
+        run.display().to_string(),
+    ];
+    for s in [
+        format!("data.prepared={:?}", prepared.display().to_string()),
+        "model.embedding_dim=16".into(),
+        "model.hidden_dim=24".into(),
+        "model.attention_dim=16".into(),
+        "model.encoder_layers=2".into(),
+        "model.decoder_transition_depth=2".into(),
+        "train.batch_size=8".into(),
+        format!("train.max_steps={steps}"),
+        "train.save_every=5".into(),
+        "train.eval_every=0".into(),
+        "train.recurrent_dropout=0.2".into(),
+        "train.threads=1".into(),
+    ]
+    .into_iter()
+    .chain(sets.iter().map(|s| s.to_string()))
+    {
+        v.push("--set".into());
+        v.push(s);
+    }
+    v
+}
+
+/// [`run_ok`] of owned arguments.
+pub fn run_args_ok(args: &[String]) -> String {
+    run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// The parameters of a run's last complete checkpoint, by name.
+pub fn saved_weights(run: &std::path::Path) -> std::collections::BTreeMap<String, Vec<f32>> {
+    let dir = cgnmt::model::store::complete_dir(&run.join("last")).unwrap();
+    let t =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &candle_core::Device::Cpu)
+            .unwrap();
+    t.into_iter()
+        .map(|(k, v)| (k, v.flatten_all().unwrap().to_vec1::<f32>().unwrap()))
+        .collect()
+}
+
+/// Every kind of dropout at once (embeddings, annotations, readout, recurrent), the masks of seed 5: what the
+/// gradient checks run with dropout.
+pub fn every_dropout() -> cgnmt::model::dropout::Dropout {
+    cgnmt::model::dropout::Dropout {
+        embeddings: 0.3,
+        annotations: 0.25,
+        readout: 0.4,
+        recurrent: 0.35,
+        seed: 5,
+    }
+}
