@@ -4,7 +4,9 @@
 # and §3). The second encoder layer is a forward and a backward GRU over the 2H-wide annotations, added to them;
 # the later transition is a GRU over the state alone (its input terms a bias), after the gated one.
 # Usage: python scripts/torch_deep_reference.py train small-deep STEPS   (TORCH_THREADS, default 2)
-# The last line starts with RESULT, as the shared script's: median step time and target tokens/s.
+#        python scripts/torch_deep_reference.py beam small-deep RUNS      (beam 10, 100 sentences, batched)
+# The last line starts with RESULT, as the shared script's: median step time and target tokens/s; for `beam`,
+# the median time and hypothesis steps (decoder rows) per second.
 import os
 import statistics
 import sys
@@ -70,6 +72,39 @@ class DeepModel(ref.Model):
         gh = s @ p["dt_wh"] + p["dt_bh"]
         return self.gru(p["dt_b"].expand(s.shape[0], -1), gh, s), ctx
 
+    @torch.no_grad()
+    def beam(self, src, sm, k, max_len):
+        """Beam search over a batch, all sentences' k hypotheses as one batch of rows, every hypothesis run for
+        max_len steps (no early stop): returns the best token sequences and the hypothesis steps computed."""
+        p = self.p
+        B = src.shape[0]
+        enc, keys, s = self.encode(src, sm)
+        V = p["out_w"].shape[1]
+        rep = lambda x: x.repeat_interleave(k, 0)
+        enc, keys, s = rep(enc), rep(keys), rep(s)
+        mask_bias = rep((1 - sm) * -1e9)
+        prev = torch.ones(B * k, dtype=torch.long)
+        score = torch.full((B, k), -1e9)
+        score[:, 0] = 0.0
+        hist = []
+        rows = 0
+        for _ in range(max_len):
+            y = p["tgt_emb"][prev]
+            yx = y @ p["dec_wy"] + p["dec_bx"]
+            yz = y @ p["gate_wy"] + p["gate_b"]
+            s, ctx = self.dec_step(s, yx, yz, enc, keys, mask_bias)
+            ro = torch.tanh(s @ p["ro_ws"] + ctx @ p["ro_wc"] + y @ p["ro_wy"] + p["ro_b"])
+            logp = torch.log_softmax(ro @ p["out_w"] + p["out_b"], -1)
+            rows += B * k
+            total = (score.reshape(B * k, 1) + logp).reshape(B, k * V)
+            score, idx = total.topk(k, -1)
+            parent = (idx // V) + torch.arange(B).unsqueeze(1) * k
+            prev = (idx % V).reshape(-1)
+            parent = parent.reshape(-1)
+            s = s[parent]
+            hist = [h[parent] for h in hist] + [prev]
+        return torch.stack(hist, 1).reshape(B, k, -1)[:, 0], rows
+
 
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "train"
@@ -80,8 +115,22 @@ def main():
     m = DeepModel(c)
     print(f"torch {torch.__version__} threads={torch.get_num_threads()} mode={mode} cfg={cfgname} "
           f"params={sum(t.numel() for t in m.p.values())}")
+    if mode == "beam":
+        batch = ref.make_batch(c, 100, 2)
+        times = []
+        for r in range(steps):
+            t0 = time.perf_counter()
+            out, rows = m.beam(batch[0], batch[1], 10, c["t"])
+            dt = time.perf_counter() - t0
+            print(f"beam run {r}: {dt:.3f}s first={out[0, :5].tolist()}", flush=True)
+            if r > 0:
+                times.append(dt)
+        md = statistics.median(times)
+        print(f"RESULT torch beam10 cfg={cfgname} 100 sents x {c['t']} steps median={md:.3f}s sent/s={100 / md:.1f} "
+              f"hyp_steps/s={rows / md:.0f}")
+        return
     if mode != "train":
-        sys.exit("only `train` is written for the deep model")
+        sys.exit("modes: train, beam")
     opt = torch.optim.Adam(list(m.p.values()), lr=1e-3)
     batch = ref.make_batch(c, c["b"], 1)
     ntok = float(batch[4].sum())
