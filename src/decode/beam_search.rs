@@ -313,7 +313,7 @@ impl<'a> MemberState<'a> {
         let (t_read, cond) =
             model.condition_term(&self.t, &ctx, self.w_prev.gate.as_ref(), opts.context_scale)?;
         self.t = t_read;
-        if model.kernels.fused_on(dev) {
+        if model.kernels.ops_fused_on(dev) {
             self.vocab = model.readout.logit_rows_term(
                 model.kernels,
                 &ctx,
@@ -752,7 +752,7 @@ pub fn beam_search_ensemble(
             Some(o) => o.ids.binary_search(&eos).ok().map(|c| c as u32),
             None => Some(eos),
         },
-        fused: first.model.kernels.fused_on(&dev) && members.len() == 1,
+        fused: first.model.kernels.ops_fused_on(&dev) && members.len() == 1,
         limits: srcs.iter().map(|s| length_limits(s.len())).collect(),
         src_lens: srcs.iter().map(|s| s.len() + 1).collect(),
     };
