@@ -79,6 +79,28 @@ fn translations(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The first `n` Tatoeba test sentences and what `translate` writes for them with `model` (the input file goes to
+/// `dir`).
+fn test_sentences_translated(dir: &Path, model: &Path, n: usize) -> (Vec<String>, Vec<String>) {
+    let src =
+        cgnmt_data::corpus::read_lines(&common::data_dir().join("tatoeba-zh-en/test.zh")).unwrap();
+    let sentences: Vec<String> = src[..n].to_vec();
+    let input = dir.join("in.zh");
+    std::fs::write(&input, sentences.join("\n") + "\n").unwrap();
+    let want = run_ok(&[
+        "translate",
+        "--quiet",
+        "-m",
+        model.to_str().unwrap(),
+        "-i",
+        input.to_str().unwrap(),
+    ])
+    .lines()
+    .map(String::from)
+    .collect();
+    (sentences, want)
+}
+
 #[test]
 fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
     let tmp = tempfile::tempdir().unwrap();
@@ -91,22 +113,7 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
         &["model.context_gate=both", "train.max_steps=40"],
     );
     let model = run.join("last");
-    let src =
-        cgnmt_data::corpus::read_lines(&common::data_dir().join("tatoeba-zh-en/test.zh")).unwrap();
-    let sentences: Vec<String> = src[..24].to_vec();
-    let input = tmp.path().join("in.zh");
-    std::fs::write(&input, sentences.join("\n") + "\n").unwrap();
-    let want: Vec<String> = run_ok(&[
-        "translate",
-        "--quiet",
-        "-m",
-        model.to_str().unwrap(),
-        "-i",
-        input.to_str().unwrap(),
-    ])
-    .lines()
-    .map(String::from)
-    .collect();
+    let (sentences, want) = test_sentences_translated(tmp.path(), &model, 24);
 
     let s = start(
         &model,
@@ -255,22 +262,7 @@ fn serve_answers_a_deep_layer_normalised_model_like_translate() {
         ],
     );
     let model = run.join("last");
-    let src =
-        cgnmt_data::corpus::read_lines(&common::data_dir().join("tatoeba-zh-en/test.zh")).unwrap();
-    let sentences: Vec<String> = src[..8].to_vec();
-    let input = tmp.path().join("in.zh");
-    std::fs::write(&input, sentences.join("\n") + "\n").unwrap();
-    let want: Vec<String> = run_ok(&[
-        "translate",
-        "--quiet",
-        "-m",
-        model.to_str().unwrap(),
-        "-i",
-        input.to_str().unwrap(),
-    ])
-    .lines()
-    .map(String::from)
-    .collect();
+    let (sentences, want) = test_sentences_translated(tmp.path(), &model, 8);
     let s = start(&model, &[]);
     let models: serde_json::Value = ureq::get(&format!("{}/v1/models", s.base))
         .call()
