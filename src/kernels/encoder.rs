@@ -6,7 +6,7 @@
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use crate::kernels::gru::{gru_step_forward, GruActs, GruStep};
+use crate::kernels::gru::{gru_step_forward, GruActs, GruStep, RecLn, RecLnActs, RecLnSaved};
 use crate::kernels::{gemm_into, Mat, Real, Shared};
 
 /// The bidirectional encoder's two masked GRU recurrences as one fused op: projected inputs `x`
@@ -28,7 +28,23 @@ pub fn bigru_fused<'a>(
     bwd: (&Tensor, &Tensor),
     drop: Option<[Vec<f64>; 2]>,
 ) -> Result<Tensor> {
-    BiGru::new(x, batch, mask, fwd, bwd, drop)?.apply()
+    BiGru::new(x, batch, mask, fwd, bwd, drop, vec![])?.apply()
+}
+
+/// [`bigru_fused`] with layer normalisation of each direction's recurrent products (model-spec §5b): `ln`
+/// holds the forward direction's, then the backward one's, gains and biases `[g_U_ru, b_U_ru, g_U, b_U]`
+/// (`[2H]`, `[2H]`, `[H]`, `[H]`). Each step normalises `h U_ru` and `(r∘h) U` before the sums, as
+/// [`crate::model::gru::gru_step`] does with a `RecNorm`.
+pub fn bigru_fused_normed<'a>(
+    x: impl Into<crate::kernels::Input<'a>>,
+    batch: usize,
+    mask: Vec<f64>,
+    fwd: (&Tensor, &Tensor),
+    bwd: (&Tensor, &Tensor),
+    drop: Option<[Vec<f64>; 2]>,
+    ln: [[&Tensor; 4]; 2],
+) -> Result<Tensor> {
+    BiGru::new(x, batch, mask, fwd, bwd, drop, ln.to_vec())?.apply()
 }
 
 pub(crate) struct BiGru {
@@ -47,6 +63,8 @@ pub(crate) struct BiGru {
     order: RowOrder,
     /// Recurrent dropout's masks `[B, H]` of each direction, batch order.
     drop: Option<[Vec<f64>; 2]>,
+    /// With layer normalisation, each direction's `[g_U_ru, b_U_ru, g_U, b_U]` (empty: none).
+    ln: Vec<[Shared; 4]>,
     /// Whether a backward pass can follow (any input tracks gradients): keep the activations.
     save: bool,
     saved: crate::kernels::SavedSlot,
@@ -60,6 +78,7 @@ impl BiGru {
         fwd: (&Tensor, &Tensor),
         bwd: (&Tensor, &Tensor),
         drop: Option<[Vec<f64>; 2]>,
+        ln: Vec<[&Tensor; 4]>,
     ) -> Result<BiGru> {
         let x: crate::kernels::Input = x.into();
         let rows = x.tensor().dim(0)?;
@@ -73,12 +92,14 @@ impl BiGru {
             );
         }
         let order = RowOrder::new(&mask, s, b);
-        BiGru::build(x, (b, s), order, None, fwd, Some(bwd), drop)
+        BiGru::build(x, (b, s), order, None, fwd, Some(bwd), drop, ln)
     }
 
     /// The op over inputs `x` of every row `(b, t)`, or of `word_rows` only (the words' rows of a
     /// words-then-padding mask, see [`RowOrder::word_rows`]). Without `bwd`, one forward recurrence (a
     /// unidirectional layer): `x` is `[·, 3H]`, the output `[B, S, H]`, and only the first dropout mask is read.
+    /// `ln`: each direction's layer normalisation (see [`bigru_fused_normed`]; empty: none).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn build(
         x: crate::kernels::Input,
         (b, s): (usize, usize),
@@ -87,6 +108,7 @@ impl BiGru {
         fwd: (&Tensor, &Tensor),
         bwd: Option<(&Tensor, &Tensor)>,
         drop: Option<[Vec<f64>; 2]>,
+        ln: Vec<[&Tensor; 4]>,
     ) -> Result<BiGru> {
         let dirs = if bwd.is_some() { 2 } else { 1 };
         let (rows, h6) = x.tensor().dims2()?;
@@ -108,17 +130,28 @@ impl BiGru {
                 .all(|w| w.0.dims2().ok() == Some((h, 2 * h)) && w.1.dims2().ok() == Some((h, h)))
             && drop
                 .as_ref()
-                .is_none_or(|d| d[..dirs].iter().all(|d| d.len() == b * h));
+                .is_none_or(|d| d[..dirs].iter().all(|d| d.len() == b * h))
+            && (ln.is_empty()
+                || (ln.len() == dirs
+                    && ln.iter().all(|p| {
+                        p.iter()
+                            .zip([2 * h, 2 * h, h, h])
+                            .all(|(t, n)| t.dims() == [n])
+                    })));
         if !ok {
             candle_core::bail!(
                 "fused GRU layer ({dirs} direction(s)): for B {b} × S {s} × H {h}, the inputs are [{rows}, {h6}] \
                  (rows: B·S or the words' rows, width 3H per direction), the weights {:?} (each [H, 2H] and \
-                 [H, H]), the dropout masks {:?} values (B·H each)",
+                 [H, H]), the dropout masks {:?} values (B·H each), layer normalisation's {:?} (each [2H], [2H], \
+                 [H], [H])",
                 weights
                     .iter()
                     .map(|w| (w.0.dims().to_vec(), w.1.dims().to_vec()))
                     .collect::<Vec<_>>(),
-                drop.as_ref().map(|d| [d[0].len(), d[1].len()])
+                drop.as_ref().map(|d| [d[0].len(), d[1].len()]),
+                ln.iter()
+                    .map(|p| p.iter().map(|t| t.dims().to_vec()).collect::<Vec<_>>())
+                    .collect::<Vec<_>>()
             );
         }
         let mut op = BiGru {
@@ -137,6 +170,17 @@ impl BiGru {
                 .collect::<Result<_>>()?,
             order,
             drop,
+            ln: ln
+                .iter()
+                .map(|p| {
+                    Ok([
+                        Shared::new(p[0])?,
+                        Shared::new(p[1])?,
+                        Shared::new(p[2])?,
+                        Shared::new(p[3])?,
+                    ])
+                })
+                .collect::<Result<_>>()?,
             save: false,
             saved: Default::default(),
         };
@@ -149,6 +193,7 @@ impl BiGru {
         std::iter::once(&self.x)
             .chain(&self.u_ru)
             .chain(&self.u)
+            .chain(self.ln.iter().flatten())
             .map(|x| &x.token)
             .collect()
     }
@@ -186,6 +231,19 @@ impl BiGru {
         )
     }
 
+    /// Direction `d`'s layer normalisation's gains and biases as values (`None`: none).
+    fn ln_values<T: Real>(&self, d: usize) -> Result<Option<[Vec<T>; 4]>> {
+        let Some(p) = self.ln.get(d) else {
+            return Ok(None);
+        };
+        Ok(Some([
+            crate::kernels::to_vec::<T>(&p[0].tensor)?,
+            crate::kernels::to_vec::<T>(&p[1].tensor)?,
+            crate::kernels::to_vec::<T>(&p[2].tensor)?,
+            crate::kernels::to_vec::<T>(&p[3].tensor)?,
+        ]))
+    }
+
     /// The row of `x` that holds sentence `i`'s position `t` (`None`: padding, not formed).
     fn x_row(&self, i: usize, t: usize) -> Option<usize> {
         if self.word_rows.is_none() {
@@ -215,16 +273,23 @@ impl BiGru {
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
             let dm = self.drop_rows::<T>(d, h);
+            let ln = self.ln_values::<T>(d)?;
+            let ln = ln.as_ref().map(|p| RecLn {
+                g_ru: &p[0],
+                b_ru: &p[1],
+                g_c: &p[2],
+                b_c: &p[3],
+            });
             Ok(crate::kernels::serial(|| {
                 gru_dir_forward(
                     &x,
-                    &u_ru,
-                    &u,
+                    (&u_ru, &u),
                     &self.order,
                     (s, b, h),
                     d == 1,
                     save,
                     dm.as_deref(),
+                    ln.as_ref(),
                 )
             }))
         };
@@ -277,20 +342,26 @@ impl BiGru {
             let u_ru = crate::kernels::to_vec::<T>(&self.u_ru[d].tensor)?;
             let u = crate::kernels::to_vec::<T>(&self.u[d].tensor)?;
             let dm = self.drop_rows::<T>(d, h);
-            let (dx, dur, du) = crate::kernels::serial(|| {
+            let ln = self.ln_values::<T>(d)?;
+            let (dx, dur, du, dln) = crate::kernels::serial(|| {
                 gru_dir_backward(
                     saved,
                     &gd,
-                    &u_ru,
-                    &u,
+                    (&u_ru, &u),
                     &self.order,
                     (s, b, h),
                     d == 1,
                     dm.as_deref(),
+                    ln.as_ref().map(|p| (&p[0][..], &p[2][..])),
                 )
             });
             self.u_ru[d].add_grad(dur);
             self.u[d].add_grad(du);
+            if let Some(dln) = dln {
+                for (p, g) in self.ln[d].iter().zip(dln) {
+                    p.add_grad(g);
+                }
+            }
             Ok(dx)
         };
         let mut saved = saved.into_iter();
@@ -437,20 +508,23 @@ struct GruSaved<T> {
     rh: Vec<T>,
     ht: Vec<T>,
     hp: Vec<T>,
+    /// With layer normalisation: the products' `x̂` and `1/σ`, `[S, B, 2H]`, `[S, B]`, `[S, B, H]`, `[S, B]`.
+    ln: Option<[Vec<T>; 4]>,
 }
 
 /// One direction's forward pass over `xp` `[S, B, 3H]`: the states `[S, B, H]` and, when `save`, the
-/// activations the backward pass needs; `drop`: recurrent dropout's masks `[B, H]` (rows in run order).
+/// activations the backward pass needs; `drop`: recurrent dropout's masks `[B, H]` (rows in run order);
+/// `ln`: layer normalisation of the recurrent products.
 #[allow(clippy::too_many_arguments)]
 fn gru_dir_forward<T: Real>(
     xp: &[T],
-    u_ru: &[T],
-    u: &[T],
+    (u_ru, u): (&[T], &[T]),
     order: &RowOrder,
     (s, b, h): (usize, usize, usize),
     reverse: bool,
     save: bool,
     drop: Option<&[T]>,
+    ln: Option<&RecLn<T>>,
 ) -> (Vec<T>, Option<GruSaved<T>>) {
     let h3 = 3 * h;
     let u_ru = crate::kernels::Oriented::new(u_ru, h, 2 * h);
@@ -461,6 +535,14 @@ fn gru_dir_forward<T: Real>(
     let mut rh = vec![T::zero(); per * h];
     let mut ht = vec![T::zero(); per * h];
     let mut hp = crate::kernels::zeroed(if save { s * b * h } else { 0 });
+    let mut lns: Option<[Vec<T>; 4]> = ln.map(|_| {
+        [
+            crate::kernels::zeroed(per * 2 * h),
+            crate::kernels::zeroed(per),
+            crate::kernels::zeroed(per * h),
+            crate::kernels::zeroed(per),
+        ]
+    });
     let mut out = crate::kernels::zeroed(s * b * h);
     let mut state = vec![T::zero(); b * h];
     let mut hu = vec![T::zero(); b * 2 * h];
@@ -485,6 +567,18 @@ fn gru_dir_forward<T: Real>(
             ht: &mut ht_t[..m * h],
         };
         let scratch = (&mut hu[..m * 2 * h], &mut rc[..m * h]);
+        let ln_step = match (ln, lns.as_mut()) {
+            (Some(p), Some([xr, rr, xc, rcs])) => Some((
+                p,
+                RecLnActs {
+                    xh_ru: &mut xr[slot * b * 2 * h..slot * b * 2 * h + m * 2 * h],
+                    rs_ru: &mut rr[slot * b..slot * b + m],
+                    xh_c: &mut xc[slot * b * h..slot * b * h + m * h],
+                    rs_c: &mut rcs[slot * b..slot * b + m],
+                },
+            )),
+            _ => None,
+        };
         if m > 0 {
             gru_step_forward(
                 h,
@@ -496,27 +590,60 @@ fn gru_dir_forward<T: Real>(
                 scratch,
                 &u_ru,
                 &u,
+                ln_step,
             );
         }
         out[t * b * h..(t + 1) * b * h].copy_from_slice(&state);
     }
-    (out, save.then_some(GruSaved { ru, rh, ht, hp }))
+    (
+        out,
+        save.then_some(GruSaved {
+            ru,
+            rh,
+            ht,
+            hp,
+            ln: lns,
+        }),
+    )
 }
 
-/// One direction's backward pass from `g` = `∂states` `[S, B, H]`: `(∂xp, ∂U_ru, ∂U)`.
+/// Layer normalisation's gradients `[∂g_U_ru, ∂b_U_ru, ∂g_U, ∂b_U]`.
+type LnGrads<T> = [Vec<T>; 4];
+
+/// One direction's backward pass from `g` = `∂states` `[S, B, H]`: `(∂xp, ∂U_ru, ∂U)` and, with layer
+/// normalisation (`ln`: the gains of `h U_ru` and `(r∘h) U`), its parameters' gradients.
 #[allow(clippy::too_many_arguments)]
 fn gru_dir_backward<T: Real>(
     saved: GruSaved<T>,
     g: &[T],
-    u_ru: &[T],
-    u: &[T],
+    (u_ru, u): (&[T], &[T]),
     order: &RowOrder,
     (s, b, h): (usize, usize, usize),
     reverse: bool,
     drop: Option<&[T]>,
-) -> (Vec<T>, Vec<T>, Vec<T>) {
+    ln: Option<(&[T], &[T])>,
+) -> (Vec<T>, Vec<T>, Vec<T>, Option<LnGrads<T>>) {
     let h3 = 3 * h;
-    let GruSaved { ru, rh, ht, hp } = saved;
+    let GruSaved {
+        ru,
+        rh,
+        ht,
+        hp,
+        ln: lns,
+    } = saved;
+    let normed = match (ln, &lns) {
+        (Some(gains), Some(v)) => Some((gains, v)),
+        _ => None,
+    };
+    // With layer normalisation: the products' gradients before it, `[S, B, 2H]` and `[S, B, H]`.
+    let (mut dp_ru, mut dp_c) = if normed.is_some() {
+        (
+            crate::kernels::zeroed(s * b * 2 * h),
+            crate::kernels::zeroed(s * b * h),
+        )
+    } else {
+        (vec![], vec![])
+    };
     let u_ru_o = crate::kernels::Oriented::new(u_ru, h, 2 * h);
     let u_o = crate::kernels::Oriented::new(u, h, h);
     let mut dxp = crate::kernels::zeroed(s * b * h3);
@@ -545,10 +672,24 @@ fn gru_dir_backward<T: Real>(
             hp: &hp_t[..m * h],
             mask,
             drop: drop.map(|d| &d[..m * h]),
+            ln: normed.map(|((g_ru, g_c), [xr, rr, xc, rc])| RecLnSaved {
+                g_ru,
+                g_c,
+                xh_ru: &xr[t * b * 2 * h..t * b * 2 * h + m * 2 * h],
+                rs_ru: &rr[t * b..t * b + m],
+                xh_c: &xc[t * b * h..t * b * h + m * h],
+                rs_c: &rc[t * b..t * b + m],
+            }),
         };
         if m == 0 {
             continue;
         }
+        let dp = normed.is_some().then(|| {
+            (
+                &mut dp_ru[t * b * 2 * h..t * b * 2 * h + m * 2 * h],
+                &mut dp_c[t * b * h..t * b * h + m * h],
+            )
+        });
         step.backward(
             &g_t[..m * h],
             &mut dh[..m * h],
@@ -556,6 +697,7 @@ fn gru_dir_backward<T: Real>(
             &mut drh[..m * h],
             &u_o,
             &u_ru_o,
+            dp,
         );
     }
     // ∂U_ru = Σ_t h_prevᵀ ∂[r|u]_pre, ∂U = Σ_t (r∘h_prev)ᵀ ∂c_pre: one GEMM each over all steps. (Under
@@ -571,35 +713,50 @@ fn gru_dir_backward<T: Real>(
         }
         None => hp,
     };
+    // (With layer normalisation the products' gradients are those before it.)
+    let (dru, dc) = if normed.is_some() {
+        (Mat::rows(&dp_ru[..], 2 * h), Mat::rows(&dp_c[..], h))
+    } else {
+        (
+            Mat {
+                data: &dxp[..],
+                rs: h3,
+                cs: 1,
+            },
+            Mat {
+                data: &dxp[2 * h..],
+                rs: h3,
+                cs: 1,
+            },
+        )
+    };
     let mut du_ru = vec![T::zero(); h * 2 * h];
-    gemm_into(
-        h,
-        2 * h,
-        sb,
-        &mut du_ru,
-        2 * h,
-        false,
-        Mat::t(&hp, h),
-        Mat {
-            data: &dxp,
-            rs: h3,
-            cs: 1,
-        },
-    );
+    gemm_into(h, 2 * h, sb, &mut du_ru, 2 * h, false, Mat::t(&hp, h), dru);
     let mut du = vec![T::zero(); h * h];
-    gemm_into(
-        h,
-        h,
-        sb,
-        &mut du,
-        h,
-        false,
-        Mat::t(&rh, h),
-        Mat {
-            data: &dxp[2 * h..],
-            rs: h3,
-            cs: 1,
-        },
-    );
-    (dxp, du_ru, du)
+    gemm_into(h, h, sb, &mut du, h, false, Mat::t(&rh, h), dc);
+    // ∂g = Σ ∂y∘x̂, ∂β = Σ ∂y over every step's rows (rows not computed hold zeros in both).
+    let dln = normed.map(|(_, [xr, _, xc, _])| {
+        let mut out = [
+            vec![T::zero(); 2 * h],
+            vec![T::zero(); 2 * h],
+            vec![T::zero(); h],
+            vec![T::zero(); h],
+        ];
+        for (row, dy) in dxp.chunks(h3).enumerate() {
+            let (xr, xc) = (
+                &xr[row * 2 * h..(row + 1) * 2 * h],
+                &xc[row * h..(row + 1) * h],
+            );
+            for j in 0..2 * h {
+                out[0][j] = out[0][j] + dy[j] * xr[j];
+                out[1][j] = out[1][j] + dy[j];
+            }
+            for j in 0..h {
+                out[2][j] = out[2][j] + dy[2 * h + j] * xc[j];
+                out[3][j] = out[3][j] + dy[2 * h + j];
+            }
+        }
+        out
+    });
+    (dxp, du_ru, du, dln)
 }

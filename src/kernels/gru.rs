@@ -387,12 +387,92 @@ pub(crate) struct GruActs<'a, T> {
     pub ht: &'a mut [T],
 }
 
+/// A GRU step's layer normalisation of its recurrent products (model-spec §5b): the gains and biases of
+/// `h U_ru` (`ln_U_ru`, one block of 2H) and of `(r∘h) U` (`ln_U`, H).
+pub(crate) struct RecLn<'a, T> {
+    pub g_ru: &'a [T],
+    pub b_ru: &'a [T],
+    pub g_c: &'a [T],
+    pub b_c: &'a [T],
+}
+
+/// Where a normalised step leaves what its backward pass reads: the products' normalised values `x̂`
+/// (`[B, 2H]`, `[B, H]`) and each row's `1/σ` (`[B]`, `[B]`).
+pub(crate) struct RecLnActs<'a, T> {
+    pub xh_ru: &'a mut [T],
+    pub rs_ru: &'a mut [T],
+    pub xh_c: &'a mut [T],
+    pub rs_c: &'a mut [T],
+}
+
+/// A normalised step's saved values (see [`RecLnActs`]) and its gains, for [`GruStep::backward`].
+pub(crate) struct RecLnSaved<'a, T> {
+    pub g_ru: &'a [T],
+    pub g_c: &'a [T],
+    pub xh_ru: &'a [T],
+    pub rs_ru: &'a [T],
+    pub xh_c: &'a [T],
+    pub rs_c: &'a [T],
+}
+
+/// Each of `b` rows of `x` (width `w`, one block) normalised in place, scaled by `g` and shifted by `bias`;
+/// `xh` `[b, w]` and `rs` `[b]` keep `x̂` and `1/σ`.
+fn norm_rows<T: Real>(
+    b: usize,
+    w: usize,
+    x: &mut [T],
+    g: &[T],
+    bias: &[T],
+    xh: &mut [T],
+    rs: &mut [T],
+) {
+    let (x_w, xh_w, rs_w) = (RowsMut::new(x, w), RowsMut::new(xh, w), RowsMut::new(rs, 1));
+    rows_par(b, b * w, |i| unsafe {
+        crate::kernels::layer_norm::ln_row_inplace(
+            x_w.row(i),
+            g,
+            bias,
+            &[w],
+            xh_w.row(i),
+            rs_w.row(i),
+        )
+    });
+}
+
+/// The gradients `dp` `[b, w]` of `b` normalised rows' inputs from those of their outputs, `dy` (row stride
+/// `stride`, the first `w` values of each row), with the saved `x̂` and `1/σ` and the gain `g`.
+#[allow(clippy::too_many_arguments)]
+fn norm_rows_dx<T: Real>(
+    b: usize,
+    w: usize,
+    dy: &[T],
+    stride: usize,
+    xh: &[T],
+    rs: &[T],
+    g: &[T],
+    dp: &mut [T],
+) {
+    let dp_w = RowsMut::new(dp, w);
+    rows_par(b, b * w, |i| unsafe {
+        crate::kernels::layer_norm::ln_row_dx(
+            &dy[i * stride..i * stride + w],
+            &xh[i * w..(i + 1) * w],
+            &rs[i..i + 1],
+            g,
+            &[w],
+            dp_w.row(i),
+        )
+    });
+}
+
 /// One GRU step over `B` rows: `xp` `[B, 3H]` the input terms of `[r | u | h~]`, `state` `h_prev` on entry and
 /// `h` on exit (kept where `mask` is 0); `scratch` is `([B, 2H], [B, H])`. Two GEMMs (`h_prev U_ru`,
 /// `(r∘h_prev) U`) and two row loops. With recurrent dropout's masks `drop` `[B, H]` (values 0 or
 /// `1/(1−p)`, the same at every step of a sentence: variational dropout), the products read the dropped
 /// state `d∘h_prev` and the interpolation the state itself: `[r | u] = σ(xp + (d∘h_prev) U_ru)`,
 /// `h~ = tanh(xp_c + (r∘d∘h_prev) U)`, `h = h_prev + m∘u∘(h~ − h_prev)`; `rh` then holds `r∘d∘h_prev`.
+/// With layer normalisation (`ln`: the gains and biases, and where the step keeps its statistics), each
+/// recurrent product is normalised before the sum (model-spec §5b).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gru_step_forward<T: Real>(
     h: usize,
@@ -404,15 +484,23 @@ pub(crate) fn gru_step_forward<T: Real>(
     scratch: (&mut [T], &mut [T]),
     u_ru: &crate::kernels::Oriented<T>,
     u: &crate::kernels::Oriented<T>,
+    ln: Option<(&RecLn<T>, RecLnActs<T>)>,
 ) {
     let h3 = 3 * h;
     let b = state.len() / h.max(1);
     let (hu, rc) = scratch;
     let GruActs { ru, rh, ht } = acts;
+    let (ln, mut ln_acts) = match ln {
+        Some((p, a)) => (Some(p), Some(a)),
+        None => (None, None),
+    };
     if let Some(d) = drop {
         // `rh` holds d∘h_prev for the first product, then r∘(d∘h_prev).
         dropped_state(state, &d[..b * h], rh);
         u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(rh, h));
+        if let (Some(p), Some(a)) = (ln, ln_acts.as_mut()) {
+            norm_rows(b, 2 * h, hu, p.g_ru, p.b_ru, a.xh_ru, a.rs_ru);
+        }
         let (ru_w, rh_w) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h));
         let hu = &*hu;
         rows_par(b, b * h, |i| unsafe {
@@ -425,6 +513,9 @@ pub(crate) fn gru_step_forward<T: Real>(
         });
     } else {
         u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(state, h));
+        if let (Some(p), Some(a)) = (ln, ln_acts.as_mut()) {
+            norm_rows(b, 2 * h, hu, p.g_ru, p.b_ru, a.xh_ru, a.rs_ru);
+        }
         let (ru_w, rh_w) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h));
         let (hu, state) = (&*hu, &*state);
         rows_par(b, b * h, |i| unsafe {
@@ -438,6 +529,9 @@ pub(crate) fn gru_step_forward<T: Real>(
         });
     }
     u.mul_into(b, rc, h, false, Mat::rows(rh, h));
+    if let (Some(p), Some(a)) = (ln, ln_acts.as_mut()) {
+        norm_rows(b, h, rc, p.g_c, p.b_c, a.xh_c, a.rs_c);
+    }
     let (ht_w, st_w) = (RowsMut::new(ht, h), RowsMut::new(state, h));
     let (rc, ru) = (&*rc, &*ru);
     rows_par(b, b * h, |i| unsafe {
@@ -461,12 +555,17 @@ pub(crate) struct GruStep<'a, T> {
     pub hp: &'a [T],
     pub mask: Option<&'a [f64]>,
     pub drop: Option<&'a [T]>,
+    /// With layer normalisation: the step's saved statistics and gains.
+    pub ln: Option<RecLnSaved<'a, T>>,
 }
 
 impl<T: Real> GruStep<'_, T> {
     /// Back-propagation through the step: `dh` holds the carried `∂h_t` on entry (`g`, the step's own
     /// output gradient, is added to it) and `∂h_prev` on exit; `dxp` (`[B, 3H]`) receives the gradients of
-    /// the pre-activations `[r | u | h~]`; `drh` is scratch `[B, H]`.
+    /// the pre-activations `[r | u | h~]`; `drh` is scratch `[B, H]`. With layer normalisation, `dp`
+    /// (`[B, 2H]`, `[B, H]`) receives the gradients of the products `h U_ru` and `(r∘h) U` before their
+    /// normalisation (what the weights' gradients read), and `dxp` those after it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         &self,
         g: &[T],
@@ -475,9 +574,15 @@ impl<T: Real> GruStep<'_, T> {
         drh: &mut [T],
         u: &crate::kernels::Oriented<T>,
         u_ru: &crate::kernels::Oriented<T>,
+        dp: Option<(&mut [T], &mut [T])>,
     ) {
         let (h, h3) = (self.h, 3 * self.h);
         let b = self.hp.len() / h.max(1);
+        assert_eq!(
+            self.ln.is_some(),
+            dp.is_some(),
+            "a normalised GRU step's backward pass needs the products' gradient buffers"
+        );
         {
             let (dh_w, dx_w) = (RowsMut::new(dh, h), RowsMut::new(dxp, h3));
             rows_par(b, b * h, |i| unsafe {
@@ -492,10 +597,20 @@ impl<T: Real> GruStep<'_, T> {
                 )
             });
         }
-        let dc = Mat {
-            data: &dxp[2 * h..],
-            rs: h3,
-            cs: 1,
+        let (mut dp_ru, mut dp_c) = match dp {
+            Some((a, c)) => (Some(a), Some(c)),
+            None => (None, None),
+        };
+        let dc = match (&self.ln, dp_c.as_deref_mut()) {
+            (Some(n), Some(dpc)) => {
+                norm_rows_dx(b, h, &dxp[2 * h..], h3, n.xh_c, n.rs_c, n.g_c, dpc);
+                Mat::rows(&*dpc, h)
+            }
+            _ => Mat {
+                data: &dxp[2 * h..],
+                rs: h3,
+                cs: 1,
+            },
         };
         u.mul_t_into(b, drh, h, false, dc);
         if let Some(d) = self.drop {
@@ -513,11 +628,7 @@ impl<T: Real> GruStep<'_, T> {
                     )
                 });
             }
-            let dru = Mat {
-                data: &*dxp,
-                rs: h3,
-                cs: 1,
-            };
+            let dru = self.dru(b, dxp, dp_ru.as_deref_mut());
             u_ru.mul_t_into(b, drh, h, true, dru);
             let (dh_w, drh) = (RowsMut::new(dh, h), &*drh);
             rows_par(b, b * h, |i| unsafe {
@@ -542,11 +653,24 @@ impl<T: Real> GruStep<'_, T> {
                 )
             });
         }
-        let dru = Mat {
-            data: &*dxp,
-            rs: h3,
-            cs: 1,
-        };
+        let dru = self.dru(b, dxp, dp_ru.as_deref_mut());
         u_ru.mul_t_into(b, dh, h, true, dru);
+    }
+
+    /// The gradient `h U_ru`'s product receives: the gates' pre-activation gradients in `dxp`'s first 2H
+    /// columns, or, with layer normalisation, those taken back through it into `dp`.
+    fn dru<'m>(&self, b: usize, dxp: &'m [T], dp: Option<&'m mut [T]>) -> Mat<'m, T> {
+        let h = self.h;
+        match (&self.ln, dp) {
+            (Some(n), Some(dp)) => {
+                norm_rows_dx(b, 2 * h, dxp, 3 * h, n.xh_ru, n.rs_ru, n.g_ru, dp);
+                Mat::rows(&*dp, 2 * h)
+            }
+            _ => Mat {
+                data: dxp,
+                rs: 3 * h,
+                cs: 1,
+            },
+        }
     }
 }

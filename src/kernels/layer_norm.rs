@@ -115,8 +115,8 @@ pub fn ln_row_forward<T: Real>(
 }
 
 /// One row's backward pass from `dy`, its saved `xhat` and `rstd` and the gain `g`: writes `∂x` into `dx`
-/// and adds the row's shares of `∂g` and `∂β` into `dg` and `db`:
-/// `∂x = (1/σ)·(d − mean(d) − x̂·mean(d∘x̂))` per block with `d = g∘dy`.
+/// (see [`ln_row_dx`]) and adds the row's shares of `∂g` (`dy∘x̂`) and `∂β` (`dy`) into `dg` and `db`.
+#[allow(clippy::too_many_arguments)]
 pub fn ln_row_backward<T: Real>(
     dy: &[T],
     xhat: &[T],
@@ -127,6 +127,23 @@ pub fn ln_row_backward<T: Real>(
     dg: &mut [T],
     db: &mut [T],
 ) {
+    for j in 0..dy.len() {
+        dg[j] = dg[j] + dy[j] * xhat[j];
+        db[j] = db[j] + dy[j];
+    }
+    ln_row_dx(dy, xhat, rstd, g, blocks, dx);
+}
+
+/// One row's `∂x` from `dy`, its saved `xhat` and `rstd` and the gain `g`:
+/// `∂x = (1/σ)·(d − mean(d) − x̂·mean(d∘x̂))` per block with `d = g∘dy`.
+pub fn ln_row_dx<T: Real>(
+    dy: &[T],
+    xhat: &[T],
+    rstd: &[T],
+    g: &[T],
+    blocks: &[usize],
+    dx: &mut [T],
+) {
     let mut at = 0;
     for (k, &n) in blocks.iter().enumerate() {
         let r = at..at + n;
@@ -136,12 +153,39 @@ pub fn ln_row_backward<T: Real>(
             let d = g[j] * dy[j];
             sd = sd + d;
             sdx = sdx + d * xhat[j];
-            dg[j] = dg[j] + dy[j] * xhat[j];
-            db[j] = db[j] + dy[j];
         }
         let (md, mdx) = (sd * inv, sdx * inv);
         for j in r {
             dx[j] = rstd[k] * (g[j] * dy[j] - md - xhat[j] * mdx);
+        }
+        at += n;
+    }
+}
+
+/// [`ln_row_forward`] in place: `x` becomes `y`.
+pub fn ln_row_inplace<T: Real>(
+    x: &mut [T],
+    g: &[T],
+    b: &[T],
+    blocks: &[usize],
+    xhat: &mut [T],
+    rstd: &mut [T],
+) {
+    let mut at = 0;
+    for (k, &n) in blocks.iter().enumerate() {
+        let r = at..at + n;
+        let inv = T::one() / T::from_f64c(n as f64);
+        let mu = x[r.clone()].iter().fold(T::zero(), |s, &v| s + v) * inv;
+        let var = x[r.clone()]
+            .iter()
+            .fold(T::zero(), |s, &v| s + (v - mu) * (v - mu))
+            * inv;
+        let rs = T::one() / (var + T::from_f64c(EPS)).sqrt();
+        rstd[k] = rs;
+        for j in r {
+            let xh = (x[j] - mu) * rs;
+            xhat[j] = xh;
+            x[j] = g[j] * xh + b[j];
         }
         at += n;
     }

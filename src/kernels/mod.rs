@@ -64,9 +64,9 @@ pub enum Kernels {
     Reference,
     /// Fused CPU kernels with hand-derived backward passes (composed ops on other devices).
     Fused,
-    /// The fused row ops (each with its hand-derived backward pass) inside the composed recurrence: what a
-    /// model whose cells have no fused sequence op runs when fused kernels are asked for (a layer-normalised
-    /// model, see `Model::set_kernels`). Not a command-line choice.
+    /// The fused encoder op and the fused row ops (each with its hand-derived backward pass) inside the
+    /// composed decoder recurrence: what a model whose decoder has no fused sequence op runs when fused kernels
+    /// are asked for (a layer-normalised model, see `Model::set_kernels`). Not a command-line choice.
     #[value(skip)]
     FusedOps,
 }
@@ -108,7 +108,7 @@ impl Kernels {
         match self {
             Kernels::Reference => "reference",
             Kernels::Fused => "fused",
-            Kernels::FusedOps => "fused row ops, composed recurrence",
+            Kernels::FusedOps => "fused encoder, fused row ops in the composed decoder",
         }
     }
 }

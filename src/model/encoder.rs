@@ -50,7 +50,14 @@ impl Encoder {
         mask: &Tensor,
         drop: Option<&[Tensor; 2]>,
     ) -> Result<BiGru> {
-        bigru_layer_op((&self.fwd, Some(&self.bwd)), e, b, mask, drop)
+        bigru_layer_op(
+            Kernels::Fused,
+            (&self.fwd, Some(&self.bwd)),
+            e,
+            b,
+            mask,
+            drop,
+        )
     }
 
     /// Training with fused kernels on the CPU: the annotations `[B, S, 2H]` as a [`Shared`] output of the fused
@@ -184,8 +191,8 @@ impl Encoder {
     }
 
     /// One layer's annotations `[B, S, 2H]` of its inputs `e` `[B·S, in]` (rows `(b, t)`), bidirectional or
-    /// (without `bwd`) forward only: the fused op, or step by step (reference kernels, or a device without the
-    /// fused ones).
+    /// (without `bwd`) forward only: the fused op (with layer normalisation too, when the fused row ops are
+    /// asked for), or step by step (reference kernels, or a device without the fused ones).
     fn layer(
         &self,
         k: Kernels,
@@ -195,8 +202,8 @@ impl Encoder {
         drop: Option<&[Tensor; 2]>,
     ) -> Result<Tensor> {
         let (b, s) = mask.dims2()?;
-        if k.fused_on(e.device()) {
-            return bigru_layer_op((fwd, bwd), e, b, mask, drop)?.apply();
+        if k.fused_on(e.device()) || (k.ops_fused_on(e.device()) && fwd.ln.is_some()) {
+            return bigru_layer_op(k, (fwd, bwd), e, b, mask, drop)?.apply();
         }
         let m = mask.transpose(0, 1)?.contiguous()?.unsqueeze(D::Minus1)?; // [S, B, 1]
                                                                            // One direction's states `[B, S, width]`, step by step over a time-major copy of its projections.
@@ -230,8 +237,10 @@ impl Encoder {
 
 /// One bidirectional layer as the fused op: both directions' input projections of the layer's inputs `e`
 /// `[B·S, in]` (rows `(b, t)`) as one product, both recurrences as one op (see
-/// [`crate::kernels::encoder::bigru_fused`]).
+/// [`crate::kernels::encoder::bigru_fused`]). With layer normalisation, the projections are normalised by the
+/// fused row op (`k`) in each direction's blocks `[2H | H]`, and the recurrences normalise their products.
 fn bigru_layer_op(
+    k: Kernels,
     (fwd, bwd): (&Gru, Option<&Gru>),
     e: &Tensor,
     b: usize,
@@ -253,15 +262,60 @@ fn bigru_layer_op(
     // The words' rows `(b, t)` only when the recurrences read no other (padding is not computed), read
     // through a shared handle: no `[B·S, 6H]` gradient in candle's store.
     let rows = order.word_rows(s).map(std::sync::Arc::new);
-    let x = crate::kernels::linear_shared_rows(e, &w, &bias, rows.clone())?;
+    let grus: Vec<&Gru> = std::iter::once(fwd).chain(bwd).collect();
+    let norms: Option<Vec<&crate::model::gru::GruNorm>> =
+        grus.iter().map(|g| g.ln.as_ref()).collect();
+    let Some(norms) = norms else {
+        if fwd.ln.is_some() || bwd.is_some_and(|g| g.ln.is_some()) {
+            candle_core::bail!(
+                "encoder layer: one direction is layer-normalised and the other is not"
+            );
+        }
+        let x = crate::kernels::linear_shared_rows(e, &w, &bias, rows.clone())?;
+        return BiGru::build(
+            x.into(),
+            (b, s),
+            order,
+            rows,
+            (&fwd.u_ru, &fwd.u),
+            bwd.map(|g| (&g.u_ru, &g.u)),
+            drop_values(drop)?,
+            vec![],
+        );
+    };
+    // The words' rows' projections, normalised in each direction's blocks [2H | H].
+    let e_rows = match &rows {
+        Some(r) => {
+            let ids: Vec<u32> = r.iter().map(|&i| i as u32).collect();
+            let n = ids.len();
+            e.index_select(&Tensor::from_vec(ids, n, e.device())?, 0)?
+        }
+        None => e.clone(),
+    };
+    let cat = |f: fn(&crate::model::layer_norm::LayerNorm) -> &Tensor| {
+        Tensor::cat(&norms.iter().map(|n| f(&n.w)).collect::<Vec<_>>(), 0)
+    };
+    let blocks: Vec<usize> = norms.iter().flat_map(|n| n.w.blocks.clone()).collect();
+    let x = crate::kernels::layer_norm::layer_norm(
+        k,
+        &crate::kernels::linear(k, &e_rows, &w, &bias)?,
+        &cat(|n| &n.g)?,
+        &cat(|n| &n.b)?,
+        &blocks,
+    )?;
+    let ln = norms
+        .iter()
+        .map(|n| [&n.rec.u_ru.g, &n.rec.u_ru.b, &n.rec.u.g, &n.rec.u.b])
+        .collect();
     BiGru::build(
-        x.into(),
+        (&x).into(),
         (b, s),
         order,
         rows,
         (&fwd.u_ru, &fwd.u),
         bwd.map(|g| (&g.u_ru, &g.u)),
         drop_values(drop)?,
+        ln,
     )
 }
 

@@ -201,8 +201,9 @@ impl Model {
 
     /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
     /// argument from here).
-    /// A layer-normalised model (`model.layer_norm`) runs the composed recurrence: its cells have no fused
-    /// sequence ops yet, so fused kernels mean the fused row ops inside it ([`Kernels::FusedOps`]).
+    /// A layer-normalised model (`model.layer_norm`) runs the fused encoder op, which normalises inside, and
+    /// the composed decoder recurrence with the fused row ops inside it ([`Kernels::FusedOps`]): the decoder's
+    /// fused sequence op does not normalise yet.
     pub fn set_kernels(&mut self, k: Kernels) {
         self.kernels = Self::kernels_for(&self.cfg, k);
     }

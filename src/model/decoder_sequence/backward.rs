@@ -316,6 +316,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 hp: &sv.sall[o * h..o * h + m1h],
                 mask: None,
                 drop: self.drop.as_ref().map(|d| &d[..m1h]),
+                ln: None,
             };
             crate::kernels::profile::timed("  decoder bwd: word GRU step", || {
                 step.backward(
@@ -325,6 +326,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut d.drts[..m1h],
                     &g.u,
                     &g.u_ru,
+                    None,
                 )
             });
             for (a, &x) in d.dt_prev.iter_mut().zip(&d.dh_w) {
@@ -384,6 +386,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 hp: &hp[o * h..o * h + mth],
                 mask: None,
                 drop: self.drop.as_ref().map(|d| &d[..mth]),
+                ln: None,
             };
             crate::kernels::profile::timed("  decoder bwd: deep transition", || {
                 step.backward(
@@ -393,6 +396,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut drh_deep[..mth],
                     &g.u,
                     &g.u_ru,
+                    None,
                 )
             });
             dt[..mth].copy_from_slice(&dh_deep[..mth]);
@@ -490,6 +494,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 hp: &ts_i[..mth],
                 mask: None,
                 drop: self.drop.as_ref().map(|d| &d[..mth]),
+                ln: None,
             };
             crate::kernels::profile::timed("  decoder bwd: GRU step", || {
                 step.backward(
@@ -499,6 +504,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut drts[..mth],
                     u,
                     u_ru,
+                    None,
                 )
             });
         } else {

@@ -284,6 +284,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 (&mut a.hu[..2 * mh], &mut a.rc[..mh]),
                 &g.u_ru,
                 &g.u,
+                None,
             )
         });
     }
@@ -506,6 +507,7 @@ impl<'a, T: Real> Forward<'a, T> {
                     (&mut a.hu[..2 * mth], &mut a.rc[..mth]),
                     &g.u_ru,
                     &g.u,
+                    None,
                 )
             });
         }
@@ -606,6 +608,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 (&mut hu[..2 * mth], &mut rc[..mth]),
                 u_ru,
                 u,
+                None,
             )
         });
     }
