@@ -3,6 +3,9 @@
 # ../shared/bench/torch_reference.py: its one-layer model, extended the way cgnmt extends its own (model-spec §1
 # and §3). The second encoder layer is a forward and a backward GRU over the 2H-wide annotations, added to them;
 # the later transition is a GRU over the state alone (its input terms a bias), after the gated one.
+# `small-deep-ln` adds layer normalisation where cgnmt's `model.layer_norm` puts it (model-spec §5b): each block
+# of every GRU's input and recurrent products ([2H | H]), the attention's keys and query, the transition's context
+# product, and the readout's three terms, each with a learned gain and bias (torch.nn.functional.layer_norm).
 # Usage: python scripts/torch_deep_reference.py train small-deep STEPS   (TORCH_THREADS, default 2)
 #        python scripts/torch_deep_reference.py beam small-deep RUNS      (beam 10, 100 sentences, batched)
 # The last line starts with RESULT, as the shared script's: median step time and target tokens/s; for `beam`,
@@ -17,7 +20,8 @@ sys.path.insert(0, os.environ.get("BENCH_DIR", os.path.join(HERE, "..", "..", "s
 import torch  # noqa: E402
 import torch_reference as ref  # noqa: E402
 
-CFGS = {"small-deep": ref.CFGS["small"], "paper-deep": ref.CFGS["paper"]}
+CFGS = {"small-deep": ref.CFGS["small"], "paper-deep": ref.CFGS["paper"], "small-deep-ln": ref.CFGS["small"]}
+F = torch.nn.functional
 
 
 def deep_shapes(c):
@@ -29,27 +33,61 @@ def deep_shapes(c):
     return ref.param_shapes(c) + extra
 
 
+def ln_shapes(c):
+    """Each layer normalisation's name and width (its gain and bias)."""
+    e, h = c["e"], c["h"]
+    out = []
+    for d in ["encf", "encb", "enc2f", "enc2b"]:
+        out += [(d + "_lnx", 3 * h), (d + "_lnh", 3 * h)]
+    out += [("att_lnk", h), ("att_lnq", h), ("dec_lny", 3 * h), ("dec_lnc", 3 * h), ("dec_lnh", 3 * h),
+            ("dt_lnh", 3 * h), ("ro_lns", e), ("ro_lnc", e), ("ro_lny", e)]
+    return out
+
+
 class DeepModel(ref.Model):
-    def __init__(self, c):
+    def __init__(self, c, layer_norm=False):
         self.c = c
         self.p = {}
         g = torch.Generator().manual_seed(0)
         for n, sh in deep_shapes(c):
             t = torch.zeros(sh) if len(sh) == 1 else torch.rand(sh, generator=g) * 0.2 - 0.1
             self.p[n] = t.requires_grad_(True)
+        self.layer_norm = layer_norm
+        if layer_norm:
+            for n, w in ln_shapes(c):
+                self.p[n + "_g"] = torch.ones(w).requires_grad_(True)
+                self.p[n + "_b"] = torch.zeros(w).requires_grad_(True)
+
+    def ln(self, x, name):
+        """`x` normalised in blocks [2H | H] (widths 3H) or as one block, scaled and shifted (no-op without
+        layer normalisation)."""
+        if not self.layer_norm:
+            return x
+        g, b = self.p[name + "_g"], self.p[name + "_b"]
+        w = x.shape[-1]
+        h = self.c["h"]
+        if w != 3 * h:
+            return F.layer_norm(x, (w,), g, b, 1e-5)
+        return torch.cat([F.layer_norm(x[..., :2 * h], (2 * h,), g[:2 * h], b[:2 * h], 1e-5),
+                          F.layer_norm(x[..., 2 * h:], (h,), g[2 * h:], b[2 * h:], 1e-5)], -1)
+
+    def gru_ln(self, gx, gh, h, name):
+        """The GRU with its recurrent product `gh` normalised in blocks (under `name`)."""
+        return self.gru(gx, self.ln(gh, name), h)
 
     def layer(self, x2, mask, names, B, S):
         """One bidirectional layer over the rows x2 [B·S, in]: its states [B, S, 2H] and the backward ones."""
         p, c = self.p, self.c
         outs = []
         for d, reverse in names:
-            gx = (x2 @ p[d + "_wx"] + p[d + "_bx"]).reshape(B, S, -1).transpose(0, 1).contiguous()
+            gx = self.ln(x2 @ p[d + "_wx"] + p[d + "_bx"], d + "_lnx")
+            gx = gx.reshape(B, S, -1).transpose(0, 1).contiguous()
             mt = mask.t().contiguous().unsqueeze(2)
             h = torch.zeros(B, c["h"])
             hs = [None] * S
             for t in (reversed(range(S)) if reverse else range(S)):
                 gh = h @ p[d + "_wh"] + p[d + "_bh"]
-                hn = self.gru(gx[t], gh, h)
+                hn = self.gru_ln(gx[t], gh, h, d + "_lnh")
                 h = h + mt[t] * (hn - h)
                 hs[t] = h
             outs.append(torch.stack(hs, 1))
@@ -61,16 +99,55 @@ class DeepModel(ref.Model):
         x2 = p["src_emb"][src.reshape(-1)]
         a1 = self.layer(x2, mask, [("encf", False), ("encb", True)], B, S)
         a2 = self.layer(a1.reshape(B * S, -1), mask, [("enc2f", False), ("enc2b", True)], B, S) + a1
-        keys = (a2.reshape(B * S, -1) @ p["att_wk"] + p["att_b"]).reshape(B, S, -1)
+        keys = (self.ln(a2.reshape(B * S, -1) @ p["att_wk"], "att_lnk") + p["att_b"]).reshape(B, S, -1)
         h = self.c["h"]
         s0 = torch.tanh(a2[:, 0, h:] @ p["init_w"] + p["init_b"])
         return a2, keys, s0
 
     def dec_step(self, s_prev, yx, yz, enc, keys, mask_bias):
-        s, ctx = super().dec_step(s_prev, yx, yz, enc, keys, mask_bias)
         p = self.p
+        if self.layer_norm:
+            # The shared script's step with the query, the context product and the recurrent product normalised.
+            B, S, A = keys.shape
+            q = self.ln(s_prev @ p["att_wq"], "att_lnq")
+            e = torch.tanh(keys + q.unsqueeze(1))
+            sc = (e.reshape(B * S, A) @ p["att_v"]).reshape(B, S) + mask_bias
+            alpha = torch.softmax(sc, -1)
+            ctx = torch.bmm(alpha.unsqueeze(1), enc).squeeze(1)
+            z = torch.sigmoid(yz + s_prev @ p["gate_ws"] + ctx @ p["gate_wc"])
+            cx = self.ln(ctx @ p["dec_wc"], "dec_lnc")
+            gx = z * cx + (1 - z) * yx
+            gh = s_prev @ p["dec_wh"] + p["dec_bh"]
+            s = self.gru_ln(gx, gh, s_prev, "dec_lnh")
+        else:
+            s, ctx = super().dec_step(s_prev, yx, yz, enc, keys, mask_bias)
         gh = s @ p["dt_wh"] + p["dt_bh"]
-        return self.gru(p["dt_b"].expand(s.shape[0], -1), gh, s), ctx
+        return self.gru_ln(p["dt_b"].expand(s.shape[0], -1), gh, s, "dt_lnh"), ctx
+
+    def loss(self, batch):
+        if not self.layer_norm:
+            return super().loss(batch)
+        # The shared script's loss with the word projections and the readout's terms normalised.
+        p = self.p
+        src, sm, ti, to, tm = batch
+        B, T = ti.shape
+        enc, keys, s = self.encode(src, sm)
+        mask_bias = (1 - sm) * -1e9
+        y2 = p["tgt_emb"][ti.reshape(-1)]
+        yx = self.ln(y2 @ p["dec_wy"] + p["dec_bx"], "dec_lny").reshape(B, T, -1).transpose(0, 1).contiguous()
+        yz = (y2 @ p["gate_wy"] + p["gate_b"]).reshape(B, T, -1).transpose(0, 1).contiguous()
+        ss, cs = [], []
+        for i in range(T):
+            s, ctx = self.dec_step(s, yx[i], yz[i], enc, keys, mask_bias)
+            ss.append(s)
+            cs.append(ctx)
+        st = torch.stack(ss, 1).reshape(B * T, -1)
+        ct = torch.stack(cs, 1).reshape(B * T, -1)
+        ro = torch.tanh(self.ln(st @ p["ro_ws"], "ro_lns") + self.ln(ct @ p["ro_wc"], "ro_lnc")
+                        + self.ln(y2 @ p["ro_wy"], "ro_lny") + p["ro_b"])
+        logp = torch.log_softmax(ro @ p["out_w"] + p["out_b"], -1)
+        picked = logp.gather(1, to.unsqueeze(1)).squeeze(1)
+        return -(picked * tm).sum() / tm.sum()
 
     @torch.no_grad()
     def beam(self, src, sm, k, max_len):
@@ -112,9 +189,11 @@ def main():
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
     torch.set_num_threads(int(os.environ.get("TORCH_THREADS", "2")))
     c = CFGS[cfgname]
-    m = DeepModel(c)
+    m = DeepModel(c, layer_norm=cfgname.endswith("-ln"))
     print(f"torch {torch.__version__} threads={torch.get_num_threads()} mode={mode} cfg={cfgname} "
           f"params={sum(t.numel() for t in m.p.values())}")
+    if mode == "beam" and m.layer_norm:
+        sys.exit("beam mode: small-deep or paper-deep (the layer-normalised model trains only)")
     if mode == "beam":
         batch = ref.make_batch(c, 100, 2)
         times = []

@@ -191,6 +191,67 @@ pub fn ln_row_inplace<T: Real>(
     }
 }
 
+/// `rows` rows of stride `stride` in `x`, the first `w` values of each normalised in place in `blocks`
+/// (widths summing to `w`), scaled by `g` and shifted by `b`; `xh` `[rows, w]` and `rs` `[rows, blocks]`
+/// keep `x̂` and `1/σ` for [`ln_rows_backward`]. (A fused recurrence's per-step normalisation.)
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ln_rows_forward<T: Real>(
+    (rows, w, stride): (usize, usize, usize),
+    x: &mut [T],
+    g: &[T],
+    b: &[T],
+    blocks: &[usize],
+    xh: &mut [T],
+    rs: &mut [T],
+) {
+    let nb = blocks.len();
+    let (x_w, xh_w, rs_w) = (
+        crate::kernels::RowsMut::new(x, stride),
+        crate::kernels::RowsMut::new(xh, w),
+        crate::kernels::RowsMut::new(rs, nb),
+    );
+    crate::kernels::rows_par(rows, rows * w, |i| unsafe {
+        ln_row_inplace(&mut x_w.row(i)[..w], g, b, blocks, xh_w.row(i), rs_w.row(i))
+    });
+}
+
+/// Back through [`ln_rows_forward`] in place: `d` (rows of stride `stride`) holds the gradient of the
+/// normalised values in each row's first `w` on entry and that of the values before the normalisation on
+/// exit; the rows' shares of `∂g` and `∂β` are added into `dg` and `db`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ln_rows_backward<T: Real>(
+    (rows, w, stride): (usize, usize, usize),
+    d: &mut [T],
+    g: &[T],
+    blocks: &[usize],
+    xh: &[T],
+    rs: &[T],
+    dg: &mut [T],
+    db: &mut [T],
+) {
+    let nb = blocks.len();
+    for i in 0..rows {
+        let (dy, x) = (&d[i * stride..i * stride + w], &xh[i * w..(i + 1) * w]);
+        for j in 0..w {
+            dg[j] = dg[j] + dy[j] * x[j];
+            db[j] = db[j] + dy[j];
+        }
+    }
+    let d_w = crate::kernels::RowsMut::new(d, stride);
+    crate::kernels::rows_par(rows, rows * w, |i| unsafe {
+        let row = &mut d_w.row(i)[..w];
+        let dy = row.to_vec();
+        ln_row_dx(
+            &dy,
+            &xh[i * w..(i + 1) * w],
+            &rs[i * nb..(i + 1) * nb],
+            g,
+            blocks,
+            row,
+        )
+    });
+}
+
 struct LayerNorm {
     blocks: Vec<usize>,
 }

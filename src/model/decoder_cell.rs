@@ -323,10 +323,22 @@ impl DecoderCell {
         e: &Tensor,
         rows: Option<crate::kernels::Rows>,
     ) -> Result<crate::kernels::Shared> {
-        if self.ln.is_some() || self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
+        if self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
             candle_core::bail!(
-                "the fused decoder does not run layer-normalised cells (the composed path does)"
+                "the fused decoder does not run a layer-normalised cGRU (the composed path does)"
             );
+        }
+        if self.ln.is_some() {
+            // Normalised in blocks by the fused row op, then handed to the decoder op as a graph tensor.
+            let e = match &rows {
+                Some(r) => {
+                    let ids: Vec<u32> = r.iter().map(|&i| i as u32).collect();
+                    let n = ids.len();
+                    e.index_select(&Tensor::from_vec(ids, n, e.device())?, 0)?
+                }
+                None => e.clone(),
+            };
+            return crate::kernels::Shared::new(&self.project_words(Kernels::FusedOps, &e)?);
         }
         if let Some((word, _)) = &self.cgru {
             // The cGRU's word GRU: `[x W_r, x W_u, x W + b]`.

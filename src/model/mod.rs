@@ -561,7 +561,14 @@ impl Model {
     /// kernels on the CPU (any decoder: GRU, vanilla, cGRU; either gate form; any gate; any coverage),
     /// otherwise step by step from the composed pieces.
     pub fn decoder_path(&self) -> DecoderPath {
-        if !self.kernels.fused_on(self.cell.u.device())
+        let dev = self.cell.u.device();
+        // A layer-normalised model (fused row ops) runs the op when it normalises inside: the GRU decoder in
+        // the reference gate form.
+        let normed_op = self.cfg.layer_norm
+            && self.kernels.ops_fused_on(dev)
+            && self.cfg.decoder == crate::config::DecoderKind::Gru
+            && self.cfg.gate_form == crate::config::GateForm::Reference;
+        if !(self.kernels.fused_on(dev) || normed_op)
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
         {
             return DecoderPath::Composed;
@@ -751,7 +758,9 @@ impl Model {
         let (p_emb, p_ann, p_readout, p_rec) = opts.dropout.map_or((0.0, 0.0, 0.0, 0.0), |d| {
             (d.embeddings, d.annotations, d.readout, d.recurrent)
         });
-        let mut src = if fused {
+        // (A layer-normalised model's encoder and keys are graph tensors, normalised outside the op.)
+        let normed = self.cfg.layer_norm;
+        let mut src = if fused && !normed {
             crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
             let e = self.encoder.embed(self.kernels, &batch.src)?;
             let e = drop.apply(&e, Site::SourceEmbeddings, p_emb)?;
@@ -762,7 +771,7 @@ impl Model {
             let e = drop.apply(&e, Site::SourceEmbeddings, p_emb)?;
             self.encode_embedded(&e, &batch.src_mask, &drop, (p_rec, p_ann))?
         };
-        if self.kernels.fused_on(src.keys.ah.device()) && src.keys.shared.is_none() {
+        if (fused || self.kernels.fused_on(src.keys.ah.device())) && src.keys.shared.is_none() {
             // Every step reads the same keys and annotations: accumulate their gradients in place.
             src.keys.shared = Some((
                 crate::kernels::Shared::new(&src.keys.ah)?,
@@ -779,7 +788,7 @@ impl Model {
         let dec_drop = drop.mask_shaped((b, self.cell.hidden), &e_all, Site::Decoder, p_rec)?;
         // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
         // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
-        let e_prev = if !fused || self.is_conditional() {
+        let e_prev = if !fused || self.is_conditional() || normed {
             Some(previous_words(&e_all, b, t_len)?)
         } else {
             None
@@ -801,13 +810,18 @@ impl Model {
                     gate,
                     dec_drop.as_ref(),
                 )?;
-                crate::kernels::readout::hidden_rows_fused(
-                    self.readout.rows_weights(),
-                    rows,
-                    &e_all,
-                    t_len,
-                    lengths.as_deref(),
-                )?
+                if normed {
+                    let e_prev = e_prev.as_ref().expect("formed with layer normalisation");
+                    self.readout_normed(&rows, e_prev, (b, t_len), lengths.as_deref())?
+                } else {
+                    crate::kernels::readout::hidden_rows_fused(
+                        self.readout.rows_weights(),
+                        rows,
+                        &e_all,
+                        t_len,
+                        lengths.as_deref(),
+                    )?
+                }
             }
             DecoderPath::Composed => {
                 let (states, ctxs) = self.decoder_steps(&src, &e_all, b, dec_drop.as_ref())?;
@@ -854,6 +868,7 @@ impl Model {
             attention: self.attention.sequence_weights(),
             transition: self.cell.sequence_weights(),
             gate: self.gate.sequence_weights(),
+            ln: self.sequence_ln(),
         };
         // The word projections as shared inputs, batch-major rows `(b, i)`: the words' positions only
         // when the lengths come in decreasing order (as `Batch` puts them; see
@@ -887,6 +902,60 @@ impl Model {
             cov,
             drop,
         )
+    }
+
+    /// A layer-normalised readout over the fused decoder's rows `[t_{i−1} | s_i]` (its terms normalised one by
+    /// one, with the fused row ops): of the words' rows only when `lengths` is given (as the fused readout),
+    /// else of every row; `e_prev` holds `e(y_{i−1})` of every position, batch-major.
+    fn readout_normed(
+        &self,
+        rows: &crate::kernels::Shared,
+        e_prev: &Tensor,
+        (b, t_len): (usize, usize),
+        lengths: Option<&[usize]>,
+    ) -> Result<Tensor> {
+        let h = self.cell.hidden;
+        let sel: Vec<usize> = match lengths {
+            Some(l) => l
+                .iter()
+                .enumerate()
+                .flat_map(|(r, &n)| r * t_len..r * t_len + n)
+                .collect(),
+            None => (0..b * t_len).collect(),
+        };
+        let e_prev = if sel.len() < b * t_len {
+            let ids: Vec<u32> = sel.iter().map(|&r| r as u32).collect();
+            let n = ids.len();
+            e_prev.index_select(&Tensor::from_vec(ids, n, e_prev.device())?, 0)?
+        } else {
+            e_prev.clone()
+        };
+        let t = crate::kernels::shared_rows(rows, sel.clone(), 0..h)?;
+        let s = crate::kernels::shared_rows(rows, sel, h..3 * h)?;
+        self.readout.hidden(self.kernels, &(&s).into(), &t, &e_prev)
+    }
+
+    /// The layer normalisations the fused decoder op runs inside (see
+    /// [`crate::model::decoder_sequence::LnWeights`]); `None` without layer normalisation.
+    fn sequence_ln(&self) -> Option<crate::model::decoder_sequence::LnWeights<'_>> {
+        let (_, q) = self.attention.ln.as_ref()?;
+        let c = self.cell.ln.as_ref()?;
+        use crate::model::layer_norm::LayerNorm;
+        fn rec<'a>(u_ru: &'a LayerNorm, u: &'a LayerNorm) -> [&'a Tensor; 4] {
+            [&u_ru.g, &u_ru.b, &u.g, &u.b]
+        }
+        let deep = self
+            .cell
+            .deep
+            .iter()
+            .map(|d| d.ln.as_ref().map(|n| rec(&n.u_ru, &n.u)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(crate::model::decoder_sequence::LnWeights {
+            query: [&q.g, &q.b],
+            context: [&c.c.g, &c.c.b],
+            rec: rec(c.u_ru.as_ref()?, &c.u),
+            deep,
+        })
     }
 
     /// The decoder's recurrence step by step (composed ops; the reference of the fused op, and its form on

@@ -9,7 +9,7 @@ use candle_core::{Result, Tensor};
 
 use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
-use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, Saved, ZPreOp};
+use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, Saved, ZPreOp};
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
@@ -37,6 +37,20 @@ struct Backward<'a, T: Real> {
     mix: MixRows<'a, T>,
     /// Recurrent dropout's masks `[B, H]`.
     drop: Option<Vec<T>>,
+    /// Layer normalisation's gains and biases.
+    ln: Option<&'a LnData<T>>,
+}
+
+/// Layer normalisation's gradients: the query's and the context product's gains and biases, and the
+/// recurrent products' gradients before their normalisation (`[n, B, 2H]`, `[n, B, H]`; the weights'
+/// gradients read them) of the transition and of each later deep GRU.
+struct LnGrads<T> {
+    dq_g: Vec<T>,
+    dq_b: Vec<T>,
+    dc_g: Vec<T>,
+    dc_b: Vec<T>,
+    rec: (Vec<T>, Vec<T>),
+    deep: Vec<(Vec<T>, Vec<T>)>,
 }
 
 /// What the backward pass writes.
@@ -84,6 +98,8 @@ struct Grads<T> {
     ddeep: Vec<Vec<T>>,
     dh_deep: Vec<T>,
     drh_deep: Vec<T>,
+    /// With layer normalisation.
+    ln: Option<LnGrads<T>>,
 }
 
 impl DecoderSequence {
@@ -103,7 +119,8 @@ impl DecoderSequence {
             None => vec![],
         };
         let u = vec_of(&self.u)?;
-        let x = Backward::new(
+        let ln_v = self.ln.as_ref().map(|l| l.data::<T>()).transpose()?;
+        let mut x = Backward::new(
             self,
             dims,
             &saved,
@@ -117,6 +134,7 @@ impl DecoderSequence {
             cd.as_ref(),
             (cgru_v.as_ref(), &deep_v),
         )?;
+        x.ln = ln_v.as_ref();
         let mut d = x.grads()?;
         for i in (0..dims.tl).rev() {
             // The rows the forward pass computed at step i (see `target_rows`). Going back they only grow,
@@ -152,6 +170,7 @@ impl DecoderSequence {
         x.gate_weights(&d);
         x.transition_weights(&d);
         x.deep_weights(&d);
+        x.ln_weights(&d);
         let Grads { dt, dwp, dzp, .. } = d;
         self.t0.add_grad(dt);
         self.wp.add_grad(dwp);
@@ -217,6 +236,7 @@ impl<'a, T: Real> Backward<'a, T> {
             cgru,
             deep: deep_v.iter().map(|v| DeepView::new(v, b, h)).collect(),
             drop: op.drop_data::<T>()?,
+            ln: None,
         })
     }
 
@@ -278,6 +298,17 @@ impl<'a, T: Real> Backward<'a, T> {
                 .collect(),
             dh_deep: vec![T::zero(); if self.deep.is_empty() { 0 } else { bh }],
             drh_deep: vec![T::zero(); if self.deep.is_empty() { 0 } else { bh }],
+            ln: self.ln.map(|_| {
+                let dp = || (zeroed(off[nt] * 2 * h), zeroed(off[nt] * h));
+                LnGrads {
+                    dq_g: vec![T::zero(); ad],
+                    dq_b: vec![T::zero(); ad],
+                    dc_g: vec![T::zero(); kh],
+                    dc_b: vec![T::zero(); kh],
+                    rec: dp(),
+                    deep: (0..self.deep.len()).map(|_| dp()).collect(),
+                }
+            }),
         })
     }
 
@@ -369,16 +400,20 @@ impl<'a, T: Real> Backward<'a, T> {
             ddeep,
             dh_deep,
             drh_deep,
+            ln: ln_g,
             ..
         } = d;
-        for ((g, [hp, ru, _, ht]), dx) in self
+        for (k, ((g, [hp, ru, _, ht]), dx)) in self
             .deep
             .iter()
             .zip(&self.sv.deep)
             .zip(ddeep.iter_mut())
+            .enumerate()
             .rev()
         {
             dh_deep[..mth].fill(T::zero());
+            let rl = self.ln.map(|l| l.rec_ln(Some(k)));
+            let stats = self.sv.ln.as_ref().map(|l| &l.deep[k]);
             let step = GruStep {
                 h,
                 ru: &ru[o * 2 * h..o * 2 * h + 2 * mth],
@@ -386,8 +421,18 @@ impl<'a, T: Real> Backward<'a, T> {
                 hp: &hp[o * h..o * h + mth],
                 mask: None,
                 drop: self.drop.as_ref().map(|d| &d[..mth]),
-                ln: None,
+                ln: match (&rl, stats) {
+                    (Some(r), Some(st)) => Some(st.saved(o, mt, h, r)),
+                    _ => None,
+                },
             };
+            let dp = ln_g.as_mut().map(|l| {
+                let (a, c) = &mut l.deep[k];
+                (
+                    &mut a[o * 2 * h..(o + mt) * 2 * h],
+                    &mut c[o * h..(o + mt) * h],
+                )
+            });
             crate::kernels::profile::timed("  decoder bwd: deep transition", || {
                 step.backward(
                     &dt[..mth],
@@ -396,7 +441,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut drh_deep[..mth],
                     &g.u,
                     &g.u_ru,
-                    None,
+                    dp,
                 )
             });
             dt[..mth].copy_from_slice(&dh_deep[..mth]);
@@ -409,22 +454,36 @@ impl<'a, T: Real> Backward<'a, T> {
         let h = self.dims.h;
         let nb = self.op.off[self.dims.nt];
         let weight_grad = crate::kernels::product::<T>;
-        for ((g, [hp, _, rh, _]), dx) in self.op.deep.iter().zip(&self.sv.deep).zip(&d.ddeep) {
+        for (k, ((g, [hp, _, rh, _]), dx)) in self
+            .op
+            .deep
+            .iter()
+            .zip(&self.sv.deep)
+            .zip(&d.ddeep)
+            .enumerate()
+        {
             g.b.add_grad(sum_rows(dx, 3 * h));
+            // (With layer normalisation the products' gradients are those before it.)
+            let (dru, dc) = match &d.ln {
+                Some(l) => (
+                    Mat::rows(&l.deep[k].0[..], 2 * h),
+                    Mat::rows(&l.deep[k].1[..], h),
+                ),
+                None => (block(dx, 3 * h, 0), block(dx, 3 * h, 2 * h)),
+            };
             g.u_ru.add_grad(weight_grad(
                 h,
                 2 * h,
                 nb,
                 Mat::t(&self.dropped(hp, self.dims.nt), h),
-                block(dx, 3 * h, 0),
+                dru,
             ));
-            g.u.add_grad(weight_grad(
-                h,
-                h,
-                nb,
-                Mat::t(rh, h),
-                block(dx, 3 * h, 2 * h),
-            ));
+            g.u.add_grad(weight_grad(h, h, nb, Mat::t(rh, h), dc));
+            if let (Some(lo), Some(ls)) = (&self.op.ln, &self.sv.ln) {
+                for (p, gr) in lo.deep[k].iter().zip(ls.deep[k].param_grads(dx, h)) {
+                    p.add_grad(gr);
+                }
+            }
         }
     }
 
@@ -448,6 +507,7 @@ impl<'a, T: Real> Backward<'a, T> {
             drcs,
             tm,
             dm,
+            ln: ln_g,
             ..
         } = d;
         let dpre_i = &mut dpre[o * kh..o1 * kh];
@@ -487,6 +547,7 @@ impl<'a, T: Real> Backward<'a, T> {
             );
             // The GRU step from the scaled state T∘t: `dts` becomes ∂(T∘t).
             dts.fill(T::zero());
+            let rl = self.ln.map(|l| l.rec_ln(None));
             let step = GruStep {
                 h,
                 ru: &ru_i[..2 * mth],
@@ -494,8 +555,18 @@ impl<'a, T: Real> Backward<'a, T> {
                 hp: &ts_i[..mth],
                 mask: None,
                 drop: self.drop.as_ref().map(|d| &d[..mth]),
-                ln: None,
+                ln: match (&rl, &sv.ln) {
+                    (Some(r), Some(st)) => Some(st.rec.saved(o, mt, h, r)),
+                    _ => None,
+                },
             };
+            let dp = ln_g.as_mut().map(|l| {
+                let (a, c) = &mut l.rec;
+                (
+                    &mut a[o * 2 * h..(o + mt) * 2 * h],
+                    &mut c[o * h..(o + mt) * h],
+                )
+            });
             crate::kernels::profile::timed("  decoder bwd: GRU step", || {
                 step.backward(
                     &dt[..mth],
@@ -504,7 +575,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut drts[..mth],
                     u,
                     u_ru,
-                    None,
+                    dp,
                 )
             });
         } else {
@@ -638,7 +709,22 @@ impl<'a, T: Real> Backward<'a, T> {
         let wc = self.sv.wc;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let dctx = &mut d.dctx_all[o * a2..o1 * a2];
-        let dcp_i = &d.dcp[o * wc..o1 * wc];
+        let dcp_i = &mut d.dcp[o * wc..o1 * wc];
+        if let (Some(l), Some(ls), Some(lg)) = (self.ln, &self.sv.ln, d.ln.as_mut()) {
+            // Back through the normalisation of s C (the rows' first 3H values), in place.
+            let (h, kh) = (self.dims.h, self.dims.kh);
+            crate::kernels::layer_norm::ln_rows_backward(
+                (mt, kh, wc),
+                dcp_i,
+                &l.context[0],
+                &[2 * h, h],
+                &ls.xc[o * kh..(o + mt) * kh],
+                &ls.rsc[o * 2..(o + mt) * 2],
+                &mut lg.dc_g,
+                &mut lg.dc_b,
+            );
+        }
+        let dcp_i = &*dcp_i;
         crate::kernels::profile::timed("  decoder bwd: context GEMM", || {
             self.cw.mul_t_into(mt, dctx, a2, true, Mat::rows(dcp_i, wc))
         });
@@ -789,7 +875,22 @@ impl<'a, T: Real> Backward<'a, T> {
         let Dims { h, .. } = self.dims;
         let wq = self.sv.wq;
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
-        let dq_i = &d.dq[o * wq..o1 * wq];
+        let dq_i = &mut d.dq[o * wq..o1 * wq];
+        if let (Some(l), Some(ls), Some(lg)) = (self.ln, &self.sv.ln, d.ln.as_mut()) {
+            // Back through the normalisation of B t (the rows' first Ad values), in place.
+            let ad = self.dims.ad;
+            crate::kernels::layer_norm::ln_rows_backward(
+                (m, ad, wq),
+                dq_i,
+                &l.query[0],
+                &[ad],
+                &ls.xq[o * ad..o1 * ad],
+                &ls.rsq[o..o1],
+                &mut lg.dq_g,
+                &mut lg.dq_b,
+            );
+        }
+        let dq_i = &*dq_i;
         crate::kernels::profile::timed("  decoder bwd: query GEMM", || {
             self.tw
                 .mul_t_into(m, &mut d.dt_prev, h, true, Mat::rows(dq_i, wq))
@@ -1021,14 +1122,16 @@ impl<'a, T: Real> Backward<'a, T> {
         // The products' operand T∘t, or d∘(T∘t) under recurrent dropout.
         let ts = self.dropped(&sv.ts, self.dims.nt);
         let ts = &ts[..];
+        // (With layer normalisation the products' gradients are those before it.)
+        let (dru, dc) = match &d.ln {
+            Some(l) => (Mat::rows(&l.rec.0[..], 2 * h), Mat::rows(&l.rec.1[..], h)),
+            None => (
+                Mat::rows(&d.dpre[..], kh),
+                block(&d.dpre, kh, if gru { 2 * h } else { 0 }),
+            ),
+        };
         if let Some(u_ru) = &self.op.u_ru {
-            u_ru.add_grad(weight_grad(
-                h,
-                2 * h,
-                nb,
-                Mat::t(ts, h),
-                Mat::rows(&d.dpre, kh),
-            ));
+            u_ru.add_grad(weight_grad(h, 2 * h, nb, Mat::t(ts, h), dru));
         }
         // U multiplies r∘(T∘t) (GRU; `rts` holds r∘d∘(T∘t) under dropout) or T∘t (vanilla). (Empty when the
         // sentences are one step long: no transition.)
@@ -1037,7 +1140,22 @@ impl<'a, T: Real> Backward<'a, T> {
             h,
             nb,
             Mat::t(if gru { &sv.rts } else { ts }, h),
-            block(&d.dpre, kh, if gru { 2 * h } else { 0 }),
+            dc,
         ));
+    }
+
+    /// Layer normalisation's gains and biases: the query's, the context product's (gathered over the steps)
+    /// and the transition's recurrent products' (from the pre-activations' gradients).
+    fn ln_weights(&self, d: &Grads<T>) {
+        let (Some(lo), Some(ls), Some(lg)) = (&self.op.ln, &self.sv.ln, &d.ln) else {
+            return;
+        };
+        lo.query[0].add_grad(lg.dq_g.clone());
+        lo.query[1].add_grad(lg.dq_b.clone());
+        lo.context[0].add_grad(lg.dc_g.clone());
+        lo.context[1].add_grad(lg.dc_b.clone());
+        for (p, g) in lo.rec.iter().zip(ls.rec.param_grads(&d.dpre, self.dims.h)) {
+            p.add_grad(g);
+        }
     }
 }

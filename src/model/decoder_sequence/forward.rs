@@ -7,7 +7,9 @@ use candle_core::{CpuStorage, Result, Shape};
 
 use super::gate_mix::{gate_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition, vanilla_row_d};
-use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, Saved, ZConst};
+use super::{
+    CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, LnSaved, RecLnStats, Saved, ZConst,
+};
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::{gru_step_forward, GruActs};
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut};
@@ -40,6 +42,8 @@ struct Forward<'a, T: Real> {
     mix: MixRows<'a, T>,
     /// Recurrent dropout's masks `[B, H]`.
     drop: Option<Vec<T>>,
+    /// Layer normalisation's gains and biases.
+    ln: Option<&'a LnData<T>>,
 }
 
 /// What the forward pass writes: the activations it saves for the backward pass (`s`; its stacked weights
@@ -83,7 +87,8 @@ impl DecoderSequence {
         let cd = self.cov_data::<T>()?;
         let cgru_v = self.cgru_data::<T>()?;
         let deep_v = self.deep_data::<T>()?;
-        let x = Forward::new(
+        let ln_v = self.ln.as_ref().map(|l| l.data::<T>()).transpose()?;
+        let mut x = Forward::new(
             self,
             dims,
             [
@@ -99,6 +104,7 @@ impl DecoderSequence {
             cd.as_ref(),
             (cgru_v.as_ref(), &deep_v),
         )?;
+        x.ln = ln_v.as_ref();
         let mut a = x.acts(storage_slice::<T>(&g_t0, &l_t0)?);
         let Dims { tl, b, h, .. } = dims;
         for i in 0..tl {
@@ -179,6 +185,7 @@ impl<'a, T: Real> Forward<'a, T> {
             cgru,
             deep: deep_v.iter().map(|v| DeepView::new(v, b, h)).collect(),
             drop: op.drop_data::<T>()?,
+            ln: None,
         })
     }
 
@@ -239,6 +246,16 @@ impl<'a, T: Real> Forward<'a, T> {
                 wq: 0,
                 cw: vec![],
                 wc: 0,
+                ln: self.ln.map(|_| LnSaved {
+                    xq: zeroed(off[tl] * self.dims.ad),
+                    rsq: zeroed(off[tl]),
+                    xc: zeroed(off[nt] * kh),
+                    rsc: zeroed(off[nt] * 2),
+                    rec: RecLnStats::new(off[nt], h),
+                    deep: (0..self.deep.len())
+                        .map(|_| RecLnStats::new(off[nt], h))
+                        .collect(),
+                }),
             },
             pre_w: vec![T::zero(); if cg { b * kh } else { 0 }],
             pre: vec![T::zero(); b * kh],
@@ -316,6 +333,18 @@ impl<'a, T: Real> Forward<'a, T> {
         crate::kernels::profile::timed("  decoder fwd: query GEMM", || {
             self.tw.mul_into(m, q_i, wq, false, Mat::rows(t_i, h))
         });
+        if let (Some(l), Some(ls)) = (self.ln, a.s.ln.as_mut()) {
+            // Layer normalisation of B t (the query rows' first Ad values).
+            crate::kernels::layer_norm::ln_rows_forward(
+                (m, ad, wq),
+                q_i,
+                &l.query[0],
+                &l.query[1],
+                &[ad],
+                &mut ls.xq[o * ad..o1 * ad],
+                &mut ls.rsq[o..o1],
+            );
+        }
         let actx_i = &mut a.s.actx[o * w_ac..o1 * w_ac];
         let out = RowsMut::new(actx_i, w_ac);
         let q_i = &*q_i;
@@ -391,6 +420,19 @@ impl<'a, T: Real> Forward<'a, T> {
         crate::kernels::profile::timed("  decoder fwd: context GEMM", || {
             self.cw.mul_into(mt, cp_i, wc, false, ctx_i)
         });
+        if let (Some(l), Some(ls)) = (self.ln, a.s.ln.as_mut()) {
+            // Layer normalisation of s C in blocks [2H | H] (the rows' first 3H values).
+            let kh = self.dims.kh;
+            crate::kernels::layer_norm::ln_rows_forward(
+                (mt, kh, wc),
+                cp_i,
+                &l.context[0],
+                &l.context[1],
+                &[2 * h, h],
+                &mut ls.xc[o * kh..(o + mt) * kh],
+                &mut ls.rsc[o * 2..(o + mt) * 2],
+            );
+        }
         if let Some(g) = &self.cgru {
             // The context GRU's candidate bias, with the context's term.
             for row in cp_i[..mt * wc].chunks_exact_mut(wc) {
@@ -482,14 +524,19 @@ impl<'a, T: Real> Forward<'a, T> {
         let (o, o1) = (self.op.off[i], self.op.off[i + 1]);
         let mth = mt * h;
         let Saved {
-            tall, sall, deep, ..
+            tall,
+            sall,
+            deep,
+            ln: ln_s,
+            ..
         } = &mut a.s;
         let state = if self.cgru.is_some() {
             &mut sall[o * h..o * h + mth]
         } else {
             &mut tall[o1 * h..o1 * h + mth]
         };
-        for (g, [hp, ru, rh, ht]) in self.deep.iter().zip(deep.iter_mut()) {
+        for (k, (g, [hp, ru, rh, ht])) in self.deep.iter().zip(deep.iter_mut()).enumerate() {
+            let rl = self.ln.map(|l| l.rec_ln(Some(k)));
             hp[o * h..o * h + mth].copy_from_slice(state);
             let acts = GruActs {
                 ru: &mut ru[o * 2 * h..o * 2 * h + 2 * mth],
@@ -507,7 +554,10 @@ impl<'a, T: Real> Forward<'a, T> {
                     (&mut a.hu[..2 * mth], &mut a.rc[..mth]),
                     &g.u_ru,
                     &g.u,
-                    None,
+                    match (&rl, ln_s.as_mut()) {
+                        (Some(r), Some(ls)) => Some((r, ls.deep[k].acts(o, mt, h))),
+                        _ => None,
+                    },
                 )
             });
         }
@@ -528,6 +578,7 @@ impl<'a, T: Real> Forward<'a, T> {
             c: cc,
             rcs,
             sall,
+            ln: ln_s,
             ..
         } = &mut a.s;
         let (pre, hu, rc, tm) = (&mut a.pre, &mut a.hu, &mut a.rc, &mut a.tm);
@@ -590,6 +641,7 @@ impl<'a, T: Real> Forward<'a, T> {
             return;
         }
         // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
+        let rl = self.ln.map(|l| l.rec_ln(None));
         let t_next = &mut t_next[..mth];
         t_next.copy_from_slice(&ts_i[..mth]);
         let acts = GruActs {
@@ -608,7 +660,10 @@ impl<'a, T: Real> Forward<'a, T> {
                 (&mut hu[..2 * mth], &mut rc[..mth]),
                 u_ru,
                 u,
-                None,
+                match (&rl, ln_s.as_mut()) {
+                    (Some(r), Some(ls)) => Some((r, ls.rec.acts(o, mt, h))),
+                    _ => None,
+                },
             )
         });
     }

@@ -39,6 +39,20 @@ pub struct DecoderWeights<'a> {
     pub attention: AttentionWeights<'a>,
     pub transition: TransitionWeights<'a>,
     pub gate: GateWeights<'a>,
+    /// Layer normalisation inside the recurrence (`model.layer_norm`; the GRU decoder in the reference gate
+    /// form only).
+    pub ln: Option<LnWeights<'a>>,
+}
+
+/// The gains and biases of the layer normalisations the recurrence runs (model-spec §5b), each `[g, β]`: of
+/// the query `B t` (`[Ad]`), of the context product `s C` (`[3H]`, blocks `[2H | H]`), of the transition's
+/// recurrent products `[g_U_ru, β_U_ru, g_U, β_U]`, and each later deep GRU's likewise. (The word
+/// projections, the keys and the readout are normalised outside the op.)
+pub struct LnWeights<'a> {
+    pub query: [&'a Tensor; 2],
+    pub context: [&'a Tensor; 2],
+    pub rec: [&'a Tensor; 4],
+    pub deep: Vec<[&'a Tensor; 4]>,
 }
 
 /// The target side of a batch for [`decoder_sequence_fused`].
@@ -93,6 +107,7 @@ pub fn decoder_sequence_fused<'a>(
                 deep,
             },
         gate: GateWeights { u_z, c_z, z_pre },
+        ln,
     } = w;
     let wp: Input = wp.into();
     let (rows, kh) = wp.tensor().dims2()?;
@@ -227,41 +242,17 @@ pub fn decoder_sequence_fused<'a>(
             }),
         },
         deep: DeepOp::all(deep, h)?,
+        ln: LnOp::checked(
+            ln.as_ref(),
+            k == 3 && !paper_form && cgru.is_none(),
+            deep.len(),
+            (h, ad),
+        )?,
         drop: drop.map(|d| d.contiguous()).transpose()?,
         saved: Default::default(),
     };
-    let mut tokens = vec![
-        &op.wp.token,
-        &op.t0.token,
-        &op.ah.token,
-        &op.ann.token,
-        &op.b_att.token,
-        &op.v.token,
-        &op.c.token,
-        &op.u.token,
-    ];
-    for x in [&op.u_ru, &op.wz, &op.u_z, &op.c_z].into_iter().flatten() {
-        tokens.push(&x.token);
-    }
-    match &op.z_pre {
-        Some(ZPreOp::Scalar { w, b }) => tokens.extend([&w.token, &b.token]),
-        Some(ZPreOp::Static { theta }) => tokens.push(&theta.token),
-        None => {}
-    }
-    if let Some(g) = &op.cgru {
-        tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
-    }
-    for g in &op.deep {
-        tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
-    }
-    if let Some(c) = &op.cov {
-        tokens.extend([&c.v_cov.token, &c.pre.token]);
-        for x in [&c.w_h, &c.p, &c.u, &c.u_ru].into_iter().flatten() {
-            tokens.push(&x.token);
-        }
-    }
     // One graph input for all: the backward pass reaches every token through the concatenation.
-    let bundle = Tensor::cat(&tokens, 0)?;
+    let bundle = Tensor::cat(&op.tokens(), 0)?;
     crate::kernels::shared_output(op, &bundle)
 }
 
@@ -316,6 +307,8 @@ struct DecoderSequence {
     cgru: Option<CgruOp>,
     /// A deep transition's later GRUs (see [`DeepOp`]).
     deep: Vec<DeepOp>,
+    /// Layer normalisation inside the recurrence (see [`LnWeights`]).
+    ln: Option<LnOp>,
     /// Recurrent dropout's masks `[B, H]` (see [`decoder_sequence_fused`]).
     drop: Option<Tensor>,
     saved: crate::kernels::SavedSlot,
@@ -381,6 +374,189 @@ impl<'a, T: Real> DeepView<'a, T> {
             u: Oriented::new(u, h, h),
         }
     }
+}
+
+/// See [`LnWeights`].
+struct LnOp {
+    query: [Shared; 2],
+    context: [Shared; 2],
+    rec: [Shared; 4],
+    deep: Vec<[Shared; 4]>,
+}
+
+impl LnOp {
+    /// The op's normalisations from `ln`, after checking that the decoder (`supported`: the GRU in the reference
+    /// gate form) and the widths fit (`deep` later GRUs, hidden width `h`, attention width `ad`).
+    fn checked(
+        ln: Option<&LnWeights>,
+        supported: bool,
+        deep: usize,
+        (h, ad): (usize, usize),
+    ) -> Result<Option<LnOp>> {
+        let Some(l) = ln else {
+            return Ok(None);
+        };
+        let widths =
+            |ts: &[&Tensor], ws: &[usize]| ts.iter().zip(ws).all(|(t, &w)| t.dims() == [w]);
+        let ok = supported
+            && widths(&l.query, &[ad, ad])
+            && widths(&l.context, &[3 * h, 3 * h])
+            && widths(&l.rec, &[2 * h, 2 * h, h, h])
+            && l.deep.len() == deep
+            && l.deep.iter().all(|d| widths(d, &[2 * h, 2 * h, h, h]));
+        if !ok {
+            candle_core::bail!(
+                "fused decoder sequence: layer normalisation runs inside the GRU decoder in the reference gate \
+                 form only, with gains and biases [Ad], [3H], [2H, 2H, H, H] (and each deep GRU's)"
+            );
+        }
+        Ok(Some(LnOp::new(l)?))
+    }
+
+    fn new(w: &LnWeights) -> Result<LnOp> {
+        let sh = |t: &Tensor| Shared::new(t);
+        let four = |x: &[&Tensor; 4]| -> Result<[Shared; 4]> {
+            Ok([sh(x[0])?, sh(x[1])?, sh(x[2])?, sh(x[3])?])
+        };
+        Ok(LnOp {
+            query: [sh(w.query[0])?, sh(w.query[1])?],
+            context: [sh(w.context[0])?, sh(w.context[1])?],
+            rec: four(&w.rec)?,
+            deep: w.deep.iter().map(four).collect::<Result<_>>()?,
+        })
+    }
+
+    /// Every gain and bias, in a fixed order.
+    fn all(&self) -> impl Iterator<Item = &Shared> {
+        self.query
+            .iter()
+            .chain(&self.context)
+            .chain(&self.rec)
+            .chain(self.deep.iter().flatten())
+    }
+
+    /// Their values, in the order of [`LnOp::all`].
+    fn data<T: Real>(&self) -> Result<LnData<T>> {
+        let v = |x: &Shared| crate::kernels::to_vec::<T>(&x.tensor);
+        let four = |x: &[Shared; 4]| -> Result<[Vec<T>; 4]> {
+            Ok([v(&x[0])?, v(&x[1])?, v(&x[2])?, v(&x[3])?])
+        };
+        Ok(LnData {
+            query: [v(&self.query[0])?, v(&self.query[1])?],
+            context: [v(&self.context[0])?, v(&self.context[1])?],
+            rec: four(&self.rec)?,
+            deep: self.deep.iter().map(four).collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// [`LnOp`]'s values for one pass.
+struct LnData<T> {
+    query: [Vec<T>; 2],
+    context: [Vec<T>; 2],
+    rec: [Vec<T>; 4],
+    deep: Vec<[Vec<T>; 4]>,
+}
+
+impl<T: Real> LnData<T> {
+    /// The recurrent products' gains and biases of the transition (`None`) or of deep GRU `k`.
+    fn rec_ln(&self, k: Option<usize>) -> crate::kernels::gru::RecLn<'_, T> {
+        let p = match k {
+            None => &self.rec,
+            Some(k) => &self.deep[k],
+        };
+        crate::kernels::gru::RecLn {
+            g_ru: &p[0],
+            b_ru: &p[1],
+            g_c: &p[2],
+            b_c: &p[3],
+        }
+    }
+}
+
+/// A GRU step's saved normalisation statistics over the steps (`[n, B, 2H]`, `[n, B]`, `[n, B, H]`, `[n, B]`,
+/// rows as the step offsets).
+struct RecLnStats<T> {
+    xh_ru: Vec<T>,
+    rs_ru: Vec<T>,
+    xh_c: Vec<T>,
+    rs_c: Vec<T>,
+}
+
+impl<T: Real> RecLnStats<T> {
+    fn new(rows: usize, h: usize) -> Self {
+        RecLnStats {
+            xh_ru: crate::kernels::zeroed(rows * 2 * h),
+            rs_ru: crate::kernels::zeroed(rows),
+            xh_c: crate::kernels::zeroed(rows * h),
+            rs_c: crate::kernels::zeroed(rows),
+        }
+    }
+
+    /// Where rows `o..o + m` of a step keep their statistics.
+    fn acts(&mut self, o: usize, m: usize, h: usize) -> crate::kernels::gru::RecLnActs<'_, T> {
+        crate::kernels::gru::RecLnActs {
+            xh_ru: &mut self.xh_ru[o * 2 * h..(o + m) * 2 * h],
+            rs_ru: &mut self.rs_ru[o..o + m],
+            xh_c: &mut self.xh_c[o * h..(o + m) * h],
+            rs_c: &mut self.rs_c[o..o + m],
+        }
+    }
+
+    /// Rows `o..o + m`'s statistics with the gains, for the backward pass.
+    fn saved<'s>(
+        &'s self,
+        o: usize,
+        m: usize,
+        h: usize,
+        ln: &crate::kernels::gru::RecLn<'s, T>,
+    ) -> crate::kernels::gru::RecLnSaved<'s, T> {
+        crate::kernels::gru::RecLnSaved {
+            g_ru: ln.g_ru,
+            g_c: ln.g_c,
+            xh_ru: &self.xh_ru[o * 2 * h..(o + m) * 2 * h],
+            rs_ru: &self.rs_ru[o..o + m],
+            xh_c: &self.xh_c[o * h..(o + m) * h],
+            rs_c: &self.rs_c[o..o + m],
+        }
+    }
+
+    /// `[∂g_U_ru, ∂β_U_ru, ∂g_U, ∂β_U]` from the pre-activations' gradients `dx` (rows of `[r | u | h~]`):
+    /// `∂g = Σ ∂y∘x̂`, `∂β = Σ ∂y` over every row (rows not computed hold zeros in both).
+    fn param_grads(&self, dx: &[T], h: usize) -> [Vec<T>; 4] {
+        let mut out = [
+            vec![T::zero(); 2 * h],
+            vec![T::zero(); 2 * h],
+            vec![T::zero(); h],
+            vec![T::zero(); h],
+        ];
+        for (row, dy) in dx.chunks(3 * h).enumerate() {
+            let (xr, xc) = (
+                &self.xh_ru[row * 2 * h..(row + 1) * 2 * h],
+                &self.xh_c[row * h..(row + 1) * h],
+            );
+            for j in 0..2 * h {
+                out[0][j] = out[0][j] + dy[j] * xr[j];
+                out[1][j] = out[1][j] + dy[j];
+            }
+            for j in 0..h {
+                out[2][j] = out[2][j] + dy[2 * h + j] * xc[j];
+                out[3][j] = out[3][j] + dy[2 * h + j];
+            }
+        }
+        out
+    }
+}
+
+/// The forward pass's layer normalisation statistics: the query's and the context product's `x̂` (`[T, B, Ad]`,
+/// `[n, B, 3H]`) and `1/σ` (`[T, B]`, `[n, B, 2]`), the transition's and each deep GRU's recurrent products'.
+struct LnSaved<T> {
+    xq: Vec<T>,
+    rsq: Vec<T>,
+    xc: Vec<T>,
+    rsc: Vec<T>,
+    rec: RecLnStats<T>,
+    deep: Vec<RecLnStats<T>>,
 }
 
 /// See [`CgruWeights`].
@@ -451,6 +627,8 @@ struct Saved<T> {
     /// A deep transition's later GRUs, each: its input state, `[r | u]`, `r∘(d∘t)`, `tanh(·)`
     /// `[nt, B, ·]` (the first one's input state is the transition's output).
     deep: Vec<[Vec<T>; 4]>,
+    /// With layer normalisation: its statistics.
+    ln: Option<LnSaved<T>>,
 }
 
 /// The coverage inputs' values for one pass (all small: `[d, Ad]`, `[B, S, ·]`, `[d, 2d]`).
@@ -643,6 +821,47 @@ struct Dims {
 }
 
 impl DecoderSequence {
+    /// Every input's graph handle, in a fixed order.
+    fn tokens(&self) -> Vec<&Tensor> {
+        let mut tokens = vec![
+            &self.wp.token,
+            &self.t0.token,
+            &self.ah.token,
+            &self.ann.token,
+            &self.b_att.token,
+            &self.v.token,
+            &self.c.token,
+            &self.u.token,
+        ];
+        for x in [&self.u_ru, &self.wz, &self.u_z, &self.c_z]
+            .into_iter()
+            .flatten()
+        {
+            tokens.push(&x.token);
+        }
+        match &self.z_pre {
+            Some(ZPreOp::Scalar { w, b }) => tokens.extend([&w.token, &b.token]),
+            Some(ZPreOp::Static { theta }) => tokens.push(&theta.token),
+            None => {}
+        }
+        if let Some(g) = &self.cgru {
+            tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
+        }
+        for g in &self.deep {
+            tokens.extend([&g.b.token, &g.u_ru.token, &g.u.token]);
+        }
+        if let Some(l) = &self.ln {
+            tokens.extend(l.all().map(|x| &x.token));
+        }
+        if let Some(c) = &self.cov {
+            tokens.extend([&c.v_cov.token, &c.pre.token]);
+            for x in [&c.w_h, &c.p, &c.u, &c.u_ru].into_iter().flatten() {
+                tokens.push(&x.token);
+            }
+        }
+        tokens
+    }
+
     fn dims(&self) -> Result<Dims> {
         let kh = self.wp.tensor.dim(1)?;
         let (b, h) = self.t0.tensor.dims2()?;

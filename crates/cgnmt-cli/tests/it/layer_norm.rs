@@ -1,6 +1,6 @@
 //! Layer normalisation (`model.layer_norm`, model-spec §5b): every parameter against finite differences in
 //! every decoder, gate form, depth and coverage, with every dropout; the parameters' names, counts and
-//! initialisation; the composed recurrence it runs; and the command line end to end (train, resume to the same
+//! initialisation; the fused ops it runs; and the command line end to end (train, resume to the same
 //! bits, every decoding path, `align`, `info`).
 
 use candle_core::{DType, Device};
@@ -134,26 +134,42 @@ fn layer_norm_parameters_are_named_counted_and_initialised() {
     );
 }
 
-/// A layer-normalised model runs the composed recurrence: asked for fused kernels, it runs the fused row ops
-/// inside it (and the reference kernels when asked for them); a plain model keeps the choice.
+/// A layer-normalised model, asked for fused kernels, runs the fused row ops and the fused encoder op (which
+/// normalises inside), and the fused decoder op where it normalises inside (the GRU decoder in the reference
+/// gate form, with any depth and coverage); the other decoders step by step. Reference kernels when asked for
+/// them; a plain model keeps the choice.
 #[test]
-fn a_layer_normalised_model_runs_the_composed_recurrence() {
-    let (mut m, _) = Model::build(
-        &tiny_model_config(&["model.layer_norm=true"]),
-        7,
-        6,
-        1,
-        DType::F32,
-        &Device::Cpu,
-    )
-    .unwrap();
-    m.set_kernels(Kernels::Fused);
+fn a_layer_normalised_model_runs_the_fused_ops_that_normalise() {
+    use cgnmt::model::DecoderPath;
+    let build = |sets: &[&str]| {
+        let (mut m, _) =
+            Model::build(&tiny_model_config(sets), 7, 6, 1, DType::F32, &Device::Cpu).unwrap();
+        m.set_kernels(Kernels::Fused);
+        m
+    };
+    let m = build(&["model.layer_norm=true"]);
     assert_eq!(m.kernels, Kernels::FusedOps);
+    assert!(matches!(m.decoder_path(), DecoderPath::Fused { .. }));
+    let deep = build(&[
+        "model.layer_norm=true",
+        "model.decoder_transition_depth=2",
+        "model.coverage=neural",
+        "model.context_gate=both",
+    ]);
+    assert!(matches!(deep.decoder_path(), DecoderPath::Fused { .. }));
+    for other in [
+        "model.gate_form=paper",
+        "model.decoder=vanilla",
+        "model.decoder=cgru",
+    ] {
+        let m = build(&["model.layer_norm=true", other]);
+        assert!(matches!(m.decoder_path(), DecoderPath::Composed), "{other}");
+    }
+    let mut m = m;
     m.set_kernels(Kernels::Reference);
     assert_eq!(m.kernels, Kernels::Reference);
-    let (mut p, _) =
-        Model::build(&tiny_model_config(&[]), 7, 6, 1, DType::F32, &Device::Cpu).unwrap();
-    p.set_kernels(Kernels::Fused);
+    assert!(matches!(m.decoder_path(), DecoderPath::Composed));
+    let p = build(&[]);
     assert_eq!(p.kernels, Kernels::Fused);
 }
 

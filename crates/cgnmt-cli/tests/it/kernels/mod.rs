@@ -20,6 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 mod decoding;
+mod encoder;
 mod model;
 mod ops;
 
@@ -204,8 +205,9 @@ fn variants() -> Vec<Vec<String>> {
         "model.context_gate=none".into(),
         "model.gating_scalar=true".into(),
     ]);
-    // Layer normalisation (its models run the fused row ops inside the composed recurrence when fused
-    // kernels are asked for): each decoder and form, gated, with coverage, depth and a stacked encoder.
+    // Layer normalisation (asked for fused kernels, its models run the fused row ops, the fused encoder op and,
+    // for the GRU decoder in the reference form, the fused decoder op, each normalising inside; the other
+    // decoders step by step): each decoder and form, gated, with coverage, depth and a stacked encoder.
     for (dec, form) in [
         ("gru", "reference"),
         ("gru", "paper"),
