@@ -7,6 +7,7 @@
 //! `tests/it/kernels/ops.rs`. (The building block of `model.layer_norm`, which the cells do not read yet.)
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
 
 use crate::kernels::{by_dtype, slice, Kernels, Real};
 
@@ -256,6 +257,10 @@ struct LayerNorm {
     blocks: Vec<usize>,
 }
 
+/// Rows per task of the fused op's passes: a fixed size, so that the sums over rows do not depend on the
+/// number of threads.
+const CHUNK_ROWS: usize = 32;
+
 fn ln_fwd<T: Real>(
     blocks: &[usize],
     s1: &CpuStorage,
@@ -272,18 +277,24 @@ fn ln_fwd<T: Real>(
         slice::<T>(s3, l3)?,
     );
     let mut y = vec![T::zero(); n * w];
-    let (mut xhat, mut rstd) = (vec![T::zero(); w], vec![T::zero(); blocks.len()]);
-    for (i, yr) in y.chunks_mut(w.max(1)).enumerate() {
-        ln_row_forward(
-            &x[i * w..(i + 1) * w],
-            g,
-            b,
-            blocks,
-            &mut xhat,
-            &mut rstd,
-            yr,
-        );
-    }
+    // Chunks of rows in parallel, each with its own scratch.
+    y.par_chunks_mut(CHUNK_ROWS * w.max(1))
+        .enumerate()
+        .for_each(|(c, yc)| {
+            let (mut xhat, mut rstd) = (vec![T::zero(); w], vec![T::zero(); blocks.len()]);
+            for (k, yr) in yc.chunks_mut(w.max(1)).enumerate() {
+                let i = c * CHUNK_ROWS + k;
+                ln_row_forward(
+                    &x[i * w..(i + 1) * w],
+                    g,
+                    b,
+                    blocks,
+                    &mut xhat,
+                    &mut rstd,
+                    yr,
+                );
+            }
+        });
     Ok((T::to_cpu_storage_owned(y), Shape::from((n, w))))
 }
 
@@ -301,35 +312,42 @@ fn ln_bwd<T: Real>(
         crate::kernels::to_vec::<T>(grad)?,
     );
     let mut dx = vec![T::zero(); n * w];
-    let (mut dg, mut db) = (vec![T::zero(); w], vec![T::zero(); w]);
-    let (mut xhat, mut rstd, mut y) = (
-        vec![T::zero(); w],
-        vec![T::zero(); blocks.len()],
-        vec![T::zero(); w],
-    );
     let zeros = vec![T::zero(); w];
-    for i in 0..n {
-        let r = i * w..(i + 1) * w;
-        // The row's statistics again (cheaper to recompute than to keep for every row).
-        ln_row_forward(
-            &xv[r.clone()],
-            &gv,
-            &zeros,
-            blocks,
-            &mut xhat,
-            &mut rstd,
-            &mut y,
-        );
-        ln_row_backward(
-            &dyv[r.clone()],
-            &xhat,
-            &rstd,
-            &gv,
-            blocks,
-            &mut dx[r],
-            &mut dg,
-            &mut db,
-        );
+    // Chunks of rows in parallel, each with its own share of ∂g and ∂β, summed in chunk order after (the
+    // same sums whatever the threads).
+    let parts: Vec<(Vec<T>, Vec<T>)> = dx
+        .par_chunks_mut(CHUNK_ROWS * w.max(1))
+        .enumerate()
+        .map(|(c, dxc)| {
+            let (mut dg, mut db) = (vec![T::zero(); w], vec![T::zero(); w]);
+            let (mut xhat, mut rstd, mut y) = (
+                vec![T::zero(); w],
+                vec![T::zero(); blocks.len()],
+                vec![T::zero(); w],
+            );
+            for (k, dxr) in dxc.chunks_mut(w.max(1)).enumerate() {
+                let r = (c * CHUNK_ROWS + k) * w..(c * CHUNK_ROWS + k + 1) * w;
+                // The row's statistics again (cheaper to recompute than to keep for every row).
+                ln_row_forward(
+                    &xv[r.clone()],
+                    &gv,
+                    &zeros,
+                    blocks,
+                    &mut xhat,
+                    &mut rstd,
+                    &mut y,
+                );
+                ln_row_backward(&dyv[r], &xhat, &rstd, &gv, blocks, dxr, &mut dg, &mut db);
+            }
+            (dg, db)
+        })
+        .collect();
+    let (mut dg, mut db) = (vec![T::zero(); w], vec![T::zero(); w]);
+    for (pg, pb) in parts {
+        for j in 0..w {
+            dg[j] = dg[j] + pg[j];
+            db[j] = db[j] + pb[j];
+        }
     }
     let dev = x.device();
     Ok((
