@@ -6,7 +6,8 @@
 # sentences of a batch decode together, their live hypotheses as one batch of rows (gathered after every step).
 # The model is written from model-spec §1–§4 in torch ops: the bidirectional encoder (stacked layers with
 # residual connections), the attention, the context gate (any variant, reference form), the GRU transition with
-# a deep transition, the maxout readout and the (tied) output layer. Other configurations are refused.
+# a deep transition, the maxout readout and the (tied) output layer, with layer normalisation where
+# `model.layer_norm` puts it (§5b). Other configurations are refused.
 #
 # It prints how many translations equal cgnmt's (token for token) and the largest score difference, then times
 # the search (median of RUNS runs after a warm-up) and prints a RESULT line: sentences/s and hypothesis steps/s.
@@ -54,8 +55,9 @@ class Model:
         for k, v in need.items():
             if cfg.get(k) != v:
                 sys.exit(f"model.{k} = {cfg.get(k)!r}: this script writes {k} = {v!r} only")
-        if cfg.get("layer_norm") or cfg.get("gating_scalar") or cfg.get("static_interpolation"):
-            sys.exit("layer normalisation, the gating scalar and static interpolation are not written here")
+        if cfg.get("gating_scalar") or cfg.get("static_interpolation"):
+            sys.exit("the gating scalar and static interpolation are not written here")
+        self.layer_norm = cfg.get("layer_norm", False)
         if cfg.get("encoder_type", "bidirectional") != "bidirectional":
             sys.exit("only bidirectional encoder layers are written here")
         self.gate = cfg["context_gate"]
@@ -75,18 +77,29 @@ class Model:
         # Each encoder GRU's input bias [0 | 0 | b] and the decoder's word projection bias.
         self.bias = {k[:-2]: torch.cat([z2, v]) for k, v in p.items() if k.endswith(".b") and v.shape == (h,)}
 
+    def ln(self, x, name, blocks):
+        """Layer normalisation (model-spec §5b) of x's blocks under `name` (x itself without it)."""
+        if not self.layer_norm:
+            return x
+        g, b = self.p[name + ".g"], self.p[name + ".b"]
+        parts, at = [], 0
+        for n in blocks:
+            parts.append(torch.nn.functional.layer_norm(x[..., at:at + n], (n,), g[at:at + n], b[at:at + n], 1e-5))
+            at += n
+        return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+
     def gru_layer(self, x, mask, prefix, reverse):
         """One direction of an encoder layer over x [B, S, in]: its states [B, S, H]."""
         p, h = self.p, self.h
         B, S, _ = x.shape
-        xp = (x @ p[prefix + ".W"] + self.bias[prefix]).transpose(0, 1)
+        xp = self.ln(x @ p[prefix + ".W"] + self.bias[prefix], prefix + ".ln_W", [2 * h, h]).transpose(0, 1)
         m = mask.t().unsqueeze(2)
         st = torch.zeros(B, h)
         out = [None] * S
         for t in (reversed(range(S)) if reverse else range(S)):
-            ru = torch.sigmoid(xp[t, :, :2 * h] + st @ p[prefix + ".U_ru"])
+            ru = torch.sigmoid(xp[t, :, :2 * h] + self.ln(st @ p[prefix + ".U_ru"], prefix + ".ln_U_ru", [2 * h]))
             r, u = ru[:, :h], ru[:, h:]
-            c = torch.tanh(xp[t, :, 2 * h:] + (r * st) @ p[prefix + ".U"])
+            c = torch.tanh(xp[t, :, 2 * h:] + self.ln((r * st) @ p[prefix + ".U"], prefix + ".ln_U", [h]))
             st = st + m[t] * u * (c - st)
             out[t] = st
         return torch.stack(out, 1)
@@ -100,18 +113,21 @@ class Model:
             out = torch.cat([self.gru_layer(ann, mask, a + ".fwd", False), self.gru_layer(ann, mask, a + ".bwd", True)], 2)
             ann = out + ann if self.residual else out
         t0 = torch.tanh(ann[:, 0, h:] @ p["decoder.init.W_init"] + p["decoder.init.b_init"])
-        keys = ann @ p["decoder.attention.A"]
+        a = p["decoder.attention.A"]
+        keys = self.ln(ann @ a, "decoder.attention.ln_A", [a.shape[1]])
         return ann, keys, t0
 
     def logp(self, t, e_prev, ann, keys, mask_bias):
         """Attention from t [R, H] over each row's sentence (ann, keys, mask_bias gathered per row), then the
         readout and the output layer: log-probabilities [R, V] and the context [R, 2H]."""
         p, h = self.p, self.h
-        q = t @ p["decoder.attention.B"]
+        q = self.ln(t @ p["decoder.attention.B"], "decoder.attention.ln_B", [p["decoder.attention.B"].shape[1]])
         e = (torch.tanh(keys + q.unsqueeze(1)) @ p["decoder.attention.v"]).squeeze(2) + mask_bias
         alpha = torch.softmax(e, -1)
         ctx = torch.bmm(alpha.unsqueeze(1), ann).squeeze(1)
-        r = ctx @ p["decoder.readout.W_o"] + t @ p["decoder.readout.U_o"] + e_prev @ p["decoder.readout.V_o"]
+        r = (self.ln(ctx @ p["decoder.readout.W_o"], "decoder.readout.ln_W_o", [h])
+             + self.ln(t @ p["decoder.readout.U_o"], "decoder.readout.ln_U_o", [h])
+             + self.ln(e_prev @ p["decoder.readout.V_o"], "decoder.readout.ln_V_o", [h]))
         r = (r + p["decoder.readout.b_o"]).reshape(-1, h // 2, 2).amax(-1)
         logits = (r @ p["decoder.readout.W_1"]) @ self.w2 + p["decoder.readout.b"]
         return torch.log_softmax(logits, -1), ctx
@@ -131,18 +147,22 @@ class Model:
         S = {"none": 1.0, "source": z, "target": 1.0, "both": z}[self.gate]
         T = {"none": 1.0, "source": 1.0, "target": z, "both": None if z is None else 1 - z}[self.gate]
         ts = T * t
-        xw = e @ p["decoder.cell.W"] + self.bias["decoder.cell"]
-        cs = ctx @ p["decoder.cell.C"]
-        ru = torch.sigmoid(T * xw[:, :2 * h] + S * cs[:, :2 * h] + ts @ p["decoder.cell.U_ru"])
+        xw = self.ln(e @ p["decoder.cell.W"] + self.bias["decoder.cell"], "decoder.cell.ln_W", [2 * h, h])
+        cs = self.ln(ctx @ p["decoder.cell.C"], "decoder.cell.ln_C", [2 * h, h])
+        # (A scale of width H scales each block: [r | u] takes it twice.)
+        two = lambda x: x if isinstance(x, float) else torch.cat([x, x], 1)
+        ru = torch.sigmoid(two(T) * xw[:, :2 * h] + two(S) * cs[:, :2 * h]
+                           + self.ln(ts @ p["decoder.cell.U_ru"], "decoder.cell.ln_U_ru", [2 * h]))
         r, u = ru[:, :h], ru[:, h:]
-        c = torch.tanh(T * xw[:, 2 * h:] + S * cs[:, 2 * h:] + (r * ts) @ p["decoder.cell.U"])
+        c = torch.tanh(T * xw[:, 2 * h:] + S * cs[:, 2 * h:]
+                       + self.ln((r * ts) @ p["decoder.cell.U"], "decoder.cell.ln_U", [h]))
         t = ts + u * (c - ts)
         for k in range(2, self.depth + 1):
             d = f"decoder.cell.deep{k}"
             b = p[d + ".b"]
-            ru = torch.sigmoid(b[:2 * h] + t @ p[d + ".U_ru"])
+            ru = torch.sigmoid(b[:2 * h] + self.ln(t @ p[d + ".U_ru"], d + ".ln_U_ru", [2 * h]))
             r, u = ru[:, :h], ru[:, h:]
-            c = torch.tanh(b[2 * h:] + (r * t) @ p[d + ".U"])
+            c = torch.tanh(b[2 * h:] + self.ln((r * t) @ p[d + ".U"], d + ".ln_U", [h]))
             t = t + u * (c - t)
         return t
 
