@@ -323,12 +323,7 @@ impl DecoderCell {
         e: &Tensor,
         rows: Option<crate::kernels::Rows>,
     ) -> Result<crate::kernels::Shared> {
-        if self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
-            candle_core::bail!(
-                "the fused decoder does not run a layer-normalised cGRU (the composed path does)"
-            );
-        }
-        if self.ln.is_some() {
+        if self.ln.is_some() || self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
             // Normalised in blocks by the fused row op, then handed to the decoder op as a graph tensor.
             let e = match &rows {
                 Some(r) => {

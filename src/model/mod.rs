@@ -201,9 +201,10 @@ impl Model {
 
     /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
     /// argument from here).
-    /// A layer-normalised model (`model.layer_norm`) runs the fused encoder op, which normalises inside, and
-    /// the composed decoder recurrence with the fused row ops inside it ([`Kernels::FusedOps`]): the decoder's
-    /// fused sequence op does not normalise yet.
+    /// A layer-normalised model (`model.layer_norm`) runs the fused row ops ([`Kernels::FusedOps`]), the fused
+    /// encoder op and, for the GRU and cGRU decoders in the reference gate form, the fused decoder op, both of
+    /// which normalise inside (see [`Model::decoder_path`]); the vanilla unit and the paper form run the
+    /// composed decoder recurrence with the fused row ops inside it.
     pub fn set_kernels(&mut self, k: Kernels) {
         self.kernels = Self::kernels_for(&self.cfg, k);
     }
@@ -562,11 +563,11 @@ impl Model {
     /// otherwise step by step from the composed pieces.
     pub fn decoder_path(&self) -> DecoderPath {
         let dev = self.cell.u.device();
-        // A layer-normalised model (fused row ops) runs the op when it normalises inside: the GRU decoder in
-        // the reference gate form.
+        // A layer-normalised model (fused row ops) runs the op when it normalises inside: the GRU and cGRU
+        // decoders in the reference gate form.
         let normed_op = self.cfg.layer_norm
             && self.kernels.ops_fused_on(dev)
-            && self.cfg.decoder == crate::config::DecoderKind::Gru
+            && self.cfg.decoder != crate::config::DecoderKind::Vanilla
             && self.cfg.gate_form == crate::config::GateForm::Reference;
         if !(self.kernels.fused_on(dev) || normed_op)
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
@@ -939,7 +940,6 @@ impl Model {
     /// [`crate::model::decoder_sequence::LnWeights`]); `None` without layer normalisation.
     fn sequence_ln(&self) -> Option<crate::model::decoder_sequence::LnWeights<'_>> {
         let (_, q) = self.attention.ln.as_ref()?;
-        let c = self.cell.ln.as_ref()?;
         use crate::model::layer_norm::LayerNorm;
         fn rec<'a>(u_ru: &'a LayerNorm, u: &'a LayerNorm) -> [&'a Tensor; 4] {
             [&u_ru.g, &u_ru.b, &u.g, &u.b]
@@ -950,11 +950,24 @@ impl Model {
             .iter()
             .map(|d| d.ln.as_ref().map(|n| rec(&n.u_ru, &n.u)))
             .collect::<Option<Vec<_>>>()?;
+        // The cGRU's context GRU normalises `s C` and its products, its word GRU its own products.
+        let (context, rec_w, word) = match &self.cell.cgru {
+            Some((word, ctx)) => {
+                let (c, r) = ctx.ln.as_ref()?;
+                let w = &word.ln.as_ref()?.rec;
+                ([&c.g, &c.b], rec(&r.u_ru, &r.u), Some(rec(&w.u_ru, &w.u)))
+            }
+            None => {
+                let c = self.cell.ln.as_ref()?;
+                ([&c.c.g, &c.c.b], rec(c.u_ru.as_ref()?, &c.u), None)
+            }
+        };
         Some(crate::model::decoder_sequence::LnWeights {
             query: [&q.g, &q.b],
-            context: [&c.c.g, &c.c.b],
-            rec: rec(c.u_ru.as_ref()?, &c.u),
+            context,
+            rec: rec_w,
             deep,
+            word,
         })
     }
 

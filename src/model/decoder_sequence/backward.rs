@@ -9,7 +9,7 @@ use candle_core::{Result, Tensor};
 
 use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition_backward, vanilla_grad_row_d};
-use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, Saved, ZPreOp};
+use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, RecAt, Saved, ZPreOp};
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
@@ -51,6 +51,8 @@ struct LnGrads<T> {
     dc_b: Vec<T>,
     rec: (Vec<T>, Vec<T>),
     deep: Vec<(Vec<T>, Vec<T>)>,
+    /// The cGRU's word GRU's (rows as its activations).
+    word: Option<(Vec<T>, Vec<T>)>,
 }
 
 /// What the backward pass writes.
@@ -307,6 +309,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     dc_b: vec![T::zero(); kh],
                     rec: dp(),
                     deep: (0..self.deep.len()).map(|_| dp()).collect(),
+                    word: cg.then(|| (zeroed(off[cn] * 2 * h), zeroed(off[cn] * h))),
                 }
             }),
         })
@@ -340,6 +343,7 @@ impl<'a, T: Real> Backward<'a, T> {
             let m1h = m1 * h;
             let dpw_i = &mut d.dpw_all[o * kh..o * kh + m1 * kh];
             d.dh_w.fill(T::zero());
+            let rl = self.ln.map(|l| l.rec_ln(RecAt::Word));
             let step = GruStep {
                 h,
                 ru: &sv.wru[o * 2 * h..o * 2 * h + 2 * m1h],
@@ -347,8 +351,17 @@ impl<'a, T: Real> Backward<'a, T> {
                 hp: &sv.sall[o * h..o * h + m1h],
                 mask: None,
                 drop: self.drop.as_ref().map(|d| &d[..m1h]),
-                ln: None,
+                ln: match (&rl, sv.ln.as_ref().and_then(|l| l.word.as_ref())) {
+                    (Some(r), Some(st)) => Some(st.saved(o, m1, h, r)),
+                    _ => None,
+                },
             };
+            let dp = d.ln.as_mut().and_then(|l| l.word.as_mut()).map(|(a, c)| {
+                (
+                    &mut a[o * 2 * h..(o + m1) * 2 * h],
+                    &mut c[o * h..(o + m1) * h],
+                )
+            });
             crate::kernels::profile::timed("  decoder bwd: word GRU step", || {
                 step.backward(
                     &d.dt[..m1h],
@@ -357,7 +370,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut d.drts[..m1h],
                     &g.u,
                     &g.u_ru,
-                    None,
+                    dp,
                 )
             });
             for (a, &x) in d.dt_prev.iter_mut().zip(&d.dh_w) {
@@ -412,7 +425,7 @@ impl<'a, T: Real> Backward<'a, T> {
             .rev()
         {
             dh_deep[..mth].fill(T::zero());
-            let rl = self.ln.map(|l| l.rec_ln(Some(k)));
+            let rl = self.ln.map(|l| l.rec_ln(RecAt::Deep(k)));
             let stats = self.sv.ln.as_ref().map(|l| &l.deep[k]);
             let step = GruStep {
                 h,
@@ -547,7 +560,7 @@ impl<'a, T: Real> Backward<'a, T> {
             );
             // The GRU step from the scaled state T∘t: `dts` becomes ∂(T∘t).
             dts.fill(T::zero());
-            let rl = self.ln.map(|l| l.rec_ln(None));
+            let rl = self.ln.map(|l| l.rec_ln(RecAt::Transition));
             let step = GruStep {
                 h,
                 ru: &ru_i[..2 * mth],
@@ -1074,28 +1087,35 @@ impl<'a, T: Real> Backward<'a, T> {
         if let Some(gs) = &self.op.cgru {
             // The context GRU's bias (its candidate's context term), the word GRU's U_ru from t_i and U
             // from r∘t_i.
-            let mut db = vec![T::zero(); h];
-            for row in d.dcp.chunks_exact(wc) {
-                for (a, &x) in db.iter_mut().zip(&row[2 * h..3 * h]) {
-                    *a = *a + x;
+            // (With layer normalisation the bias comes after it: its gradient is β's, `dcp` holds the
+            // gradient before the normalisation now, and the word GRU's products' gradients are those before
+            // theirs.)
+            let db = match &d.ln {
+                Some(l) => l.dc_b[2 * h..3 * h].to_vec(),
+                None => {
+                    let mut db = vec![T::zero(); h];
+                    for row in d.dcp.chunks_exact(wc) {
+                        for (a, &x) in db.iter_mut().zip(&row[2 * h..3 * h]) {
+                            *a = *a + x;
+                        }
+                    }
+                    db
                 }
-            }
+            };
             gs.b.add_grad(db);
+            let (dru, dc) = match d.ln.as_ref().and_then(|l| l.word.as_ref()) {
+                Some((a, c)) => (Mat::rows(&a[..], 2 * h), Mat::rows(&c[..], h)),
+                None => (block(&d.dpw_all, kh, 0), block(&d.dpw_all, kh, 2 * h)),
+            };
             let nw = self.op.off[self.dims.n];
             gs.u_ru.add_grad(weight_grad(
                 h,
                 2 * h,
                 nw,
                 Mat::t(&self.dropped(&sv.sall, self.dims.n), h),
-                block(&d.dpw_all, kh, 0),
+                dru,
             ));
-            gs.u.add_grad(weight_grad(
-                h,
-                h,
-                nw,
-                Mat::t(&sv.wrh, h),
-                block(&d.dpw_all, kh, 2 * h),
-            ));
+            gs.u.add_grad(weight_grad(h, h, nw, Mat::t(&sv.wrh, h), dc));
         }
         if self.dims.paper {
             // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla) (under recurrent
@@ -1156,6 +1176,12 @@ impl<'a, T: Real> Backward<'a, T> {
         lo.context[1].add_grad(lg.dc_b.clone());
         for (p, g) in lo.rec.iter().zip(ls.rec.param_grads(&d.dpre, self.dims.h)) {
             p.add_grad(g);
+        }
+        if let (Some(lw), Some(sw)) = (&lo.word, &ls.word) {
+            // The word GRU's rows: `dpw_all` holds its pre-activations' gradients.
+            for (p, g) in lw.iter().zip(sw.param_grads(&d.dpw_all, self.dims.h)) {
+                p.add_grad(g);
+            }
         }
     }
 }

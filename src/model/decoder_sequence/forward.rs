@@ -8,7 +8,8 @@ use candle_core::{CpuStorage, Result, Shape};
 use super::gate_mix::{gate_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition, vanilla_row_d};
 use super::{
-    CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, LnSaved, RecLnStats, Saved, ZConst,
+    CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, LnSaved, RecAt, RecLnStats, Saved,
+    ZConst,
 };
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::{gru_step_forward, GruActs};
@@ -255,6 +256,7 @@ impl<'a, T: Real> Forward<'a, T> {
                     deep: (0..self.deep.len())
                         .map(|_| RecLnStats::new(off[nt], h))
                         .collect(),
+                    word: cg.then(|| RecLnStats::new(off[cn], h)),
                 }),
             },
             pre_w: vec![T::zero(); if cg { b * kh } else { 0 }],
@@ -290,6 +292,12 @@ impl<'a, T: Real> Forward<'a, T> {
             rh: &mut a.s.wrh[op * h..op * h + mh],
             ht: &mut a.s.wht[op * h..op * h + mh],
         };
+        // (Layer normalisation: the word GRU's statistics, rows as its activations.)
+        let rl = self.ln.map(|l| l.rec_ln(RecAt::Word));
+        let ln = match (&rl, a.s.ln.as_mut().and_then(|l| l.word.as_mut())) {
+            (Some(r), Some(st)) => Some((r, st.acts(op, m, h))),
+            _ => None,
+        };
         crate::kernels::profile::timed("  decoder fwd: word GRU step", || {
             gru_step_forward(
                 h,
@@ -301,7 +309,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 (&mut a.hu[..2 * mh], &mut a.rc[..mh]),
                 &g.u_ru,
                 &g.u,
-                None,
+                ln,
             )
         });
     }
@@ -536,7 +544,7 @@ impl<'a, T: Real> Forward<'a, T> {
             &mut tall[o1 * h..o1 * h + mth]
         };
         for (k, (g, [hp, ru, rh, ht])) in self.deep.iter().zip(deep.iter_mut()).enumerate() {
-            let rl = self.ln.map(|l| l.rec_ln(Some(k)));
+            let rl = self.ln.map(|l| l.rec_ln(RecAt::Deep(k)));
             hp[o * h..o * h + mth].copy_from_slice(state);
             let acts = GruActs {
                 ru: &mut ru[o * 2 * h..o * 2 * h + 2 * mth],
@@ -641,7 +649,7 @@ impl<'a, T: Real> Forward<'a, T> {
             return;
         }
         // The GRU step from the scaled state T∘t: t_i = T∘t + u∘(t~ − T∘t).
-        let rl = self.ln.map(|l| l.rec_ln(None));
+        let rl = self.ln.map(|l| l.rec_ln(RecAt::Transition));
         let t_next = &mut t_next[..mth];
         t_next.copy_from_slice(&ts_i[..mth]);
         let acts = GruActs {

@@ -39,20 +39,22 @@ pub struct DecoderWeights<'a> {
     pub attention: AttentionWeights<'a>,
     pub transition: TransitionWeights<'a>,
     pub gate: GateWeights<'a>,
-    /// Layer normalisation inside the recurrence (`model.layer_norm`; the GRU decoder in the reference gate
-    /// form only).
+    /// Layer normalisation inside the recurrence (`model.layer_norm`; the GRU and cGRU decoders in the
+    /// reference gate form only).
     pub ln: Option<LnWeights<'a>>,
 }
 
 /// The gains and biases of the layer normalisations the recurrence runs (model-spec §5b), each `[g, β]`: of
 /// the query `B t` (`[Ad]`), of the context product `s C` (`[3H]`, blocks `[2H | H]`), of the transition's
-/// recurrent products `[g_U_ru, β_U_ru, g_U, β_U]`, and each later deep GRU's likewise. (The word
-/// projections, the keys and the readout are normalised outside the op.)
+/// recurrent products `[g_U_ru, β_U_ru, g_U, β_U]` (the cGRU's context GRU's), each later deep GRU's likewise,
+/// and the cGRU's word GRU's. (The word projections, the keys and the readout are normalised outside the op;
+/// the cGRU's context GRU adds its bias after the normalisation of `s C`.)
 pub struct LnWeights<'a> {
     pub query: [&'a Tensor; 2],
     pub context: [&'a Tensor; 2],
     pub rec: [&'a Tensor; 4],
     pub deep: Vec<[&'a Tensor; 4]>,
+    pub word: Option<[&'a Tensor; 4]>,
 }
 
 /// The target side of a batch for [`decoder_sequence_fused`].
@@ -244,7 +246,7 @@ pub fn decoder_sequence_fused<'a>(
         deep: DeepOp::all(deep, h)?,
         ln: LnOp::checked(
             ln.as_ref(),
-            k == 3 && !paper_form && cgru.is_none(),
+            (k == 3 && !paper_form, cgru.is_some()),
             deep.len(),
             (h, ad),
         )?,
@@ -382,14 +384,16 @@ struct LnOp {
     context: [Shared; 2],
     rec: [Shared; 4],
     deep: Vec<[Shared; 4]>,
+    word: Option<[Shared; 4]>,
 }
 
 impl LnOp {
-    /// The op's normalisations from `ln`, after checking that the decoder (`supported`: the GRU in the reference
-    /// gate form) and the widths fit (`deep` later GRUs, hidden width `h`, attention width `ad`).
+    /// The op's normalisations from `ln`, after checking that the decoder (`supported`: the GRU or the cGRU in
+    /// the reference gate form; `cgru`: the cGRU, whose word GRU has its own) and the widths fit (`deep` later
+    /// GRUs, hidden width `h`, attention width `ad`).
     fn checked(
         ln: Option<&LnWeights>,
-        supported: bool,
+        (supported, cgru): (bool, bool),
         deep: usize,
         (h, ad): (usize, usize),
     ) -> Result<Option<LnOp>> {
@@ -403,11 +407,14 @@ impl LnOp {
             && widths(&l.context, &[3 * h, 3 * h])
             && widths(&l.rec, &[2 * h, 2 * h, h, h])
             && l.deep.len() == deep
-            && l.deep.iter().all(|d| widths(d, &[2 * h, 2 * h, h, h]));
+            && l.deep.iter().all(|d| widths(d, &[2 * h, 2 * h, h, h]))
+            && l.word.is_some() == cgru
+            && l.word.is_none_or(|w| widths(&w, &[2 * h, 2 * h, h, h]));
         if !ok {
             candle_core::bail!(
-                "fused decoder sequence: layer normalisation runs inside the GRU decoder in the reference gate \
-                 form only, with gains and biases [Ad], [3H], [2H, 2H, H, H] (and each deep GRU's)"
+                "fused decoder sequence: layer normalisation runs inside the GRU and cGRU decoders in the \
+                 reference gate form only, with gains and biases [Ad], [3H], [2H, 2H, H, H] (and each deep \
+                 GRU's, and the cGRU's word GRU's)"
             );
         }
         Ok(Some(LnOp::new(l)?))
@@ -423,6 +430,7 @@ impl LnOp {
             context: [sh(w.context[0])?, sh(w.context[1])?],
             rec: four(&w.rec)?,
             deep: w.deep.iter().map(four).collect::<Result<_>>()?,
+            word: w.word.as_ref().map(four).transpose()?,
         })
     }
 
@@ -433,6 +441,7 @@ impl LnOp {
             .chain(&self.context)
             .chain(&self.rec)
             .chain(self.deep.iter().flatten())
+            .chain(self.word.iter().flatten())
     }
 
     /// Their values, in the order of [`LnOp::all`].
@@ -446,6 +455,7 @@ impl LnOp {
             context: [v(&self.context[0])?, v(&self.context[1])?],
             rec: four(&self.rec)?,
             deep: self.deep.iter().map(four).collect::<Result<_>>()?,
+            word: self.word.as_ref().map(four).transpose()?,
         })
     }
 }
@@ -456,14 +466,28 @@ struct LnData<T> {
     context: [Vec<T>; 2],
     rec: [Vec<T>; 4],
     deep: Vec<[Vec<T>; 4]>,
+    word: Option<[Vec<T>; 4]>,
+}
+
+/// Which GRU's recurrent normalisations: the transition's (the cGRU's context GRU's), a later deep GRU's, the
+/// cGRU's word GRU's.
+#[derive(Clone, Copy)]
+enum RecAt {
+    Transition,
+    Deep(usize),
+    Word,
 }
 
 impl<T: Real> LnData<T> {
-    /// The recurrent products' gains and biases of the transition (`None`) or of deep GRU `k`.
-    fn rec_ln(&self, k: Option<usize>) -> crate::kernels::gru::RecLn<'_, T> {
-        let p = match k {
-            None => &self.rec,
-            Some(k) => &self.deep[k],
+    /// The recurrent products' gains and biases of the GRU at `at`.
+    fn rec_ln(&self, at: RecAt) -> crate::kernels::gru::RecLn<'_, T> {
+        let p = match at {
+            RecAt::Transition => &self.rec,
+            RecAt::Deep(k) => &self.deep[k],
+            RecAt::Word => self
+                .word
+                .as_ref()
+                .expect("the cGRU's word GRU's normalisations"),
         };
         crate::kernels::gru::RecLn {
             g_ru: &p[0],
@@ -557,6 +581,8 @@ struct LnSaved<T> {
     rsc: Vec<T>,
     rec: RecLnStats<T>,
     deep: Vec<RecLnStats<T>>,
+    /// The cGRU's word GRU's (rows as its activations).
+    word: Option<RecLnStats<T>>,
 }
 
 /// See [`CgruWeights`].

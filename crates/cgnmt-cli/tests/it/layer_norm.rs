@@ -135,8 +135,8 @@ fn layer_norm_parameters_are_named_counted_and_initialised() {
 }
 
 /// A layer-normalised model, asked for fused kernels, runs the fused row ops and the fused encoder op (which
-/// normalises inside), and the fused decoder op where it normalises inside (the GRU decoder in the reference
-/// gate form, with any depth and coverage); the other decoders step by step. Reference kernels when asked for
+/// normalises inside), and the fused decoder op where it normalises inside (the GRU and cGRU decoders in the
+/// reference gate form, with any depth and coverage); the vanilla unit and the paper form step by step. Reference kernels when asked for
 /// them; a plain model keeps the choice.
 #[test]
 fn a_layer_normalised_model_runs_the_fused_ops_that_normalise() {
@@ -157,11 +157,13 @@ fn a_layer_normalised_model_runs_the_fused_ops_that_normalise() {
         "model.context_gate=both",
     ]);
     assert!(matches!(deep.decoder_path(), DecoderPath::Fused { .. }));
-    for other in [
-        "model.gate_form=paper",
-        "model.decoder=vanilla",
+    let cgru = build(&[
+        "model.layer_norm=true",
         "model.decoder=cgru",
-    ] {
+        "model.decoder_transition_depth=2",
+    ]);
+    assert!(matches!(cgru.decoder_path(), DecoderPath::Fused { .. }));
+    for other in ["model.gate_form=paper", "model.decoder=vanilla"] {
         let m = build(&["model.layer_norm=true", other]);
         assert!(matches!(m.decoder_path(), DecoderPath::Composed), "{other}");
     }

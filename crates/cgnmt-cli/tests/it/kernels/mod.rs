@@ -206,8 +206,9 @@ fn variants() -> Vec<Vec<String>> {
         "model.gating_scalar=true".into(),
     ]);
     // Layer normalisation (asked for fused kernels, its models run the fused row ops, the fused encoder op and,
-    // for the GRU decoder in the reference form, the fused decoder op, each normalising inside; the other
-    // decoders step by step): each decoder and form, gated, with coverage, depth and a stacked encoder.
+    // for the GRU and cGRU decoders in the reference form, the fused decoder op, each normalising inside; the
+    // vanilla unit and the paper form step by step): each decoder and form, gated, with coverage, depth and a
+    // stacked encoder.
     for (dec, form) in [
         ("gru", "reference"),
         ("gru", "paper"),
