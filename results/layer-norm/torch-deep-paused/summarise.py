@@ -1,0 +1,20 @@
+"""Medians over the rounds of run.sh (rounds.txt, or the folder given): PyTorch eager's and cgnmt's target tokens/s on the same batch,
+their ratio, and cgnmt's share of the SGEMM peak measured between its steps."""
+import os
+import re
+import statistics
+
+here = os.path.dirname(os.path.abspath(__file__))
+import sys
+here = sys.argv[1] if len(sys.argv) > 1 else here
+rows = [re.findall(r"[0-9.]+", line) for line in open(os.path.join(here, "rounds.txt")) if line.startswith("round")]
+torch = [float(r[1]) for r in rows]
+cgnmt = [float(r[2]) for r in rows]
+ratio = [float(r[3]) for r in rows]
+peak = [float(r[4]) for r in rows]
+print(f"| small-deep training, {len(rows)} alternated rounds | median | range |")
+print("|---|---|---|")
+print(f"| PyTorch eager, target tok/s | {statistics.median(torch):.0f} | {min(torch):.0f}–{max(torch):.0f} |")
+print(f"| cgnmt, target tok/s | {statistics.median(cgnmt):.0f} | {min(cgnmt):.0f}–{max(cgnmt):.0f} |")
+print(f"| cgnmt / PyTorch | {statistics.median(ratio):.2f} | {min(ratio):.2f}–{max(ratio):.2f} |")
+print(f"| cgnmt's share of the SGEMM peak between steps | {statistics.median(peak):.2f} | {min(peak):.2f}–{max(peak):.2f} |")
