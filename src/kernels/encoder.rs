@@ -734,29 +734,7 @@ fn gru_dir_backward<T: Real>(
     gemm_into(h, 2 * h, sb, &mut du_ru, 2 * h, false, Mat::t(&hp, h), dru);
     let mut du = vec![T::zero(); h * h];
     gemm_into(h, h, sb, &mut du, h, false, Mat::t(&rh, h), dc);
-    // ∂g = Σ ∂y∘x̂, ∂β = Σ ∂y over every step's rows (rows not computed hold zeros in both).
-    let dln = normed.map(|(_, [xr, _, xc, _])| {
-        let mut out = [
-            vec![T::zero(); 2 * h],
-            vec![T::zero(); 2 * h],
-            vec![T::zero(); h],
-            vec![T::zero(); h],
-        ];
-        for (row, dy) in dxp.chunks(h3).enumerate() {
-            let (xr, xc) = (
-                &xr[row * 2 * h..(row + 1) * 2 * h],
-                &xc[row * h..(row + 1) * h],
-            );
-            for j in 0..2 * h {
-                out[0][j] = out[0][j] + dy[j] * xr[j];
-                out[1][j] = out[1][j] + dy[j];
-            }
-            for j in 0..h {
-                out[2][j] = out[2][j] + dy[2 * h + j] * xc[j];
-                out[3][j] = out[3][j] + dy[2 * h + j];
-            }
-        }
-        out
-    });
+    let dln =
+        normed.map(|(_, [xr, _, xc, _])| crate::kernels::gru::rec_ln_param_grads(&dxp, xr, xc, h));
     (dxp, du_ru, du, dln)
 }

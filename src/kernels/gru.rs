@@ -426,17 +426,39 @@ fn norm_rows<T: Real>(
     xh: &mut [T],
     rs: &mut [T],
 ) {
-    let (x_w, xh_w, rs_w) = (RowsMut::new(x, w), RowsMut::new(xh, w), RowsMut::new(rs, 1));
-    rows_par(b, b * w, |i| unsafe {
-        crate::kernels::layer_norm::ln_row_inplace(
-            x_w.row(i),
-            g,
-            bias,
-            &[w],
-            xh_w.row(i),
-            rs_w.row(i),
-        )
-    });
+    crate::kernels::layer_norm::ln_rows_forward((b, w, w), x, g, bias, &[w], xh, rs);
+}
+
+/// A normalised GRU's `[∂g_U_ru, ∂β_U_ru, ∂g_U, ∂β_U]` over its steps' rows: `∂g = Σ ∂y∘x̂`, `∂β = Σ ∂y`, from
+/// the pre-activations' gradients `dx` (rows of `[r | u | h~]`, width 3H) and the products' saved `x̂` (rows of
+/// 2H and H; rows not computed hold zeros in both).
+pub(crate) fn rec_ln_param_grads<T: Real>(
+    dx: &[T],
+    xh_ru: &[T],
+    xh_c: &[T],
+    h: usize,
+) -> [Vec<T>; 4] {
+    let mut out = [
+        vec![T::zero(); 2 * h],
+        vec![T::zero(); 2 * h],
+        vec![T::zero(); h],
+        vec![T::zero(); h],
+    ];
+    for (row, dy) in dx.chunks(3 * h).enumerate() {
+        let (xr, xc) = (
+            &xh_ru[row * 2 * h..(row + 1) * 2 * h],
+            &xh_c[row * h..(row + 1) * h],
+        );
+        for j in 0..2 * h {
+            out[0][j] = out[0][j] + dy[j] * xr[j];
+            out[1][j] = out[1][j] + dy[j];
+        }
+        for j in 0..h {
+            out[2][j] = out[2][j] + dy[2 * h + j] * xc[j];
+            out[3][j] = out[3][j] + dy[2 * h + j];
+        }
+    }
+    out
 }
 
 /// The gradients `dp` `[b, w]` of `b` normalised rows' inputs from those of their outputs, `dy` (row stride

@@ -95,24 +95,8 @@ pub fn ln_row_forward<T: Real>(
     rstd: &mut [T],
     y: &mut [T],
 ) {
-    let mut at = 0;
-    for (k, &n) in blocks.iter().enumerate() {
-        let r = at..at + n;
-        let inv = T::one() / T::from_f64c(n as f64);
-        let mu = x[r.clone()].iter().fold(T::zero(), |s, &v| s + v) * inv;
-        let var = x[r.clone()]
-            .iter()
-            .fold(T::zero(), |s, &v| s + (v - mu) * (v - mu))
-            * inv;
-        let rs = T::one() / (var + T::from_f64c(EPS)).sqrt();
-        rstd[k] = rs;
-        for j in r {
-            let xh = (x[j] - mu) * rs;
-            xhat[j] = xh;
-            y[j] = g[j] * xh + b[j];
-        }
-        at += n;
-    }
+    y.copy_from_slice(x);
+    ln_row_inplace(y, g, b, blocks, xhat, rstd);
 }
 
 /// One row's backward pass from `dy`, its saved `xhat` and `rstd` and the gain `g`: writes `∂x` into `dx`

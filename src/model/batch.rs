@@ -129,6 +129,18 @@ pub(crate) fn word_rows(lengths: &[usize], l: usize) -> crate::kernels::Rows {
     )
 }
 
+/// Rows `rows` of `x` (`[N, ·]`), in order; all of `x` without them.
+pub(crate) fn gather_rows(x: &Tensor, rows: Option<&[usize]>) -> Result<Tensor> {
+    match rows {
+        Some(r) => {
+            let ids: Vec<u32> = r.iter().map(|&i| i as u32).collect();
+            let n = ids.len();
+            x.index_select(&Tensor::from_vec(ids, n, x.device())?, 0)
+        }
+        None => Ok(x.clone()),
+    }
+}
+
 /// Pad sentences (each followed by EOS) to the longest; returns ids `[B, L]` and mask `[B, L]`.
 pub fn pad(seqs: &[Vec<u32>], eos: u32, dtype: DType, dev: &Device) -> Result<(Tensor, Tensor)> {
     let b = seqs.len();

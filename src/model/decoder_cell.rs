@@ -325,14 +325,7 @@ impl DecoderCell {
     ) -> Result<crate::kernels::Shared> {
         if self.ln.is_some() || self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
             // Normalised in blocks by the fused row op, then handed to the decoder op as a graph tensor.
-            let e = match &rows {
-                Some(r) => {
-                    let ids: Vec<u32> = r.iter().map(|&i| i as u32).collect();
-                    let n = ids.len();
-                    e.index_select(&Tensor::from_vec(ids, n, e.device())?, 0)?
-                }
-                None => e.clone(),
-            };
+            let e = crate::model::batch::gather_rows(e, rows.as_deref().map(|r| &r[..]))?;
             return crate::kernels::Shared::new(&self.project_words(Kernels::FusedOps, &e)?);
         }
         if let Some((word, _)) = &self.cgru {

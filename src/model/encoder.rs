@@ -284,14 +284,7 @@ fn bigru_layer_op(
         );
     };
     // The words' rows' projections, normalised in each direction's blocks [2H | H].
-    let e_rows = match &rows {
-        Some(r) => {
-            let ids: Vec<u32> = r.iter().map(|&i| i as u32).collect();
-            let n = ids.len();
-            e.index_select(&Tensor::from_vec(ids, n, e.device())?, 0)?
-        }
-        None => e.clone(),
-    };
+    let e_rows = crate::model::batch::gather_rows(e, rows.as_deref().map(|r| &r[..]))?;
     let cat = |f: fn(&crate::model::layer_norm::LayerNorm) -> &Tensor| {
         Tensor::cat(&norms.iter().map(|n| f(&n.w)).collect::<Vec<_>>(), 0)
     };

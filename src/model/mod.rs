@@ -917,20 +917,11 @@ impl Model {
     ) -> Result<Tensor> {
         let h = self.cell.hidden;
         let sel: Vec<usize> = match lengths {
-            Some(l) => l
-                .iter()
-                .enumerate()
-                .flat_map(|(r, &n)| r * t_len..r * t_len + n)
-                .collect(),
+            Some(l) => word_rows(l, t_len).to_vec(),
             None => (0..b * t_len).collect(),
         };
-        let e_prev = if sel.len() < b * t_len {
-            let ids: Vec<u32> = sel.iter().map(|&r| r as u32).collect();
-            let n = ids.len();
-            e_prev.index_select(&Tensor::from_vec(ids, n, e_prev.device())?, 0)?
-        } else {
-            e_prev.clone()
-        };
+        let e_prev =
+            crate::model::batch::gather_rows(e_prev, (sel.len() < b * t_len).then_some(&sel[..]))?;
         let t = crate::kernels::shared_rows(rows, sel.clone(), 0..h)?;
         let s = crate::kernels::shared_rows(rows, sel, h..3 * h)?;
         self.readout.hidden(self.kernels, &(&s).into(), &t, &e_prev)

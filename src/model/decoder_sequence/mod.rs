@@ -548,27 +548,7 @@ impl<T: Real> RecLnStats<T> {
     /// `[∂g_U_ru, ∂β_U_ru, ∂g_U, ∂β_U]` from the pre-activations' gradients `dx` (rows of `[r | u | h~]`):
     /// `∂g = Σ ∂y∘x̂`, `∂β = Σ ∂y` over every row (rows not computed hold zeros in both).
     fn param_grads(&self, dx: &[T], h: usize) -> [Vec<T>; 4] {
-        let mut out = [
-            vec![T::zero(); 2 * h],
-            vec![T::zero(); 2 * h],
-            vec![T::zero(); h],
-            vec![T::zero(); h],
-        ];
-        for (row, dy) in dx.chunks(3 * h).enumerate() {
-            let (xr, xc) = (
-                &self.xh_ru[row * 2 * h..(row + 1) * 2 * h],
-                &self.xh_c[row * h..(row + 1) * h],
-            );
-            for j in 0..2 * h {
-                out[0][j] = out[0][j] + dy[j] * xr[j];
-                out[1][j] = out[1][j] + dy[j];
-            }
-            for j in 0..h {
-                out[2][j] = out[2][j] + dy[2 * h + j] * xc[j];
-                out[3][j] = out[3][j] + dy[2 * h + j];
-            }
-        }
-        out
+        crate::kernels::gru::rec_ln_param_grads(dx, &self.xh_ru, &self.xh_c, h)
     }
 }
 
