@@ -1,13 +1,15 @@
 """Medians over the rounds of run.sh: the plain model's, and the layer-normalised model's before (the fused row ops
 inside the composed recurrence) and with the fused encoder and decoder ops that normalise inside: training rate,
 memory and decoding rates. (Decoding compares per hypothesis step: an untrained model's hypotheses run to
-lengths that depend on its weights, and the layer-normalised model's run longer.)"""
+lengths that depend on its weights, and the layer-normalised model's run longer.) Reads the runs of this folder,
+or of the folder given (fused-ops-cgru)."""
 import glob
 import json
 import os
 import statistics
+import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 keys = [
     ("params", "parameters", "{:.0f}"),
     ("train_tgt_tok_per_s", "training, target tok/s", "{:.0f}"),

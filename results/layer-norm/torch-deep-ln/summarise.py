@@ -1,4 +1,4 @@
-"""Medians over the rounds of run.sh (rounds.txt, or the folder given): PyTorch eager's and cgnmt's target tokens/s on the same batch,
+"""Medians over the rounds of run.sh (rounds.txt in this folder, or in the folder given: torch-deep-paused, 7316351): PyTorch eager's and cgnmt's target tokens/s on the same batch,
 their ratio, and cgnmt's share of the SGEMM peak measured between its steps."""
 import os
 import re
@@ -12,7 +12,10 @@ torch = [float(r[1]) for r in rows]
 cgnmt = [float(r[2]) for r in rows]
 ratio = [float(r[3]) for r in rows]
 peak = [float(r[4]) for r in rows]
-print(f"| small-deep layer-normalised training, {len(rows)} alternated rounds | median | range |")
+# (Layer-normalised or not, as the PyTorch runs' configuration says.)
+normed = "cfg=small-deep-ln" in open(os.path.join(here, "torch-1.txt")).read()
+what = "small-deep layer-normalised training" if normed else "small-deep training"
+print(f"| {what}, {len(rows)} alternated rounds | median | range |")
 print("|---|---|---|")
 print(f"| PyTorch eager, target tok/s | {statistics.median(torch):.0f} | {min(torch):.0f}–{max(torch):.0f} |")
 print(f"| cgnmt, target tok/s | {statistics.median(cgnmt):.0f} | {min(cgnmt):.0f}–{max(cgnmt):.0f} |")
