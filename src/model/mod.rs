@@ -202,9 +202,7 @@ impl Model {
     /// Choose reference or fused kernels for every part of the model (the parts take the choice as an
     /// argument from here).
     /// A layer-normalised model (`model.layer_norm`) runs the fused row ops ([`Kernels::FusedOps`]), the fused
-    /// encoder op and, for the GRU and cGRU decoders in the reference gate form, the fused decoder op, both of
-    /// which normalise inside (see [`Model::decoder_path`]); the vanilla unit and the paper form run the
-    /// composed decoder recurrence with the fused row ops inside it.
+    /// encoder op and the fused decoder op, both of which normalise inside (see [`Model::decoder_path`]).
     pub fn set_kernels(&mut self, k: Kernels) {
         self.kernels = Self::kernels_for(&self.cfg, k);
     }
@@ -563,12 +561,8 @@ impl Model {
     /// otherwise step by step from the composed pieces.
     pub fn decoder_path(&self) -> DecoderPath {
         let dev = self.cell.u.device();
-        // A layer-normalised model (fused row ops) runs the op when it normalises inside: the GRU and cGRU
-        // decoders in the reference gate form.
-        let normed_op = self.cfg.layer_norm
-            && self.kernels.ops_fused_on(dev)
-            && self.cfg.decoder != crate::config::DecoderKind::Vanilla
-            && self.cfg.gate_form == crate::config::GateForm::Reference;
+        // A layer-normalised model (fused row ops) runs the op, which normalises inside.
+        let normed_op = self.cfg.layer_norm && self.kernels.ops_fused_on(dev);
         if !(self.kernels.fused_on(dev) || normed_op)
             || !matches!(self.cell.u.dtype(), DType::F32 | DType::F64)
         {
@@ -935,6 +929,7 @@ impl Model {
         fn rec<'a>(u_ru: &'a LayerNorm, u: &'a LayerNorm) -> [&'a Tensor; 4] {
             [&u_ru.g, &u_ru.b, &u.g, &u.b]
         }
+        // (The vanilla unit has one recurrent product, `U t`.)
         let deep = self
             .cell
             .deep
@@ -946,11 +941,19 @@ impl Model {
             Some((word, ctx)) => {
                 let (c, r) = ctx.ln.as_ref()?;
                 let w = &word.ln.as_ref()?.rec;
-                ([&c.g, &c.b], rec(&r.u_ru, &r.u), Some(rec(&w.u_ru, &w.u)))
+                (
+                    [&c.g, &c.b],
+                    rec(&r.u_ru, &r.u).to_vec(),
+                    Some(rec(&w.u_ru, &w.u)),
+                )
             }
             None => {
                 let c = self.cell.ln.as_ref()?;
-                ([&c.c.g, &c.c.b], rec(c.u_ru.as_ref()?, &c.u), None)
+                let r = match &c.u_ru {
+                    Some(u_ru) => rec(u_ru, &c.u).to_vec(),
+                    None => vec![&c.u.g, &c.u.b],
+                };
+                ([&c.c.g, &c.c.b], r, None)
             }
         };
         Some(crate::model::decoder_sequence::LnWeights {

@@ -8,11 +8,13 @@
 use candle_core::{Result, Tensor};
 
 use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
-use super::transition::{paper_transition_backward, vanilla_grad_row_d};
+use super::transition::{paper_transition_backward, vanilla_grad_row_d, NormBwd, RecNorms};
 use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, RecAt, Saved, ZPreOp};
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
+
+mod weights;
 
 /// What every step of the backward pass reads: the sizes, the forward pass's saved activations, the
 /// incoming gradient and the weights as values.
@@ -50,6 +52,9 @@ struct LnGrads<T> {
     dc_g: Vec<T>,
     dc_b: Vec<T>,
     rec: (Vec<T>, Vec<T>),
+    /// The vanilla unit and the paper form: the transition's recurrent normalisations' `∂g`, `∂β`, gathered
+    /// over the steps (in the order of [`super::LnWeights::rec`]).
+    rec_gb: Vec<Vec<T>>,
     deep: Vec<(Vec<T>, Vec<T>)>,
     /// The cGRU's word GRU's (rows as its activations).
     word: Option<(Vec<T>, Vec<T>)>,
@@ -300,9 +305,10 @@ impl<'a, T: Real> Backward<'a, T> {
                 .collect(),
             dh_deep: vec![T::zero(); if self.deep.is_empty() { 0 } else { bh }],
             drh_deep: vec![T::zero(); if self.deep.is_empty() { 0 } else { bh }],
-            ln: self.ln.map(|_| {
+            ln: self.ln.map(|l| {
                 let dp = || (zeroed(off[nt] * 2 * h), zeroed(off[nt] * h));
                 LnGrads {
+                    rec_gb: l.rec.iter().map(|x| vec![T::zero(); x.len()]).collect(),
                     dq_g: vec![T::zero(); ad],
                     dq_b: vec![T::zero(); ad],
                     dc_g: vec![T::zero(); kh],
@@ -461,45 +467,6 @@ impl<'a, T: Real> Backward<'a, T> {
         }
     }
 
-    /// A deep transition's later GRUs' weights: `b` from every step's input terms' gradient, `U_ru` from
-    /// the input state (`d∘t` under recurrent dropout), `U` from `r∘(d∘t)`, each one GEMM over all steps.
-    fn deep_weights(&self, d: &Grads<T>) {
-        let h = self.dims.h;
-        let nb = self.op.off[self.dims.nt];
-        let weight_grad = crate::kernels::product::<T>;
-        for (k, ((g, [hp, _, rh, _]), dx)) in self
-            .op
-            .deep
-            .iter()
-            .zip(&self.sv.deep)
-            .zip(&d.ddeep)
-            .enumerate()
-        {
-            g.b.add_grad(sum_rows(dx, 3 * h));
-            // (With layer normalisation the products' gradients are those before it.)
-            let (dru, dc) = match &d.ln {
-                Some(l) => (
-                    Mat::rows(&l.deep[k].0[..], 2 * h),
-                    Mat::rows(&l.deep[k].1[..], h),
-                ),
-                None => (block(dx, 3 * h, 0), block(dx, 3 * h, 2 * h)),
-            };
-            g.u_ru.add_grad(weight_grad(
-                h,
-                2 * h,
-                nb,
-                Mat::t(&self.dropped(hp, self.dims.nt), h),
-                dru,
-            ));
-            g.u.add_grad(weight_grad(h, h, nb, Mat::t(rh, h), dc));
-            if let (Some(lo), Some(ls)) = (&self.op.ln, &self.sv.ln) {
-                for (p, gr) in lo.deep[k].iter().zip(ls.deep[k].param_grads(dx, h)) {
-                    p.add_grad(gr);
-                }
-            }
-        }
-    }
-
     /// Back through the transition of step `i`'s `mt` rows from ∂t_{i+1} in `dt`: the pre-activations'
     /// gradient `dpre`, and `dts` = ∂(T∘t) (paper form: ∂T, with ∂t_i through the transition in `dtp`).
     fn transition(&self, d: &mut Grads<T>, i: usize, mt: usize) {
@@ -539,6 +506,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     &mut dhus[o * 2 * h..o1 * 2 * h],
                 )
             });
+            let norms = ln_g.as_mut().map(|l| self.rec_norms(&mut l.rec_gb, o, mt));
             crate::kernels::profile::timed("  decoder bwd: GRU step", || {
                 paper_transition_backward(
                     (mt, h),
@@ -550,6 +518,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     (dpre_i, &mut drcs[o * h..o1 * h]),
                     (dts, dtp, drts),
                     drop,
+                    norms,
                 )
             });
         } else if self.dims.gru {
@@ -592,8 +561,14 @@ impl<'a, T: Real> Backward<'a, T> {
                 )
             });
         } else {
-            // The vanilla unit t_{i+1} = tanh(pre + U (T∘t)): ∂pre, then ∂(T∘t) = ∂pre Uᵀ.
+            // The vanilla unit t_{i+1} = tanh(pre + U (T∘t)): ∂pre, then ∂(T∘t) = ∂pre Uᵀ. (With layer
+            // normalisation the product's gradient, before it, is formed in the store the weight's gradient
+            // reads.)
             let t_next = self.transition_output(i);
+            let norms = ln_g
+                .as_mut()
+                .map(|l| (&mut l.rec.1[o * h..(o + mt) * h], &mut l.rec_gb));
+            let norms = norms.map(|(d, gb)| (d, self.rec_norms(gb, o, mt)));
             crate::kernels::profile::timed("  decoder bwd: GRU step", || {
                 {
                     let (dt, dw) = (&*dt, RowsMut::new(dpre_i, h));
@@ -605,7 +580,15 @@ impl<'a, T: Real> Backward<'a, T> {
                         )
                     });
                 }
-                u.mul_t_into(mt, dts, h, false, Mat::rows(dpre_i, h));
+                let dprod: &[T] = match norms {
+                    Some((dc, mut n)) => {
+                        dc.copy_from_slice(&dpre_i[..mth]);
+                        n.c.run(mt, h, dc);
+                        dc
+                    }
+                    None => dpre_i,
+                };
+                u.mul_t_into(mt, dts, h, false, Mat::rows(dprod, h));
                 if let Some(dm) = &self.drop {
                     // U read d∘(T∘t): ∂(T∘t) through the mask.
                     crate::kernels::gru::undrop_grad(&mut dts[..mth], &dm[..mth]);
@@ -724,15 +707,16 @@ impl<'a, T: Real> Backward<'a, T> {
         let dctx = &mut d.dctx_all[o * a2..o1 * a2];
         let dcp_i = &mut d.dcp[o * wc..o1 * wc];
         if let (Some(l), Some(ls), Some(lg)) = (self.ln, &self.sv.ln, d.ln.as_mut()) {
-            // Back through the normalisation of s C (the rows' first 3H values), in place.
-            let (h, kh) = (self.dims.h, self.dims.kh);
+            // Back through the normalisation of s C (the rows' first kH values), in place.
+            let (kh, blocks) = (self.dims.kh, self.dims.ctx_blocks());
+            let nb = blocks.len();
             crate::kernels::layer_norm::ln_rows_backward(
                 (mt, kh, wc),
                 dcp_i,
                 &l.context[0],
-                &[2 * h, h],
+                &blocks,
                 &ls.xc[o * kh..(o + mt) * kh],
-                &ls.rsc[o * 2..(o + mt) * 2],
+                &ls.rsc[o * nb..(o + mt) * nb],
                 &mut lg.dc_g,
                 &mut lg.dc_b,
             );
@@ -911,277 +895,43 @@ impl<'a, T: Real> Backward<'a, T> {
         std::mem::swap(&mut d.dt, &mut d.dt_prev);
     }
 
-    /// The annotations' gradient from every step's context, per sentence: ∂h_r += α_rᵀ ∂S_r with α_r
-    /// `[L, S]` and ∂S_r `[L, 2H]` over the sentence's `L` steps, gathered from the time-major rows.
-    fn annotations(&self, d: &Grads<T>) {
-        let Dims { s, a2, w_ac, .. } = self.dims;
-        let _t = crate::kernels::profile::Scope::new("  decoder bwd: annotation gradients");
-        let (active, off, lens) = (&self.op.active, &self.op.off, &self.op.src_lens);
-        let (actx, dctx_all) = (&self.sv.actx, &d.dctx_all);
-        self.op.ann.accumulate::<T>(|d_ann| {
-            use rayon::prelude::*;
-            d_ann.par_chunks_mut(s * a2).enumerate().for_each(|(r, d)| {
-                let steps = active.iter().take_while(|&&m| m > r).count();
-                // (α is 0 on the padded positions: their rows get nothing.)
-                let sr = lens[r];
-                let mut alpha = Vec::with_capacity(steps * s);
-                let mut dctx = Vec::with_capacity(steps * a2);
-                for &o in &off[..steps] {
-                    let x = o + r;
-                    alpha.extend_from_slice(&actx[x * w_ac..x * w_ac + s]);
-                    dctx.extend_from_slice(&dctx_all[x * a2..(x + 1) * a2]);
-                }
-                crate::kernels::serial(|| {
-                    crate::kernels::gemm_into(
-                        sr,
-                        a2,
-                        steps,
-                        &mut d[..sr * a2],
-                        a2,
-                        true,
-                        Mat::t(&alpha, s),
-                        Mat::rows(&dctx, a2),
-                    )
-                })
-            });
-        });
-    }
-
-    /// The attention's weights: `v` (summed over the sentences) and `B` (one GEMM over all steps).
-    fn attention_weights(&self, d: &Grads<T>) {
-        let Dims { tl, h, ad, .. } = self.dims;
-        self.op.v.add_grad(sum_rows(&d.dv_rows, ad));
-        self.op.b_att.add_grad(crate::kernels::product::<T>(
-            h,
-            ad,
-            self.op.off[tl],
-            Mat::t(&self.sv.tall, h),
-            block(&d.dq, self.sv.wq, 0),
-        ));
-    }
-
-    /// The coverage model's weights: `V_cov`, the pre-computed term (through `σ` for the fertility), `P`,
-    /// `U`, `U_ru` (summed over the sentences) and `W_h` (one GEMM over all steps).
-    fn coverage_weights(&self, d: &mut Grads<T>) {
-        let (Some(c), Some(cd)) = (&self.op.cov, self.cd) else {
-            return;
+    /// Back through the normalisations of the transition's recurrent products for the vanilla unit and the
+    /// paper form, over rows `o..o + mt` of the saved statistics; their gains' and biases' gradients gather in
+    /// `gb`. (Called with layer normalisation only.)
+    fn rec_norms<'s>(
+        &'s self,
+        gb: &'s mut [Vec<T>],
+        o: usize,
+        mt: usize,
+    ) -> RecNorms<NormBwd<'s, T>> {
+        let (l, st) = match (self.ln, self.sv.ln.as_ref()) {
+            (Some(l), Some(ls)) => (l, &ls.rec),
+            _ => unreachable!("layer normalisation's statistics"),
         };
-        let Dims { tl, h, ad, .. } = self.dims;
-        c.v_cov
-            .add_grad(sum_rows(&d.dvcov_rows, self.dims.cdim * ad));
-        let mut dpre_cov = std::mem::take(&mut d.dpre_cov);
-        if let Some(nf) = c.fertility {
-            // ∂(1/(N σ(x)))/∂x = −(1 − σ)/(N σ).
-            let nf = T::from_f64c(nf);
-            for (g, &x) in dpre_cov.iter_mut().zip(&cd.pre_in) {
-                let sg = x.sigmoid_v();
-                *g = -*g * (T::one() - sg) / (nf * sg);
-            }
-        }
-        c.pre.add_grad(dpre_cov);
-        if let Some(p) = &c.p {
-            p.add_grad(sum_rows(&d.dp_rows, self.dims.kd));
-        }
-        if let Some(u) = &c.u {
-            u.add_grad(sum_rows(&d.du_rows, self.dims.uw));
-        }
-        if let Some(u_ru) = &c.u_ru {
-            u_ru.add_grad(sum_rows(&d.duru_rows, self.dims.uruw));
-        }
-        if let Some(w_h) = &c.w_h {
-            w_h.add_grad(crate::kernels::product::<T>(
-                h,
-                self.dims.kd,
-                self.op.off[tl],
-                Mat::t(&self.sv.tall, h),
-                block(&d.dq, self.sv.wq, self.dims.wh_off),
-            ));
-        }
-    }
-
-    /// The gate's weights: `U_z` from the state, `C_z` from the context (one GEMM each over all steps),
-    /// the gating scalar's `w_β`, `b_β`, the static interpolation's `θ`.
-    fn gate_weights(&self, d: &Grads<T>) {
-        let Dims { tl, h, ad, kh, .. } = self.dims;
-        let (wq, wc) = (self.sv.wq, self.sv.wc);
-        let rows_t = self.op.off[tl];
-        let tall = Mat::t(&self.sv.tall, h);
-        match &self.op.z_pre {
-            Some(ZPreOp::Scalar { w, b: bias }) => {
-                w.add_grad(crate::kernels::product::<T>(
-                    h,
-                    1,
-                    rows_t,
-                    tall,
-                    block(&d.dq, wq, self.dims.wb_off),
-                ));
-                bias.add_grad(vec![d.db_beta]);
-            }
-            Some(ZPreOp::Static { theta }) => theta.add_grad(d.dtheta.clone()),
-            None => {}
-        }
-        if let Some(uz) = &self.op.u_z {
-            uz.add_grad(crate::kernels::product::<T>(
-                h,
-                h,
-                rows_t,
-                tall,
-                block(&d.dq, wq, ad),
-            ));
-        }
-        if let Some(cz) = &self.op.c_z {
-            cz.add_grad(crate::kernels::product::<T>(
-                self.dims.a2,
-                h,
-                self.op.off[self.dims.nt],
-                self.context_rows(),
-                block(&d.dcp, wc, kh),
-            ));
-        }
-    }
-
-    /// Every transition step's context `s_i`, transposed, as a GEMM operand (read from the `[α | s]` rows).
-    fn context_rows(&self) -> Mat<'_, T> {
-        Mat {
-            data: &self.sv.actx[self.dims.s..],
-            rs: 1,
-            cs: self.dims.w_ac,
-        }
-    }
-
-    /// The transition's weights, one GEMM each over all steps: `C` from the context, `U_ru` and `U` from the
-    /// (scaled) state; the cGRU's context GRU's bias and its word GRU's `U_ru`, `U`.
-    /// A time-major buffer of states (step `i`'s rows at `off[i]`) as the recurrent products read it in
-    /// its first `steps` steps: itself, or, under recurrent dropout, each step's row `r` times mask row `r`.
-    fn dropped<'b>(&self, x: &'b [T], steps: usize) -> std::borrow::Cow<'b, [T]> {
-        let Some(dm) = &self.drop else {
-            return std::borrow::Cow::Borrowed(x);
-        };
-        let (h, off) = (self.dims.h, &self.op.off);
-        let mut out = crate::kernels::zeroed(off[steps] * h);
-        for i in 0..steps {
-            let (o, o1) = (off[i], off[i + 1]);
-            crate::kernels::gru::dropped_state(
-                &x[o * h..o1 * h],
-                &dm[..(o1 - o) * h],
-                &mut out[o * h..o1 * h],
-            );
-        }
-        std::borrow::Cow::Owned(out)
-    }
-
-    fn transition_weights(&self, d: &Grads<T>) {
         let h = self.dims.h;
-        let Dims { kh, gru, .. } = self.dims;
-        let wc = self.sv.wc;
-        let sv = self.sv;
-        let nb = self.op.off[self.dims.nt];
-        let weight_grad = crate::kernels::product::<T>;
-        self.op.c.add_grad(weight_grad(
-            self.dims.a2,
-            kh,
-            nb,
-            self.context_rows(),
-            block(&d.dcp, wc, 0),
-        ));
-        if let Some(gs) = &self.op.cgru {
-            // The context GRU's bias (its candidate's context term), the word GRU's U_ru from t_i and U
-            // from r∘t_i.
-            // (With layer normalisation the bias comes after it: its gradient is β's, `dcp` holds the
-            // gradient before the normalisation now, and the word GRU's products' gradients are those before
-            // theirs.)
-            let db = match &d.ln {
-                Some(l) => l.dc_b[2 * h..3 * h].to_vec(),
-                None => {
-                    let mut db = vec![T::zero(); h];
-                    for row in d.dcp.chunks_exact(wc) {
-                        for (a, &x) in db.iter_mut().zip(&row[2 * h..3 * h]) {
-                            *a = *a + x;
-                        }
-                    }
-                    db
-                }
-            };
-            gs.b.add_grad(db);
-            let (dru, dc) = match d.ln.as_ref().and_then(|l| l.word.as_ref()) {
-                Some((a, c)) => (Mat::rows(&a[..], 2 * h), Mat::rows(&c[..], h)),
-                None => (block(&d.dpw_all, kh, 0), block(&d.dpw_all, kh, 2 * h)),
-            };
-            let nw = self.op.off[self.dims.n];
-            gs.u_ru.add_grad(weight_grad(
-                h,
-                2 * h,
-                nw,
-                Mat::t(&self.dropped(&sv.sall, self.dims.n), h),
-                dru,
-            ));
-            gs.u.add_grad(weight_grad(h, h, nw, Mat::t(&sv.wrh, h), dc));
-        }
-        if self.dims.paper {
-            // The products' own gradients: U_ru from t, U from r∘t (GRU) or t (vanilla) (under recurrent
-            // dropout d∘t, and `rts` holds r∘d∘t).
-            let tm = self.dropped(&sv.tall, self.dims.nt);
-            if let Some(u_ru) = &self.op.u_ru {
-                u_ru.add_grad(weight_grad(
-                    h,
-                    2 * h,
-                    nb,
-                    Mat::t(&tm, h),
-                    Mat::rows(&d.dhus, 2 * h),
-                ));
-            }
-            self.op.u.add_grad(weight_grad(
-                h,
-                h,
-                nb,
-                Mat::t(if gru { &sv.rts } else { &tm }, h),
-                Mat::rows(&d.drcs, h),
-            ));
-            return;
-        }
-        // The products' operand T∘t, or d∘(T∘t) under recurrent dropout.
-        let ts = self.dropped(&sv.ts, self.dims.nt);
-        let ts = &ts[..];
-        // (With layer normalisation the products' gradients are those before it.)
-        let (dru, dc) = match &d.ln {
-            Some(l) => (Mat::rows(&l.rec.0[..], 2 * h), Mat::rows(&l.rec.1[..], h)),
-            None => (
-                Mat::rows(&d.dpre[..], kh),
-                block(&d.dpre, kh, if gru { 2 * h } else { 0 }),
-            ),
+        let n = l.rec.len();
+        let (ru, c) = gb.split_at_mut(n - 2);
+        let [dg_c, db_c] = c else {
+            unreachable!("a gain and a bias")
         };
-        if let Some(u_ru) = &self.op.u_ru {
-            u_ru.add_grad(weight_grad(h, 2 * h, nb, Mat::t(ts, h), dru));
-        }
-        // U multiplies r∘(T∘t) (GRU; `rts` holds r∘d∘(T∘t) under dropout) or T∘t (vanilla). (Empty when the
-        // sentences are one step long: no transition.)
-        self.op.u.add_grad(weight_grad(
-            h,
-            h,
-            nb,
-            Mat::t(if gru { &sv.rts } else { ts }, h),
-            dc,
-        ));
-    }
-
-    /// Layer normalisation's gains and biases: the query's, the context product's (gathered over the steps)
-    /// and the transition's recurrent products' (from the pre-activations' gradients).
-    fn ln_weights(&self, d: &Grads<T>) {
-        let (Some(lo), Some(ls), Some(lg)) = (&self.op.ln, &self.sv.ln, &d.ln) else {
-            return;
-        };
-        lo.query[0].add_grad(lg.dq_g.clone());
-        lo.query[1].add_grad(lg.dq_b.clone());
-        lo.context[0].add_grad(lg.dc_g.clone());
-        lo.context[1].add_grad(lg.dc_b.clone());
-        for (p, g) in lo.rec.iter().zip(ls.rec.param_grads(&d.dpre, self.dims.h)) {
-            p.add_grad(g);
-        }
-        if let (Some(lw), Some(sw)) = (&lo.word, &ls.word) {
-            // The word GRU's rows: `dpw_all` holds its pre-activations' gradients.
-            for (p, g) in lw.iter().zip(sw.param_grads(&d.dpw_all, self.dims.h)) {
-                p.add_grad(g);
-            }
+        RecNorms {
+            ru: match ru {
+                [dg, db] => Some(NormBwd {
+                    g: &l.rec[0],
+                    xh: &st.xh_ru[o * 2 * h..(o + mt) * 2 * h],
+                    rs: &st.rs_ru[o..o + mt],
+                    dg,
+                    db,
+                }),
+                _ => None,
+            },
+            c: NormBwd {
+                g: &l.rec[n - 2],
+                xh: &st.xh_c[o * h..(o + mt) * h],
+                rs: &st.rs_c[o..o + mt],
+                dg: dg_c,
+                db: db_c,
+            },
         }
     }
 }

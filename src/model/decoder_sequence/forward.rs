@@ -6,7 +6,7 @@
 use candle_core::{CpuStorage, Result, Shape};
 
 use super::gate_mix::{gate_mix_row_d, MixRows, RowScales};
-use super::transition::{paper_transition, vanilla_row_d};
+use super::transition::{paper_transition, vanilla_row_d, NormFwd, RecNorms};
 use super::{
     CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, LnSaved, RecAt, RecLnStats, Saved,
     ZConst,
@@ -429,16 +429,17 @@ impl<'a, T: Real> Forward<'a, T> {
             self.cw.mul_into(mt, cp_i, wc, false, ctx_i)
         });
         if let (Some(l), Some(ls)) = (self.ln, a.s.ln.as_mut()) {
-            // Layer normalisation of s C in blocks [2H | H] (the rows' first 3H values).
-            let kh = self.dims.kh;
+            // Layer normalisation of s C in blocks [2H | H] (vanilla: [H]; the rows' first kH values).
+            let (kh, blocks) = (self.dims.kh, self.dims.ctx_blocks());
+            let nb = blocks.len();
             crate::kernels::layer_norm::ln_rows_forward(
                 (mt, kh, wc),
                 cp_i,
                 &l.context[0],
                 &l.context[1],
-                &[2 * h, h],
+                &blocks,
                 &mut ls.xc[o * kh..(o + mt) * kh],
-                &mut ls.rsc[o * 2..(o + mt) * 2],
+                &mut ls.rsc[o * nb..(o + mt) * nb],
             );
         }
         if let Some(g) = &self.cgru {
@@ -617,6 +618,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 }
                 None => t_i,
             };
+            let norms = self.rec_norms(ln_s.as_mut(), o, mt);
             crate::kernels::profile::timed("  decoder fwd: GRU step", || {
                 paper_transition(
                     (mt, h),
@@ -625,12 +627,14 @@ impl<'a, T: Real> Forward<'a, T> {
                     gru_acts,
                     &mut rcs[o * h..o1 * h],
                     t_next,
+                    norms,
                 )
             });
             return;
         }
         if !self.dims.gru {
             // The vanilla unit: t_i = tanh(pre + U (T∘t)) (recurrent dropout: U (d∘T∘t), formed in `rc`).
+            let norms = self.rec_norms(ln_s.as_mut(), o, mt);
             crate::kernels::profile::timed("  decoder fwd: GRU step", || {
                 let operand = match &self.drop {
                     Some(d) => {
@@ -640,6 +644,10 @@ impl<'a, T: Real> Forward<'a, T> {
                     None => &ts_i[..mth],
                 };
                 u.mul_into(mt, t_next, h, false, Mat::rows(operand, h));
+                if let Some(mut n) = norms {
+                    // Layer normalisation of U (T∘t).
+                    n.c.run(mt, h, t_next);
+                }
                 let pre = &*pre;
                 let tw = RowsMut::new(t_next, h);
                 rows_par(mt, mth, |r| unsafe {
@@ -674,6 +682,34 @@ impl<'a, T: Real> Forward<'a, T> {
                 },
             )
         });
+    }
+
+    /// The normalisations of the transition's recurrent products for the vanilla unit and the paper form, over
+    /// rows `o..o + mt` of the saved statistics (`None` without layer normalisation).
+    fn rec_norms<'s>(
+        &'s self,
+        ls: Option<&'s mut LnSaved<T>>,
+        o: usize,
+        mt: usize,
+    ) -> Option<RecNorms<NormFwd<'s, T>>> {
+        let (l, ls) = (self.ln?, ls?);
+        let h = self.dims.h;
+        let a = ls.rec.acts(o, mt, h);
+        let n = l.rec.len();
+        Some(RecNorms {
+            ru: (n == 4).then(|| NormFwd {
+                g: &l.rec[0],
+                b: &l.rec[1],
+                xh: a.xh_ru,
+                rs: a.rs_ru,
+            }),
+            c: NormFwd {
+                g: &l.rec[n - 2],
+                b: &l.rec[n - 1],
+                xh: a.xh_c,
+                rs: a.rs_c,
+            },
+        })
     }
 
     /// The readout's input, batch-major: `[t_{i−1} | s_i]` (cGRU: `[t_i | s_i]`) `[B·T, 3H]`.

@@ -39,20 +39,20 @@ pub struct DecoderWeights<'a> {
     pub attention: AttentionWeights<'a>,
     pub transition: TransitionWeights<'a>,
     pub gate: GateWeights<'a>,
-    /// Layer normalisation inside the recurrence (`model.layer_norm`; the GRU and cGRU decoders in the
-    /// reference gate form only).
+    /// Layer normalisation inside the recurrence (`model.layer_norm`).
     pub ln: Option<LnWeights<'a>>,
 }
 
 /// The gains and biases of the layer normalisations the recurrence runs (model-spec §5b), each `[g, β]`: of
-/// the query `B t` (`[Ad]`), of the context product `s C` (`[3H]`, blocks `[2H | H]`), of the transition's
-/// recurrent products `[g_U_ru, β_U_ru, g_U, β_U]` (the cGRU's context GRU's), each later deep GRU's likewise,
-/// and the cGRU's word GRU's. (The word projections, the keys and the readout are normalised outside the op;
-/// the cGRU's context GRU adds its bias after the normalisation of `s C`.)
+/// the query `B t` (`[Ad]`), of the context product `s C` (`[kH]`, blocks `[2H | H]`, or `[H]` for the vanilla
+/// unit), of the transition's recurrent products `[g_U_ru, β_U_ru, g_U, β_U]` (the cGRU's context GRU's; the
+/// vanilla unit's `[g_U, β_U]`), each later deep GRU's likewise, and the cGRU's word GRU's. (The word
+/// projections, the keys and the readout are normalised outside the op; the cGRU's context GRU adds its bias
+/// after the normalisation of `s C`.)
 pub struct LnWeights<'a> {
     pub query: [&'a Tensor; 2],
     pub context: [&'a Tensor; 2],
-    pub rec: [&'a Tensor; 4],
+    pub rec: Vec<&'a Tensor>,
     pub deep: Vec<[&'a Tensor; 4]>,
     pub word: Option<[&'a Tensor; 4]>,
 }
@@ -244,12 +244,7 @@ pub fn decoder_sequence_fused<'a>(
             }),
         },
         deep: DeepOp::all(deep, h)?,
-        ln: LnOp::checked(
-            ln.as_ref(),
-            (k == 3 && !paper_form, cgru.is_some()),
-            deep.len(),
-            (h, ad),
-        )?,
+        ln: LnOp::checked(ln.as_ref(), (k, cgru.is_some()), deep.len(), (h, ad))?,
         drop: drop.map(|d| d.contiguous()).transpose()?,
         saved: Default::default(),
     };
@@ -382,18 +377,18 @@ impl<'a, T: Real> DeepView<'a, T> {
 struct LnOp {
     query: [Shared; 2],
     context: [Shared; 2],
-    rec: [Shared; 4],
+    rec: Vec<Shared>,
     deep: Vec<[Shared; 4]>,
     word: Option<[Shared; 4]>,
 }
 
 impl LnOp {
-    /// The op's normalisations from `ln`, after checking that the decoder (`supported`: the GRU or the cGRU in
-    /// the reference gate form; `cgru`: the cGRU, whose word GRU has its own) and the widths fit (`deep` later
-    /// GRUs, hidden width `h`, attention width `ad`).
+    /// The op's normalisations from `ln`, after checking that they fit the decoder (`k` blocks of the
+    /// transition's inputs: 3 for a GRU, 1 for the vanilla unit; `cgru`: the cGRU, whose word GRU has its own),
+    /// `deep` later GRUs, hidden width `h` and attention width `ad`.
     fn checked(
         ln: Option<&LnWeights>,
-        (supported, cgru): (bool, bool),
+        (k, cgru): (usize, bool),
         deep: usize,
         (h, ad): (usize, usize),
     ) -> Result<Option<LnOp>> {
@@ -402,19 +397,24 @@ impl LnOp {
         };
         let widths =
             |ts: &[&Tensor], ws: &[usize]| ts.iter().zip(ws).all(|(t, &w)| t.dims() == [w]);
-        let ok = supported
-            && widths(&l.query, &[ad, ad])
-            && widths(&l.context, &[3 * h, 3 * h])
-            && widths(&l.rec, &[2 * h, 2 * h, h, h])
+        let rec: &[usize] = if k == 3 {
+            &[2 * h, 2 * h, h, h]
+        } else {
+            &[h, h]
+        };
+        let ok = widths(&l.query, &[ad, ad])
+            && widths(&l.context, &[k * h, k * h])
+            && l.rec.len() == rec.len()
+            && widths(&l.rec, rec)
             && l.deep.len() == deep
             && l.deep.iter().all(|d| widths(d, &[2 * h, 2 * h, h, h]))
             && l.word.is_some() == cgru
             && l.word.is_none_or(|w| widths(&w, &[2 * h, 2 * h, h, h]));
         if !ok {
             candle_core::bail!(
-                "fused decoder sequence: layer normalisation runs inside the GRU and cGRU decoders in the \
-                 reference gate form only, with gains and biases [Ad], [3H], [2H, 2H, H, H] (and each deep \
-                 GRU's, and the cGRU's word GRU's)"
+                "fused decoder sequence: layer normalisation's gains and biases do not fit the decoder: \
+                 [Ad], [kH], [2H, 2H, H, H] (the vanilla unit: [H, H]), each deep GRU's and the cGRU's word \
+                 GRU's [2H, 2H, H, H]"
             );
         }
         Ok(Some(LnOp::new(l)?))
@@ -428,7 +428,7 @@ impl LnOp {
         Ok(LnOp {
             query: [sh(w.query[0])?, sh(w.query[1])?],
             context: [sh(w.context[0])?, sh(w.context[1])?],
-            rec: four(&w.rec)?,
+            rec: w.rec.iter().map(|t| sh(t)).collect::<Result<_>>()?,
             deep: w.deep.iter().map(four).collect::<Result<_>>()?,
             word: w.word.as_ref().map(four).transpose()?,
         })
@@ -453,7 +453,7 @@ impl LnOp {
         Ok(LnData {
             query: [v(&self.query[0])?, v(&self.query[1])?],
             context: [v(&self.context[0])?, v(&self.context[1])?],
-            rec: four(&self.rec)?,
+            rec: self.rec.iter().map(v).collect::<Result<_>>()?,
             deep: self.deep.iter().map(four).collect::<Result<_>>()?,
             word: self.word.as_ref().map(four).transpose()?,
         })
@@ -464,7 +464,7 @@ impl LnOp {
 struct LnData<T> {
     query: [Vec<T>; 2],
     context: [Vec<T>; 2],
-    rec: [Vec<T>; 4],
+    rec: Vec<Vec<T>>,
     deep: Vec<[Vec<T>; 4]>,
     word: Option<[Vec<T>; 4]>,
 }
@@ -479,9 +479,9 @@ enum RecAt {
 }
 
 impl<T: Real> LnData<T> {
-    /// The recurrent products' gains and biases of the GRU at `at`.
+    /// The recurrent products' gains and biases of the GRU at `at` (the transition's: a GRU's).
     fn rec_ln(&self, at: RecAt) -> crate::kernels::gru::RecLn<'_, T> {
-        let p = match at {
+        let p: &[Vec<T>] = match at {
             RecAt::Transition => &self.rec,
             RecAt::Deep(k) => &self.deep[k],
             RecAt::Word => self
@@ -824,6 +824,18 @@ struct Dims {
     wh_off: usize,
     /// Where they hold the gating scalar's term `t w_β`.
     wb_off: usize,
+}
+
+impl Dims {
+    /// The blocks in which layer normalisation normalises the context product `s C`: `[2H | H]` (GRU) or
+    /// `[H]` (the vanilla unit).
+    fn ctx_blocks(&self) -> Vec<usize> {
+        if self.gru {
+            vec![2 * self.h, self.h]
+        } else {
+            vec![self.h]
+        }
+    }
 }
 
 impl DecoderSequence {

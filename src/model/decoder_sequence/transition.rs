@@ -4,6 +4,64 @@
 
 use crate::kernels::{rows_par, simd_dispatch, Mat, Oriented, Real, RowsMut};
 
+/// Layer normalisation of one recurrent product of the transition, in the forward pass: its gain and bias,
+/// and where its rows keep `x̂` and `1/σ` (one block per row).
+pub(super) struct NormFwd<'a, T> {
+    pub g: &'a [T],
+    pub b: &'a [T],
+    pub xh: &'a mut [T],
+    pub rs: &'a mut [T],
+}
+
+impl<T: Real> NormFwd<'_, T> {
+    /// Normalises `rows` rows of width `w` of `x` in place.
+    pub fn run(&mut self, rows: usize, w: usize, x: &mut [T]) {
+        crate::kernels::layer_norm::ln_rows_forward(
+            (rows, w, w),
+            &mut x[..rows * w],
+            self.g,
+            self.b,
+            &[w],
+            &mut self.xh[..rows * w],
+            &mut self.rs[..rows],
+        );
+    }
+}
+
+/// Back through a [`NormFwd`]: the gain, the rows' saved `x̂` and `1/σ`, and where the gain's and bias's
+/// gradients gather.
+pub(super) struct NormBwd<'a, T> {
+    pub g: &'a [T],
+    pub xh: &'a [T],
+    pub rs: &'a [T],
+    pub dg: &'a mut [T],
+    pub db: &'a mut [T],
+}
+
+impl<T: Real> NormBwd<'_, T> {
+    /// `d` (`rows` rows of width `w`) holds the normalised product's gradient on entry and the product's on
+    /// exit.
+    pub fn run(&mut self, rows: usize, w: usize, d: &mut [T]) {
+        crate::kernels::layer_norm::ln_rows_backward(
+            (rows, w, w),
+            &mut d[..rows * w],
+            self.g,
+            &[w],
+            &self.xh[..rows * w],
+            &self.rs[..rows],
+            self.dg,
+            self.db,
+        );
+    }
+}
+
+/// The normalisations of the transition's recurrent products (model-spec §5b): `U_ru t` (a GRU's; `None` for
+/// the vanilla unit) and `U(r∘t)` or `U t`.
+pub(super) struct RecNorms<N> {
+    pub ru: Option<N>,
+    pub c: N,
+}
+
 /// The vanilla unit's step for one row: `t = tanh(pre + t)` (`t` holding `U (T∘t_{i−1})` on entry).
 #[inline(always)]
 pub(super) fn vanilla_row<T: Real>(pre: &[T], t: &mut [T]) {
@@ -165,7 +223,8 @@ simd_dispatch!(paper_gates_grad_row_d, paper_gates_grad_row_avx, paper_gates_gra
 /// context terms), the unscaled state `t` and the target scale `sc` = `T`, the next state into `t_next`;
 /// `rc` receives `U(r∘t)` (GRU) or `U t` (vanilla) before its scale; `gru` is `Some(([U_ru t], [r | u],
 /// r∘t, t~))` for the GRU's saved activations, `None` for the vanilla unit. `tm` is the recurrent products'
-/// operand: `t` itself, or `d∘t` under recurrent dropout (the GRU interpolates with `t`).
+/// operand: `t` itself, or `d∘t` under recurrent dropout (the GRU interpolates with `t`). `ln`: layer
+/// normalisation of the products (`rc` and `U_ru t` then hold them normalised, before the scale).
 #[allow(clippy::type_complexity)]
 pub(super) fn paper_transition<T: Real>(
     (b, h): (usize, usize),
@@ -174,10 +233,14 @@ pub(super) fn paper_transition<T: Real>(
     gru: Option<(&mut [T], &mut [T], &mut [T], &mut [T])>,
     rc: &mut [T],
     t_next: &mut [T],
+    mut ln: Option<RecNorms<NormFwd<T>>>,
 ) {
     let bh = b * h;
     let Some((hu, ru, rh, cand)) = gru else {
         u.mul_into(b, rc, h, false, Mat::rows(tm, h));
+        if let Some(n) = ln.as_mut() {
+            n.c.run(b, h, rc);
+        }
         let (tw, rc) = (RowsMut::new(t_next, h), &*rc);
         rows_par(b, bh, |r| unsafe {
             let rr = r * h..(r + 1) * h;
@@ -187,6 +250,9 @@ pub(super) fn paper_transition<T: Real>(
     };
     let kh = 3 * h;
     u_ru.mul_into(b, hu, 2 * h, false, Mat::rows(tm, h));
+    if let Some(n) = ln.as_mut().and_then(|n| n.ru.as_mut()) {
+        n.run(b, 2 * h, hu);
+    }
     {
         let (rw, rhw, hu) = (RowsMut::new(ru, 2 * h), RowsMut::new(rh, h), &*hu);
         rows_par(b, bh, |r| unsafe {
@@ -201,6 +267,9 @@ pub(super) fn paper_transition<T: Real>(
         });
     }
     u.mul_into(b, rc, h, false, Mat::rows(rh, h));
+    if let Some(n) = ln.as_mut() {
+        n.c.run(b, h, rc);
+    }
     let (cw, tw, rc, ru) = (RowsMut::new(cand, h), RowsMut::new(t_next, h), &*rc, &*ru);
     rows_par(b, bh, |r| unsafe {
         let rr = r * h..(r + 1) * h;
@@ -220,7 +289,8 @@ pub(super) fn paper_transition<T: Real>(
 /// the products' own gradients into `drc` (and, GRU, the last slot of `gru`: `∂(U_ru t)`), `∂T` into `dsc`,
 /// `∂t` through the transition into `dtp`; `drh` is scratch `[B, H]`. `gru` holds the forward pass's
 /// `[r | u]`, `t~` and `U_ru t`. Under recurrent dropout `drop` holds the products' operand `d∘t`, the masks
-/// `d` and a scratch `[B, H]` for the operand's gradient.
+/// `d` and a scratch `[B, H]` for the operand's gradient. `ln`: back through the products' layer
+/// normalisation (`drc` and `∂(U_ru t)` then end as the gradients of the products before it).
 #[allow(clippy::type_complexity, clippy::too_many_arguments)]
 pub(super) fn paper_transition_backward<T: Real>(
     (b, h): (usize, usize),
@@ -232,6 +302,7 @@ pub(super) fn paper_transition_backward<T: Real>(
     (dpre, drc): (&mut [T], &mut [T]),
     (dsc, dtp, drh): (&mut [T], &mut [T], &mut [T]),
     drop: Option<(&[T], &[T], &mut [T])>,
+    mut ln: Option<RecNorms<NormBwd<T>>>,
 ) {
     let bh = b * h;
     let Some((ru, cand, hu, dhu)) = gru else {
@@ -253,6 +324,9 @@ pub(super) fn paper_transition_backward<T: Real>(
                     sw.row(r),
                 )
             });
+        }
+        if let Some(n) = ln.as_mut() {
+            n.c.run(b, h, drc);
         }
         u.mul_t_into(b, dtp, h, false, Mat::rows(drc, h));
         if let Some((_, d, _)) = drop {
@@ -285,7 +359,11 @@ pub(super) fn paper_transition_backward<T: Real>(
             )
         });
     }
+    if let Some(n) = ln.as_mut() {
+        n.c.run(b, h, drc);
+    }
     u.mul_t_into(b, drh, h, false, Mat::rows(drc, h));
+    let mut ln_ru = ln.and_then(|n| n.ru);
     // The products' operand and where its gradient gathers: `t` and `dtp`, or, under recurrent dropout,
     // `d∘t` and the scratch, carried to `dtp` through the mask at the end.
     let mut gates = |tm: &[T], acc: &mut [T]| {
@@ -311,6 +389,9 @@ pub(super) fn paper_transition_backward<T: Real>(
                     tw.row(r),
                 )
             });
+        }
+        if let Some(n) = ln_ru.as_mut() {
+            n.run(b, 2 * h, dhu);
         }
         u_ru.mul_t_into(b, acc, h, true, Mat::rows(dhu, 2 * h));
     };

@@ -24,6 +24,12 @@ fn layer_norm_gradients_match_finite_differences() {
         ],
         vec!["model.decoder=cgru", "model.context_gate=both"],
         vec![
+            "model.decoder=cgru",
+            "model.gate_form=paper",
+            "model.decoder_transition_depth=2",
+            "model.context_gate=both",
+        ],
+        vec![
             "model.encoder_layers=2",
             "model.decoder_transition_depth=2",
             "model.coverage=neural",
@@ -134,10 +140,9 @@ fn layer_norm_parameters_are_named_counted_and_initialised() {
     );
 }
 
-/// A layer-normalised model, asked for fused kernels, runs the fused row ops and the fused encoder op (which
-/// normalises inside), and the fused decoder op where it normalises inside (the GRU and cGRU decoders in the
-/// reference gate form, with any depth and coverage); the vanilla unit and the paper form step by step. Reference kernels when asked for
-/// them; a plain model keeps the choice.
+/// A layer-normalised model, asked for fused kernels, runs the fused row ops, the fused encoder op and the
+/// fused decoder op (both normalise inside), with every decoder, gate form, depth and coverage. Reference
+/// kernels when asked for them; a plain model keeps the choice.
 #[test]
 fn a_layer_normalised_model_runs_the_fused_ops_that_normalise() {
     use cgnmt::model::DecoderPath;
@@ -163,9 +168,17 @@ fn a_layer_normalised_model_runs_the_fused_ops_that_normalise() {
         "model.decoder_transition_depth=2",
     ]);
     assert!(matches!(cgru.decoder_path(), DecoderPath::Fused { .. }));
-    for other in ["model.gate_form=paper", "model.decoder=vanilla"] {
-        let m = build(&["model.layer_norm=true", other]);
-        assert!(matches!(m.decoder_path(), DecoderPath::Composed), "{other}");
+    for other in [
+        &["model.gate_form=paper"][..],
+        &["model.decoder=vanilla"],
+        &["model.decoder=vanilla", "model.gate_form=paper"],
+        &["model.decoder=cgru", "model.gate_form=paper"],
+    ] {
+        let m = build(&[&["model.layer_norm=true"][..], other].concat());
+        assert!(
+            matches!(m.decoder_path(), DecoderPath::Fused { .. }),
+            "{other:?}"
+        );
     }
     let mut m = m;
     m.set_kernels(Kernels::Reference);

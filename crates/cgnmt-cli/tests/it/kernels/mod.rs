@@ -205,22 +205,18 @@ fn variants() -> Vec<Vec<String>> {
         "model.context_gate=none".into(),
         "model.gating_scalar=true".into(),
     ]);
-    // Layer normalisation (asked for fused kernels, its models run the fused row ops, the fused encoder op and,
-    // for the GRU and cGRU decoders in the reference form, the fused decoder op, each normalising inside; the
-    // vanilla unit and the paper form step by step): each decoder and form, gated, with coverage, depth and a
+    // Layer normalisation (asked for fused kernels, its models run the fused row ops, the fused encoder op and
+    // the fused decoder op, each normalising inside): each decoder and form, gated, with coverage, depth and a
     // stacked encoder.
-    for (dec, form) in [
-        ("gru", "reference"),
-        ("gru", "paper"),
-        ("vanilla", "reference"),
-        ("cgru", "reference"),
-    ] {
-        v.push(vec![
-            "model.layer_norm=true".into(),
-            format!("model.decoder={dec}"),
-            format!("model.gate_form={form}"),
-            "model.context_gate=both".into(),
-        ]);
+    for dec in ["gru", "vanilla", "cgru"] {
+        for form in ["reference", "paper"] {
+            v.push(vec![
+                "model.layer_norm=true".into(),
+                format!("model.decoder={dec}"),
+                format!("model.gate_form={form}"),
+                "model.context_gate=both".into(),
+            ]);
+        }
     }
     v.push(vec![
         "model.layer_norm=true".into(),
@@ -229,6 +225,7 @@ fn variants() -> Vec<Vec<String>> {
         "model.coverage=neural".into(),
         "model.coverage_dim=2".into(),
     ]);
+
     v
 }
 

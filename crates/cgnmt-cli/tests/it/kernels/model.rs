@@ -4,7 +4,21 @@ use super::*;
 
 #[test]
 fn whole_model_fused_equals_reference_for_every_variant() {
-    for sets in variants() {
+    // And, in training only (the fused decoder op), layer normalisation in the paper form of the GRU and
+    // vanilla decoders with a deep transition and coverage.
+    let more = ["gru", "vanilla"].map(|dec| {
+        [
+            "model.layer_norm=true",
+            &format!("model.decoder={dec}"),
+            "model.gate_form=paper",
+            "model.decoder_transition_depth=2",
+            "model.coverage=neural",
+            "model.coverage_dim=2",
+        ]
+        .map(String::from)
+        .to_vec()
+    });
+    for sets in variants().into_iter().chain(more) {
         let cfg = tiny_model(&sets);
         for (dtype, lt, gt) in [(DType::F64, 1e-12, 1e-9), (DType::F32, 1e-5, 2e-3)] {
             assert_same(
