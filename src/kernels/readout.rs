@@ -523,7 +523,8 @@ impl CustomOp3 for OutputNll {
 
 /// The readout's weights that [`hidden_rows_fused`] reads (model-spec §3 step 2): `U_o` `[H, H]`, `W_o`
 /// `[2H, H]`, `V_o` `[E, H]`, `b_o` `[H]`, `W_1` `[H/2, E]`, and `H` (see
-/// [`crate::model::readout::Readout::rows_weights`]).
+/// [`crate::model::readout::Readout::rows_weights`]); with layer normalisation (model-spec §5b) the gains and
+/// biases `[H]` of its three terms, `[g, β]` each, in the order `W_o s`, `U_o t`, `V_o e`.
 pub struct ReadoutWeights<'a> {
     pub u_o: &'a Tensor,
     pub w_o: &'a Tensor,
@@ -531,6 +532,7 @@ pub struct ReadoutWeights<'a> {
     pub b_o: &'a Tensor,
     pub w_1: &'a Tensor,
     pub hidden: usize,
+    pub ln: Option<[[&'a Tensor; 2]; 3]>,
 }
 
 /// The readout's hidden layer `W_1 maxout([t_{i−1} | s_i] [U_o; W_o] + e(y_{i−1}) V_o + b_o)` `[B·T, E]` for the
@@ -542,6 +544,9 @@ pub struct ReadoutWeights<'a> {
 /// With `lengths` (each sentence's target length, EOS included), only the rows of words are computed: the
 /// result is `[N, E]` for the `N` rows `(b, i)` with `i < lengths[b]`, in batch-major order, and the padded
 /// rows' inputs get zero gradient.
+///
+/// With layer normalisation (`ro.ln`) each of the three terms is normalised before the sum:
+/// `r~ = LN_W_o(s W_o) + LN_U_o(t U_o) + LN_V_o(e V_o) + b_o`, as [`crate::model::readout::Readout::hidden`].
 pub fn hidden_rows_fused<'a>(
     ro: ReadoutWeights,
     ts: impl Into<crate::kernels::Input<'a>>,
@@ -564,12 +569,16 @@ pub fn hidden_rows_fused<'a>(
         && ro.v_o.dims2()? == (ed, h)
         && ro.b_o.dims1()? == h
         && ro.w_1.dims2()? == (h / 2, ed)
+        && ro
+            .ln
+            .is_none_or(|l| l.iter().flatten().all(|x| x.dims() == [h]))
         && lengths.is_none_or(|l| l.len() * t_len == n && l.iter().all(|&x| x <= t_len));
     if !ok {
         candle_core::bail!(
             "fused readout: the state rows are [N {n}, {h3}] (3H for H {h}, H even) and the embeddings [{n2}, E \
              {ed}] (N rows, a multiple of T {t_len}); U_o {:?} must be [H, H], W_o {:?} [2H, H], V_o {:?} [E, H], \
-             b_o {:?} [H], W_1 {:?} [H/2, E]; lengths {:?} (B of them, each ≤ T)",
+             b_o {:?} [H], W_1 {:?} [H/2, E], layer normalisation's gains and biases [H]; lengths {:?} (B of \
+             them, each ≤ T)",
             ro.u_o.dims(),
             ro.w_o.dims(),
             ro.v_o.dims(),
@@ -598,6 +607,13 @@ pub fn hidden_rows_fused<'a>(
             sh(ro.b_o)?,
             sh(ro.w_1)?,
         ],
+        ln: ro
+            .ln
+            .map(|l| -> Result<[crate::kernels::Shared; 6]> {
+                let [[g0, b0], [g1, b1], [g2, b2]] = l;
+                Ok([sh(g0)?, sh(b0)?, sh(g1)?, sh(b1)?, sh(g2)?, sh(b2)?])
+            })
+            .transpose()?,
         t_len,
         rows,
         saved: Default::default(),
@@ -605,6 +621,7 @@ pub fn hidden_rows_fused<'a>(
     let tokens: Vec<&Tensor> = [&op.ts, &op.e]
         .into_iter()
         .chain(&op.w)
+        .chain(op.ln.iter().flatten())
         .map(|x| &x.token)
         .collect();
     Tensor::cat(&tokens, 0)?.apply_op1(op)
@@ -615,21 +632,38 @@ struct ReadoutRows {
     e: crate::kernels::Shared,
     /// `U_o`, `W_o`, `V_o`, `b_o`, `W_1`.
     w: [crate::kernels::Shared; 5],
+    /// Layer normalisation's gains and biases of the terms `W_o s`, `U_o t`, `V_o e` (`g`, `β` each).
+    ln: Option<[crate::kernels::Shared; 6]>,
     t_len: usize,
     /// The rows of `ts` and `e` computed, when not all of them (see [`hidden_rows_fused`]).
     rows: Option<Vec<usize>>,
     saved: crate::kernels::SavedSlot,
 }
 
-/// The forward pass's `e_prev`, `r~` and `maxout(r~)`, and the computed rows of `ts` when they are not all.
+/// The forward pass's `e_prev`, `r~` and `maxout(r~)`, the computed rows of `ts` when they are not all, and,
+/// with layer normalisation, the terms' `x̂` and `1/σ` (`[N, H]` and `[N]` each, in the order of
+/// [`ReadoutRows::ln`]).
 struct ReadoutSaved<T> {
     e_prev: Vec<T>,
     r: Vec<T>,
     m: Vec<T>,
     ts_rows: Option<Vec<T>>,
+    ln: Option<[(Vec<T>, Vec<T>); 3]>,
 }
 
 impl ReadoutRows {
+    /// Layer normalisation's gains and biases as values, in the order of [`ReadoutRows::ln`].
+    fn ln_values<T: Real>(&self) -> Result<Option<Vec<Vec<T>>>> {
+        self.ln
+            .as_ref()
+            .map(|l| {
+                l.iter()
+                    .map(|x| crate::kernels::to_vec::<T>(&x.tensor))
+                    .collect()
+            })
+            .transpose()
+    }
+
     /// The input row of computed row `c`.
     fn row(&self, c: usize) -> usize {
         self.rows.as_ref().map_or(c, |r| r[c])
@@ -672,37 +706,59 @@ impl ReadoutRows {
                 .filter(|(row, _)| row % tl != 0)
                 .for_each(|(row, o)| o.copy_from_slice(&e[(row - 1) * ed..row * ed]));
         }
-        let mut r = tiled(n, b_o);
-        gemm_into(
-            n,
-            h,
-            h,
-            &mut r,
-            h,
-            true,
-            Mat {
-                data: ts,
-                rs: h3,
-                cs: 1,
-            },
-            Mat::rows(u_o, h),
-        );
+        let t_part = Mat {
+            data: ts,
+            rs: h3,
+            cs: 1,
+        };
         let s_part = Mat {
             data: ts.get(h..).unwrap_or(&[]),
             rs: h3,
             cs: 1,
         };
-        gemm_into(n, h, 2 * h, &mut r, h, true, s_part, Mat::rows(w_o, h));
-        gemm_into(
-            n,
-            h,
-            ed,
-            &mut r,
-            h,
-            true,
-            Mat::rows(&e_prev, ed),
-            Mat::rows(v_o, h),
-        );
+        let mut r = tiled(n, b_o);
+        let mut ln_saved = None;
+        match self.ln_values::<T>()? {
+            None => {
+                gemm_into(n, h, h, &mut r, h, true, t_part, Mat::rows(u_o, h));
+                gemm_into(n, h, 2 * h, &mut r, h, true, s_part, Mat::rows(w_o, h));
+                let e_rows = Mat::rows(&e_prev, ed);
+                gemm_into(n, h, ed, &mut r, h, true, e_rows, Mat::rows(v_o, h));
+            }
+            Some(lv) => {
+                // Each term on its own, normalised in place, then added in the composed form's order.
+                let products = [
+                    (s_part, 2 * h, &w_o[..]),
+                    (t_part, h, &u_o[..]),
+                    (Mat::rows(&e_prev, ed), ed, &v_o[..]),
+                ];
+                let mut saved: [(Vec<T>, Vec<T>); 3] = Default::default();
+                for (j, (lhs, k, w)) in products.into_iter().enumerate() {
+                    let mut term = zeroed::<T>(n * h);
+                    gemm_into(n, h, k, &mut term, h, false, lhs, Mat::rows(w, h));
+                    let (xh, rs) = (zeroed::<T>(n * h), zeroed::<T>(n));
+                    saved[j] = (xh, rs);
+                    let (xh, rs) = &mut saved[j];
+                    crate::kernels::layer_norm::ln_rows_forward(
+                        (n, h, h),
+                        &mut term,
+                        &lv[2 * j],
+                        &lv[2 * j + 1],
+                        &[h],
+                        xh,
+                        rs,
+                    );
+                    r.par_chunks_mut(h.max(1))
+                        .zip(term.par_chunks(h.max(1)))
+                        .for_each(|(o, x)| {
+                            for (a, &v) in o.iter_mut().zip(x) {
+                                *a = *a + v;
+                            }
+                        });
+                }
+                ln_saved = Some(saved);
+            }
+        }
         let m = maxout_pairs(&r);
         let hid = product(n, ed, h / 2, Mat::rows(&m, h / 2), Mat::rows(w_1, ed));
         drop((ts_g, e_g));
@@ -711,6 +767,7 @@ impl ReadoutRows {
             r,
             m,
             ts_rows,
+            ln: ln_saved,
         }));
         Ok((T::to_cpu_storage_owned(hid), Shape::from((n, ed))))
     }
@@ -726,6 +783,7 @@ impl ReadoutRows {
             r,
             m,
             ts_rows,
+            ln,
         } = crate::kernels::take_saved::<ReadoutSaved<T>>(&self.saved, "fused readout")?;
         let vals: Vec<Vec<T>> = [&self.w[0], &self.w[1], &self.w[2], &self.w[4]]
             .iter()
@@ -745,6 +803,36 @@ impl ReadoutRows {
         let dm = product(n, hh, ed, Mat::rows(g, ed), Mat::t(w_1, ed));
         let d_w1 = product(hh, ed, n, Mat::t(&m, hh), Mat::rows(g, ed));
         let dr = maxout_pairs_grad(&r, &dm);
+        // With layer normalisation: back through each term's, its gain's and bias's gradients gathered
+        // (`[∂g, ∂β]` per term), and the terms' own gradients before it.
+        let normed = match (&ln, self.ln_values::<T>()?) {
+            (Some(saved), Some(lv)) => {
+                let mut gb: Vec<Vec<T>> = (0..6).map(|_| vec![T::zero(); h]).collect();
+                let mut d_terms: [Vec<T>; 3] = Default::default();
+                for (j, ((xh, rs), gbj)) in saved.iter().zip(gb.chunks_exact_mut(2)).enumerate() {
+                    let mut d = dr.clone();
+                    let [dg, db] = gbj else { unreachable!("pairs") };
+                    crate::kernels::layer_norm::ln_rows_backward(
+                        (n, h, h),
+                        &mut d,
+                        &lv[2 * j],
+                        &[h],
+                        xh,
+                        rs,
+                        dg,
+                        db,
+                    );
+                    d_terms[j] = d;
+                }
+                Some((d_terms, gb))
+            }
+            _ => None,
+        };
+        // The gradient each term's product receives: `∂r~` itself, or through its normalisation.
+        let (dr_s, dr_t, dr_e): (&[T], &[T], &[T]) = match &normed {
+            Some((d, _)) => (&d[0], &d[1], &d[2]),
+            None => (&dr, &dr, &dr),
+        };
         // ∂[t | s] = ∂r [U_o; W_o]ᵀ, ∂e_prev = ∂r V_oᵀ (shifted back onto e's rows), and the weights'.
         let mut d_ts = zeroed::<T>(n * h3);
         gemm_into(
@@ -754,7 +842,7 @@ impl ReadoutRows {
             &mut d_ts,
             h3,
             false,
-            Mat::rows(&dr, h),
+            Mat::rows(dr_t, h),
             Mat::t(u_o, h),
         );
         gemm_into(
@@ -764,10 +852,10 @@ impl ReadoutRows {
             &mut d_ts[h..],
             h3,
             false,
-            Mat::rows(&dr, h),
+            Mat::rows(dr_s, h),
             Mat::t(w_o, h),
         );
-        let d_ep = product(n, ed, h, Mat::rows(&dr, h), Mat::t(v_o, h));
+        let d_ep = product(n, ed, h, Mat::rows(dr_e, h), Mat::t(v_o, h));
         // Shifted back onto e's rows: computed row (b, i) read e row (b, i − 1).
         let mut d_e = zeroed::<T>(n_all * ed);
         if ed > 0 {
@@ -789,7 +877,7 @@ impl ReadoutRows {
                 rs: 1,
                 cs: h3,
             },
-            Mat::rows(&dr, h),
+            Mat::rows(dr_t, h),
         );
         let mut d_wo = zeroed::<T>(2 * h * h);
         let s_t = Mat {
@@ -797,8 +885,8 @@ impl ReadoutRows {
             rs: 1,
             cs: h3,
         };
-        gemm_into(2 * h, h, n, &mut d_wo, h, false, s_t, Mat::rows(&dr, h));
-        let d_vo = product(ed, h, n, Mat::t(&e_prev, ed), Mat::rows(&dr, h));
+        gemm_into(2 * h, h, n, &mut d_wo, h, false, s_t, Mat::rows(dr_s, h));
+        let d_vo = product(ed, h, n, Mat::t(&e_prev, ed), Mat::rows(dr_e, h));
         let mut d_bo = vec![T::zero(); h];
         for row in dr.chunks_exact(h.max(1)) {
             for (a, &x) in d_bo.iter_mut().zip(row) {
@@ -823,6 +911,11 @@ impl ReadoutRows {
         self.e.add_grad(d_e);
         for (w, d) in self.w.iter().zip([d_uo, d_wo, d_vo, d_bo, d_w1]) {
             w.add_grad(d);
+        }
+        if let (Some(l), Some((_, gb))) = (&self.ln, normed) {
+            for (p, d) in l.iter().zip(gb) {
+                p.add_grad(d);
+            }
         }
         Ok(())
     }

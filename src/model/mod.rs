@@ -783,7 +783,7 @@ impl Model {
         let dec_drop = drop.mask_shaped((b, self.cell.hidden), &e_all, Site::Decoder, p_rec)?;
         // The previous word's embedding e(y_{i−1}) of every position (zero at i = 0), batch-major, formed
         // once: the step-by-step readout and the cGRU's gate read it (the fused readout shifts in place).
-        let e_prev = if !fused || self.is_conditional() || normed {
+        let e_prev = if !fused || self.is_conditional() {
             Some(previous_words(&e_all, b, t_len)?)
         } else {
             None
@@ -805,18 +805,13 @@ impl Model {
                     gate,
                     dec_drop.as_ref(),
                 )?;
-                if normed {
-                    let e_prev = e_prev.as_ref().expect("formed with layer normalisation");
-                    self.readout_normed(&rows, e_prev, (b, t_len), lengths.as_deref())?
-                } else {
-                    crate::kernels::readout::hidden_rows_fused(
-                        self.readout.rows_weights(),
-                        rows,
-                        &e_all,
-                        t_len,
-                        lengths.as_deref(),
-                    )?
-                }
+                crate::kernels::readout::hidden_rows_fused(
+                    self.readout.rows_weights(),
+                    rows,
+                    &e_all,
+                    t_len,
+                    lengths.as_deref(),
+                )?
             }
             DecoderPath::Composed => {
                 let (states, ctxs) = self.decoder_steps(&src, &e_all, b, dec_drop.as_ref())?;
@@ -897,28 +892,6 @@ impl Model {
             cov,
             drop,
         )
-    }
-
-    /// A layer-normalised readout over the fused decoder's rows `[t_{i−1} | s_i]` (its terms normalised one by
-    /// one, with the fused row ops): of the words' rows only when `lengths` is given (as the fused readout),
-    /// else of every row; `e_prev` holds `e(y_{i−1})` of every position, batch-major.
-    fn readout_normed(
-        &self,
-        rows: &crate::kernels::Shared,
-        e_prev: &Tensor,
-        (b, t_len): (usize, usize),
-        lengths: Option<&[usize]>,
-    ) -> Result<Tensor> {
-        let h = self.cell.hidden;
-        let sel: Vec<usize> = match lengths {
-            Some(l) => word_rows(l, t_len).to_vec(),
-            None => (0..b * t_len).collect(),
-        };
-        let e_prev =
-            crate::model::batch::gather_rows(e_prev, (sel.len() < b * t_len).then_some(&sel[..]))?;
-        let t = crate::kernels::shared_rows(rows, sel.clone(), 0..h)?;
-        let s = crate::kernels::shared_rows(rows, sel, h..3 * h)?;
-        self.readout.hidden(self.kernels, &(&s).into(), &t, &e_prev)
     }
 
     /// The layer normalisations the fused decoder op runs inside (see

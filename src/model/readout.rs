@@ -128,6 +128,10 @@ impl Readout {
             b_o: &self.b_o,
             w_1: &self.w_1,
             hidden: self.hidden,
+            ln: self
+                .ln
+                .as_ref()
+                .map(|l| [0, 1, 2].map(|i| [&l[i].g, &l[i].b])),
         }
     }
 

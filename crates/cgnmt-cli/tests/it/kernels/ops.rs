@@ -169,6 +169,66 @@ fn fused_ops_match_their_composed_reference() {
             gt,
             "readout over the words' rows",
         );
+        // Layer-normalised (model-spec §5b): each term normalised before the sum, against the composed
+        // readout (gains and biases away from 1 and 0), over every row and over the words' rows.
+        let mut normed_vars = vars.to_vec();
+        for _ in 0..3 {
+            normed_vars.push(rand_var(&mut rng, &[h], 0.5, dtype));
+            normed_vars.push(rand_var(&mut rng, &[h], 0.5, dtype));
+        }
+        let normed = |x: &[Tensor]| {
+            let mut ro = readout(x);
+            ro.ln = Some([0, 1, 2].map(|j| cgnmt::model::layer_norm::LayerNorm {
+                g: (&x[7 + 2 * j] + 1.0).unwrap(),
+                b: x[8 + 2 * j].clone(),
+                blocks: vec![h],
+            }));
+            ro
+        };
+        let normed_reference = |x: &[Tensor]| {
+            let e3 = x[1].reshape((nb, tl, ed)).unwrap();
+            let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
+            let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
+                .unwrap()
+                .reshape((n, ed))
+                .unwrap();
+            let s = x[0].narrow(1, h, 2 * h).unwrap();
+            normed(x)
+                .hidden(
+                    Kernels::Reference,
+                    &(&s).into(),
+                    &x[0].narrow(1, 0, h).unwrap(),
+                    &e_prev,
+                )
+                .unwrap()
+        };
+        for lengths in [None, Some(&lens[..])] {
+            compare(
+                dtype,
+                &normed_vars,
+                &|x| {
+                    let ro = normed(x);
+                    vec![cgnmt::kernels::readout::hidden_rows_fused(
+                        ro.rows_weights(),
+                        &x[0],
+                        &x[1],
+                        tl,
+                        lengths,
+                    )
+                    .unwrap()]
+                },
+                &|x| {
+                    let r = normed_reference(x);
+                    vec![match lengths {
+                        Some(_) => r.index_select(&rows, 0).unwrap(),
+                        None => r,
+                    }]
+                },
+                ft,
+                gt,
+                "layer-normalised readout rows",
+            );
+        }
         // Embedding rows, with repeated ids (their gradients add) and rows never used (zero gradient).
         let ids = Tensor::new(&[3u32, 0, 3, 6, 1, 3, 0], &Device::Cpu).unwrap();
         let vars = [rand_var(&mut rng, &[8, 5], 1.0, dtype)];
