@@ -476,7 +476,7 @@ fn norm_rows_dx<T: Real>(
 ) {
     let dp_w = RowsMut::new(dp, w);
     rows_par(b, b * w, |i| unsafe {
-        crate::kernels::layer_norm::ln_row_dx(
+        crate::kernels::layer_norm::ln_row_dx_d(
             &dy[i * stride..i * stride + w],
             &xh[i * w..(i + 1) * w],
             &rs[i..i + 1],
