@@ -21,3 +21,12 @@ print(f"| PyTorch eager, target tok/s | {statistics.median(torch):.0f} | {min(to
 print(f"| cgnmt, target tok/s | {statistics.median(cgnmt):.0f} | {min(cgnmt):.0f}–{max(cgnmt):.0f} |")
 print(f"| cgnmt / PyTorch | {statistics.median(ratio):.2f} | {min(ratio):.2f}–{max(ratio):.2f} |")
 print(f"| cgnmt's share of the SGEMM peak between steps | {statistics.median(peak):.2f} | {min(peak):.2f}–{max(peak):.2f} |")
+# With OLD (run.sh), the other build's rate and share in the same rounds.
+if len(rows[0]) >= 7:
+    old = [float(r[5]) for r in rows]
+    old_peak = [float(r[6]) for r in rows]
+    print(f"| the other build (OLD), target tok/s | {statistics.median(old):.0f} | {min(old):.0f}–{max(old):.0f} |")
+    print(f"| the other build's share of the SGEMM peak | {statistics.median(old_peak):.2f} | "
+          f"{min(old_peak):.2f}–{max(old_peak):.2f} |")
+    gain = [c / o for c, o in zip(cgnmt, old)]
+    print(f"| cgnmt / the other build, round by round | {statistics.median(gain):.2f} | {min(gain):.2f}–{max(gain):.2f} |")
