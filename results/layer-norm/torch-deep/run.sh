@@ -3,9 +3,11 @@
 # batch of ../shared/bench/torch_reference.py, alternated with `cgnmt bench --size small-deep --lengths
 # reference` (the same padded batch, so the target tokens/s compare directly), two threads each. One line per
 # round into rounds.txt; each program's last lines beside it.
-# Usage (repository root): EXE=path/to/cgnmt TORCH_PY=venv/bin/python bash results/layer-norm/torch-deep/run.sh [ROUNDS]
+# OUT=folder writes there instead of beside this script.
+# Usage (repository root): EXE=path/to/cgnmt TORCH_PY=venv/bin/python [OUT=…] bash results/layer-norm/torch-deep/run.sh [ROUNDS]
 set -euo pipefail
-out=$(dirname "$0")
+out=${OUT:-$(dirname "$0")}
+mkdir -p "$out"
 rounds=${1:-3}
 : "${EXE:?EXE=path of the build}" "${TORCH_PY:?TORCH_PY=a python with torch}"
 for r in $(seq 1 "$rounds"); do
