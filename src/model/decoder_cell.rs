@@ -392,21 +392,20 @@ impl DecoderCell {
         };
         let mm_u = |x: &Tensor| norm(k, ln.map(|n| &n.u), Self::mm(k, x, &self.u)?);
         if let Some(m) = sc.mix.as_ref() {
-            if self.form == GateForm::Reference && k.fused_on(wp.device()) && ln.is_none() {
-                // Fused: the gate's scales applied to the word and context terms of all blocks at once.
+            if self.form == GateForm::Reference && k.ops_fused_on(wp.device()) {
+                // Fused: the gate's scales applied to the word and context terms of all blocks at once (the
+                // recurrent products normalised with layer normalisation).
                 let ts = sc.tgt.apply(t_prev, 1)?;
                 let tm = dropped(&ts)?;
                 let pre = mix_fused(wp, &cp, m)?;
                 if self.kind == DecoderKind::Vanilla {
-                    return (pre + Self::mm(k, &tm, &self.u)?)?.tanh();
+                    return (pre + mm_u(&tm)?)?.tanh();
                 }
                 let u_ru = self.u_ru.as_ref().expect("GRU has U_ru");
-                let ru = crate::kernels::sigmoid(
-                    k,
-                    &(pre.narrow(1, 0, 2 * h)? + Self::mm(k, &tm, u_ru)?)?,
-                )?;
+                let ru =
+                    crate::kernels::sigmoid(k, &(pre.narrow(1, 0, 2 * h)? + mm_ru(&tm, u_ru)?)?)?;
                 let r = ru.narrow(1, 0, h)?;
-                let cand = (pre.narrow(1, 2 * h, h)? + Self::mm(k, &(r * &tm)?, &self.u)?)?;
+                let cand = (pre.narrow(1, 2 * h, h)? + mm_u(&(r * &tm)?)?)?;
                 return gru_update(k, &ru, &cand, &ts, None);
             }
         }
