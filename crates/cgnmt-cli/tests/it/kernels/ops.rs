@@ -111,16 +111,19 @@ fn fused_ops_match_their_composed_reference() {
             hidden: h,
             ln: None,
         };
-        // The composed readout over every row, reading the shifted embeddings e(y_{i−1}).
-        let reference_rows = |x: &[Tensor]| {
-            let ro = readout(x);
-            let e3 = x[1].reshape((nb, tl, ed)).unwrap();
+        // The shifted embeddings e(y_{i−1}) of every row (zero at i = 0).
+        let shifted = |e: &Tensor| {
+            let e3 = e.reshape((nb, tl, ed)).unwrap();
             let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
-            let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
+            Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
                 .unwrap()
                 .reshape((n, ed))
-                .unwrap();
-            ro.hidden_stacked(Kernels::Reference, &x[0], &e_prev)
+                .unwrap()
+        };
+        // The composed readout over every row, reading the shifted embeddings.
+        let reference_rows = |x: &[Tensor]| {
+            readout(x)
+                .hidden_stacked(Kernels::Reference, &x[0], &shifted(&x[1]))
                 .unwrap()
         };
         compare(
@@ -186,12 +189,7 @@ fn fused_ops_match_their_composed_reference() {
             ro
         };
         let normed_reference = |x: &[Tensor]| {
-            let e3 = x[1].reshape((nb, tl, ed)).unwrap();
-            let zeros = Tensor::zeros((nb, 1, ed), dtype, &Device::Cpu).unwrap();
-            let e_prev = Tensor::cat(&[&zeros, &e3.narrow(1, 0, tl - 1).unwrap()], 1)
-                .unwrap()
-                .reshape((n, ed))
-                .unwrap();
+            let e_prev = shifted(&x[1]);
             let s = x[0].narrow(1, h, 2 * h).unwrap();
             normed(x)
                 .hidden(
