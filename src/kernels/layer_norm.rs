@@ -9,7 +9,7 @@
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-use crate::kernels::{by_dtype, simd_dispatch, slice, Kernels, Real};
+use crate::kernels::{by_dtype, simd_dispatch, slice, AccBuf, Kernels, Real, Shared};
 
 /// The `ε` under the variance (Nematus's and Marian's 1e-5).
 pub const EPS: f64 = 1e-5;
@@ -340,6 +340,24 @@ fn ln_bwd<T: Real>(
         crate::kernels::to_vec::<T>(g)?,
         crate::kernels::to_vec::<T>(grad)?,
     );
+    let (dx, dg, db) = ln_grads(blocks, (n, w), &xv, &gv, &dyv);
+    let dev = x.device();
+    Ok((
+        Tensor::from_vec(dx, (n, w), dev)?,
+        Tensor::from_vec(dg, g.shape(), dev)?,
+        Tensor::from_vec(db, g.shape(), dev)?,
+    ))
+}
+
+/// `(∂x, ∂g, ∂β)` of `n` rows of `w` values `xv` normalised in `blocks` with the gain `gv`, for the output
+/// gradient `dyv`.
+fn ln_grads<T: Real>(
+    blocks: &[usize],
+    (n, w): (usize, usize),
+    xv: &[T],
+    gv: &[T],
+    dyv: &[T],
+) -> (Vec<T>, Vec<T>, Vec<T>) {
     let mut dx = vec![T::zero(); n * w];
     let zeros = vec![T::zero(); w];
     // Chunks of rows in parallel, each with its own share of ∂g and ∂β, summed in chunk order after (the
@@ -359,14 +377,14 @@ fn ln_bwd<T: Real>(
                 // The row's statistics again (cheaper to recompute than to keep for every row).
                 ln_row_forward(
                     &xv[r.clone()],
-                    &gv,
+                    gv,
                     &zeros,
                     blocks,
                     &mut xhat,
                     &mut rstd,
                     &mut y,
                 );
-                ln_row_backward(&dyv[r], &xhat, &rstd, &gv, blocks, dxr, &mut dg, &mut db);
+                ln_row_backward(&dyv[r], &xhat, &rstd, gv, blocks, dxr, &mut dg, &mut db);
             }
             (dg, db)
         })
@@ -378,12 +396,7 @@ fn ln_bwd<T: Real>(
             db[j] = db[j] + pb[j];
         }
     }
-    let dev = x.device();
-    Ok((
-        Tensor::from_vec(dx, (n, w), dev)?,
-        Tensor::from_vec(dg, g.shape(), dev)?,
-        Tensor::from_vec(db, g.shape(), dev)?,
-    ))
+    (dx, dg, db)
 }
 
 impl CustomOp3 for LayerNorm {
@@ -418,5 +431,99 @@ impl CustomOp3 for LayerNorm {
                 _ => candle_core::bail!("fused kernels support f32 and f64"),
             })?;
         Ok((Some(dx), Some(dg), Some(db)))
+    }
+}
+
+/// `x` (a [`Shared`] handle `[…, W]`) with each row's `blocks` normalised as [`layer_norm_fused`] does, itself
+/// as a [`Shared`] handle: formed now, outside the graph; the graph holds a one-element token (on `x`'s token,
+/// `g` and `b`) whose backward pass takes the gradient the consumers accumulated in the result's handle, adds
+/// `∂x` into `x`'s handle and hands `∂g` and `∂β` over. A layer-normalised model's encoder projections and
+/// attention keys reach the fused ops this way, as the plain model's do: neither the normalised rows'
+/// gradient nor the product's enters candle's gradient store.
+pub fn layer_norm_shared(x: &Shared, g: &Tensor, b: &Tensor, blocks: &[usize]) -> Result<Shared> {
+    let dims = x.tensor.dims().to_vec();
+    let w = *dims.last().unwrap_or(&0);
+    let n = x.tensor.elem_count() / w.max(1);
+    let (g, b) = (g.contiguous()?, b.contiguous()?);
+    let flat = x.tensor.reshape((n, w))?;
+    let tensor =
+        layer_norm_fused(&flat.detach(), &g.detach(), &b.detach(), blocks)?.reshape(dims)?;
+    let acc = std::sync::Arc::new(std::sync::Mutex::new(AccBuf::Empty));
+    let token = x.token.apply_op3(
+        &g,
+        &b,
+        LayerNormTap {
+            x: x.clone(),
+            acc: acc.clone(),
+            blocks: blocks.to_vec(),
+            rows: (n, w),
+        },
+    )?;
+    Ok(Shared { tensor, token, acc })
+}
+
+struct LayerNormTap {
+    x: Shared,
+    acc: std::sync::Arc<std::sync::Mutex<AccBuf>>,
+    blocks: Vec<usize>,
+    rows: (usize, usize),
+}
+
+impl LayerNormTap {
+    /// `∂x` added into `x`'s handle; `(∂g, ∂β)` returned.
+    fn backward<T: Real>(&self, g: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+        let gv = crate::kernels::to_vec::<T>(g)?;
+        let dyv = crate::kernels::to_vec::<T>(dy)?;
+        let (dx, dg, db) = self
+            .x
+            .with_slice::<T, _>(|xv| Ok(ln_grads(&self.blocks, self.rows, xv, &gv, &dyv)))?;
+        self.x.add_grad::<T>(dx);
+        Ok((
+            Tensor::from_vec(dg, g.shape(), g.device())?,
+            Tensor::from_vec(db, g.shape(), g.device())?,
+        ))
+    }
+}
+
+impl CustomOp3 for LayerNormTap {
+    fn name(&self) -> &'static str {
+        "layer-norm-shared"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        _l1: &Layout,
+        _s2: &CpuStorage,
+        _l2: &Layout,
+        _s3: &CpuStorage,
+        _l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        crate::kernels::token_storage(s1)
+    }
+    fn bwd(
+        &self,
+        token: &Tensor,
+        g: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        _grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        crate::kernels::profile::timed("layer norm backward", || {
+            let Some(dy) =
+                crate::kernels::take_accumulated(&self.acc, self.rows, g.dtype(), g.device())?
+            else {
+                return Ok((None, None, None));
+            };
+            let (dg, db) = match g.dtype() {
+                candle_core::DType::F32 => self.backward::<f32>(g, &dy)?,
+                candle_core::DType::F64 => self.backward::<f64>(g, &dy)?,
+                _ => candle_core::bail!("fused kernels support f32 and f64"),
+            };
+            Ok((
+                Some(token.zeros_like()?),
+                crate::kernels::hand_over(g, dg),
+                crate::kernels::hand_over(b, db),
+            ))
+        })
     }
 }

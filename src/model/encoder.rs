@@ -283,25 +283,45 @@ fn bigru_layer_op(
             vec![],
         );
     };
-    // The words' rows' projections, normalised in each direction's blocks [2H | H].
-    let e_rows = crate::model::batch::gather_rows(e, rows.as_deref().map(|r| &r[..]))?;
+    // The words' rows' projections, normalised in each direction's blocks [2H | H]: with the fused row ops
+    // read through shared handles, as the plain layer's are (no `[·, 6H]` gradient in candle's store).
     let cat = |f: fn(&crate::model::layer_norm::LayerNorm) -> &Tensor| {
         Tensor::cat(&norms.iter().map(|n| f(&n.w)).collect::<Vec<_>>(), 0)
     };
     let blocks: Vec<usize> = norms.iter().flat_map(|n| n.w.blocks.clone()).collect();
+    let (g, beta) = (cat(|n| &n.g)?, cat(|n| &n.b)?);
+    if k.ops_fused_on(e.device()) {
+        let x = crate::kernels::linear_shared_rows(e, &w, &bias, rows.clone())?;
+        let x = crate::kernels::layer_norm::layer_norm_shared(&x, &g, &beta, &blocks)?;
+        return build_normed(x.into(), (b, s), order, rows, (fwd, bwd), drop, &norms);
+    }
+    let e_rows = crate::model::batch::gather_rows(e, rows.as_deref().map(|r| &r[..]))?;
     let x = crate::kernels::layer_norm::layer_norm(
         k,
         &crate::kernels::linear(k, &e_rows, &w, &bias)?,
-        &cat(|n| &n.g)?,
-        &cat(|n| &n.b)?,
+        &g,
+        &beta,
         &blocks,
     )?;
+    build_normed((&x).into(), (b, s), order, rows, (fwd, bwd), drop, &norms)
+}
+
+/// [`BiGru::build`] for a layer-normalised layer from its normalised projections `x`.
+fn build_normed(
+    x: crate::kernels::Input,
+    (b, s): (usize, usize),
+    order: RowOrder,
+    rows: Option<crate::kernels::Rows>,
+    (fwd, bwd): (&Gru, Option<&Gru>),
+    drop: Option<&[Tensor; 2]>,
+    norms: &[&crate::model::gru::GruNorm],
+) -> Result<BiGru> {
     let ln = norms
         .iter()
         .map(|n| [&n.rec.u_ru.g, &n.rec.u_ru.b, &n.rec.u.g, &n.rec.u.b])
         .collect();
     BiGru::build(
-        (&x).into(),
+        x,
         (b, s),
         order,
         rows,

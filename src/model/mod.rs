@@ -455,6 +455,13 @@ impl Model {
             .filter(|l| l.iter().sum::<usize>() < b * s)
             .map(|l| word_rows(&l, s));
         let ah = product_shared_rows(&ann, &self.attention.a, src_rows)?;
+        // With layer normalisation, the keys normalised in the handles too.
+        let ah = match &self.attention.ln {
+            Some((ln, _)) => {
+                crate::kernels::layer_norm::layer_norm_shared(&ah, &ln.g, &ln.b, &ln.blocks)?
+            }
+            None => ah,
+        };
         let h = a2 / 2;
         let bwd_first = shared_rows(&ann, (0..b).map(|i| i * s).collect(), h..a2)?;
         let t0 = self.initial_state(&bwd_first)?;
@@ -753,10 +760,17 @@ impl Model {
         let (p_emb, p_ann, p_readout, p_rec) = opts.dropout.map_or((0.0, 0.0, 0.0, 0.0), |d| {
             (d.embeddings, d.annotations, d.readout, d.recurrent)
         });
-        // (A layer-normalised model's encoder and keys are graph tensors, normalised outside the op.)
+        // The encoder's annotations and the keys through shared handles when the fused encoder runs (with
+        // layer normalisation under the fused row ops alone, they are graph tensors, normalised outside the
+        // op).
         let normed = self.cfg.layer_norm;
-        let mut src = if fused && !normed {
-            crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
+        let mut src = if fused && self.kernels.fused_on(batch.src.device()) {
+            if normed {
+                // (The layer-normalised model's pass prepares the readout's and word projections' weights too.)
+                self.begin_decoding_pass(None)?;
+            } else {
+                crate::kernels::begin_pass(self.kernels, &self.recurrent_weights())?;
+            }
             let e = self.encoder.embed(self.kernels, &batch.src)?;
             let e = drop.apply(&e, Site::SourceEmbeddings, p_emb)?;
             self.encode_shared(&e, &batch.src_mask, &drop, (p_rec, p_ann))?
