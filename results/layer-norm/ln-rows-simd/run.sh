@@ -2,9 +2,11 @@
 # The layer norm rows' sums in lanes, run with the CPU's vector instructions (issue 48), against the build
 # before: `cgnmt bench --size small-deep --lengths reference --set model.layer_norm=true`, alternated, two
 # threads each. One JSON and one stderr file per run; `python3 summarise.py` (this folder) summarises.
-# Usage (repository root): OLD=path/to/old NEW=path/to/new bash results/layer-norm/ln-rows-simd/run.sh [ROUNDS]
+# OUT=folder writes there instead of beside this script.
+# Usage (repository root): OLD=path/to/old NEW=path/to/new [OUT=…] bash results/layer-norm/ln-rows-simd/run.sh [ROUNDS]
 set -euo pipefail
-out=$(dirname "$0")
+out=${OUT:-$(dirname "$0")}
+mkdir -p "$out"
 rounds=${1:-5}
 : "${OLD:?OLD=path of the build before}" "${NEW:?NEW=path of the build after}"
 for r in $(seq 1 "$rounds"); do

@@ -22,3 +22,5 @@ for key, label, fmt in [
         cell[v] = (statistics.median(xs), min(xs), max(xs))
     f = lambda c: f"{fmt.format(c[0])} ({fmt.format(c[1])}–{fmt.format(c[2])})"
     print(f"| {label} | {f(cell['old'])} | {f(cell['new'])} | {cell['new'][0] / cell['old'][0]:.2f} |")
+ratios = [runs["new"][i]["train_tgt_tok_per_s"] / runs["old"][i]["train_tgt_tok_per_s"] for i in range(n)]
+print(f"| training, new / old round by round | | | {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) |")
