@@ -4,7 +4,9 @@
 # the dev BLEU, the saved parameters and the translation of 200 test sentences (hypotheses and the dump of
 # attention and gate values) byte for byte. Prints one line per variant and exits non-zero on any
 # difference.
-# Usage: scripts/same_outputs.sh OLD_BIN NEW_BIN [OUTDIR]   (CGNMT_DATA as for cgnmt; default ../shared/data)
+# With DEEP=1, the layer-normalised and deep variants (model.layer_norm, model.encoder_layers,
+# model.decoder_transition_depth) instead of the one-layer ones: for a change that must alter neither.
+# Usage: [DEEP=1] scripts/same_outputs.sh OLD_BIN NEW_BIN [OUTDIR]   (CGNMT_DATA as for cgnmt; default ../shared/data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: scripts/same_outputs.sh OLD_BIN NEW_BIN [OUTDIR]}
@@ -31,6 +33,18 @@ VARIANTS=(
   "gating-scalar|model.decoder=gru model.context_gate=none model.gating_scalar=true"
   "modern-both|model.decoder=gru model.context_gate=both model.tied_output_embeddings=true train.label_smoothing=0.1 train.recurrent_dropout=0.2 train.exponential_smoothing=0.01"
 )
+if [ -n "${DEEP:-}" ]; then
+  deep="model.encoder_layers=2 model.residual=true model.decoder_transition_depth=2"
+  VARIANTS=(
+    "gru-ln|model.decoder=gru model.context_gate=none model.layer_norm=true"
+    "gru-ln-both|model.decoder=gru model.context_gate=both model.layer_norm=true"
+    "vanilla-ln-both|model.decoder=vanilla model.context_gate=both model.layer_norm=true"
+    "cgru-ln-both|model.decoder=cgru model.context_gate=both model.layer_norm=true"
+    "deep-gru-both|model.decoder=gru model.context_gate=both $deep"
+    "deep-gru-ln-both|model.decoder=gru model.context_gate=both model.layer_norm=true $deep"
+    "deep-cgru-ln-coverage-both|model.decoder=cgru model.context_gate=both model.layer_norm=true model.coverage=neural $deep"
+  )
+fi
 status=0
 for v in "${VARIANTS[@]}"; do
   name=${v%%|*}

@@ -88,7 +88,7 @@ pub fn attend_rows(keys: &Keys, rows: &[u32], bt: &Tensor, v: &Tensor) -> Result
                     &mut e,
                 );
                 for (x, m) in e.iter_mut().zip(&mask[k * s..(k + 1) * s]) {
-                    *x = *x + *m;
+                    *x += *m;
                 }
                 let mut out = vec![T::zero(); s + a2];
                 softmax_context_row_d(&e, &ann[k * s * a2..(k + 1) * s * a2], &mut out);
@@ -154,7 +154,7 @@ fn weighted_row<T: Real>(alpha: &[T], p: &[T], out: &mut [T]) {
             continue;
         }
         for (o, &x) in out.iter_mut().zip(&p[j * w..(j + 1) * w]) {
-            *o = *o + a * x;
+            *o += a * x;
         }
     }
 }
@@ -227,8 +227,8 @@ fn score_grad_rows<T: Real>(
             let t = (p[a] + bt[a]).tanh_v();
             let d = gj * v[a] * (T::one() - t * t);
             dp[a] = if add { dp[a] + d } else { d };
-            d_bt[a] = d_bt[a] + d;
-            d_v[a] = d_v[a] + gj * t;
+            d_bt[a] += d;
+            d_v[a] += gj * t;
         }
     }
 }
@@ -476,18 +476,18 @@ fn softmax_context_parts<T: Real>(e: &[T], h: &[T], alpha: &mut [T], ctx: &mut [
     let mut z = T::zero();
     for j in 0..s {
         alpha[j] = (e[j] - m).exp_v();
-        z = z + alpha[j];
+        z += alpha[j];
     }
     let inv = T::one() / z;
     for c in ctx.iter_mut() {
         *c = T::zero();
     }
     for j in 0..s {
-        alpha[j] = alpha[j] * inv;
+        alpha[j] *= inv;
         let aj = alpha[j];
         let hj = &h[j * a2..(j + 1) * a2];
         for k in 0..a2 {
-            ctx[k] = ctx[k] + aj * hj[k];
+            ctx[k] += aj * hj[k];
         }
     }
 }
@@ -511,11 +511,11 @@ fn softmax_context_grad_row<T: Real>(
     for j in 0..s {
         let hj = &h[j * a2..(j + 1) * a2];
         d_e[j] = g_alpha[j] + crate::kernels::dot(g_ctx, hj);
-        total = total + alpha[j] * d_e[j];
+        total += alpha[j] * d_e[j];
         let dh = &mut d_h[j * a2..(j + 1) * a2];
         if add {
             for k in 0..a2 {
-                dh[k] = dh[k] + alpha[j] * g_ctx[k];
+                dh[k] += alpha[j] * g_ctx[k];
             }
         } else {
             for k in 0..a2 {
@@ -539,7 +539,7 @@ fn context_score_grad_row<T: Real>(alpha: &[T], h: &[T], g: &[T], d_e: &mut [T])
     let mut total = T::zero();
     for j in 0..s {
         d_e[j] = crate::kernels::dot(g, &h[j * a2..(j + 1) * a2]);
-        total = total + alpha[j] * d_e[j];
+        total += alpha[j] * d_e[j];
     }
     for j in 0..s {
         d_e[j] = alpha[j] * (d_e[j] - total);

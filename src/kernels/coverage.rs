@@ -68,7 +68,7 @@ impl<T: crate::kernels::Real> CovRows<'_, T> {
                 for (k, o) in oj.iter_mut().enumerate() {
                     let mut s = inp[k];
                     for (l, &cl) in cj.iter().enumerate() {
-                        s = s + cl * self.u[l * d + k];
+                        s += cl * self.u[l * d + k];
                     }
                     *o = s.tanh_v();
                 }
@@ -78,14 +78,14 @@ impl<T: crate::kernels::Real> CovRows<'_, T> {
             for m in 0..2 * d {
                 let mut s = inp[m];
                 for (l, &cl) in cj.iter().enumerate() {
-                    s = s + cl * self.u_ru[l * 2 * d + m];
+                    s += cl * self.u_ru[l * 2 * d + m];
                 }
                 aj[m] = s.sigmoid_v();
             }
             for k in 0..d {
                 let mut s = inp[2 * d + k];
                 for l in 0..d {
-                    s = s + aj[d + l] * cj[l] * self.u[l * d + k];
+                    s += aj[d + l] * cj[l] * self.u[l * d + k];
                 }
                 let cand = s.tanh_v();
                 aj[2 * d + k] = cand;
@@ -113,7 +113,7 @@ impl<T: crate::kernels::Real> CovRows<'_, T> {
             for j in 0..alpha.len() {
                 dc[j] = dn[j];
                 dalpha[j] = dn[j] * pre[j];
-                dpre[j] = dpre[j] + dn[j] * alpha[j];
+                dpre[j] += dn[j] * alpha[j];
             }
             return;
         }
@@ -132,8 +132,8 @@ impl<T: crate::kernels::Real> CovRows<'_, T> {
                 for l in 0..d {
                     let mut s = T::zero();
                     for k in 0..d {
-                        s = s + dinp[k] * self.u[l * d + k];
-                        du[l * d + k] = du[l * d + k] + cj[l] * dinp[k];
+                        s += dinp[k] * self.u[l * d + k];
+                        du[l * d + k] += cj[l] * dinp[k];
                     }
                     dcj[l] = s;
                 }
@@ -152,31 +152,31 @@ impl<T: crate::kernels::Real> CovRows<'_, T> {
                     let mut s = T::zero();
                     let rcl = r[l] * cj[l];
                     for k in 0..d {
-                        s = s + dinp[2 * d + k] * self.u[l * d + k];
-                        du[l * d + k] = du[l * d + k] + rcl * dinp[2 * d + k];
+                        s += dinp[2 * d + k] * self.u[l * d + k];
+                        du[l * d + k] += rcl * dinp[2 * d + k];
                     }
                     drc[l] = s;
                 }
                 for l in 0..d {
-                    dcj[l] = dcj[l] + drc[l] * r[l];
+                    dcj[l] += drc[l] * r[l];
                     dinp[d + l] = drc[l] * cj[l] * r[l] * (T::one() - r[l]);
                 }
                 for l in 0..d {
                     let mut s = T::zero();
                     for m in 0..2 * d {
-                        s = s + dinp[m] * self.u_ru[l * 2 * d + m];
-                        du_ru[l * 2 * d + m] = du_ru[l * 2 * d + m] + cj[l] * dinp[m];
+                        s += dinp[m] * self.u_ru[l * 2 * d + m];
+                        du_ru[l * 2 * d + m] += cj[l] * dinp[m];
                     }
-                    dcj[l] = dcj[l] + s;
+                    dcj[l] += s;
                 }
             }
             let mut da = T::zero();
             for k in 0..kd {
                 let g = dinp[k];
-                dpre[j * kd + k] = dpre[j * kd + k] + g;
-                dth[k] = dth[k] + g;
-                dp[k] = dp[k] + a * g;
-                da = da + g * self.p[k];
+                dpre[j * kd + k] += g;
+                dth[k] += g;
+                dp[k] += a * g;
+                da += g * self.p[k];
             }
             dalpha[j] = da;
         }
@@ -224,7 +224,7 @@ fn pre_activation<T: crate::kernels::Real>(
     x.copy_from_slice(ah_j);
     for (k, &ck) in c_j.iter().enumerate() {
         for (xa, &va) in x.iter_mut().zip(&v_cov[k * ad..(k + 1) * ad]) {
-            *xa = *xa + ck * va;
+            *xa += ck * va;
         }
     }
     for (xa, &qa) in x.iter_mut().zip(q) {
@@ -263,17 +263,17 @@ fn scores_grad_row_g<T: crate::kernels::Real>(
             .zip(dq.iter_mut().zip(&mut dah[j * ad..(j + 1) * ad]))
         {
             let t = *xa;
-            *dva = *dva + g * t;
+            *dva += g * t;
             let dp = g * va * (T::one() - t * t);
             *xa = dp;
-            *dqa = *dqa + dp;
-            *daa = *daa + dp;
+            *dqa += dp;
+            *daa += dp;
         }
         for (k, &ck) in c_j.iter().enumerate() {
             let vk = &v_cov[k * ad..(k + 1) * ad];
-            dc[j * d + k] = dc[j * d + k] + crate::kernels::dot(&x, vk);
+            dc[j * d + k] += crate::kernels::dot(&x, vk);
             for (g2, &xa) in dv_cov[k * ad..(k + 1) * ad].iter_mut().zip(&x) {
-                *g2 = *g2 + ck * xa;
+                *g2 += ck * xa;
             }
         }
     }

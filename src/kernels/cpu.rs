@@ -263,12 +263,12 @@ pub fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for l in 0..LANES {
-            acc[l] = acc[l] + x[l] * y[l];
+            acc[l] += x[l] * y[l];
         }
     }
     let mut s = acc.iter().fold(T::zero(), |s, &x| s + x);
     for (x, y) in ra.iter().zip(rb) {
-        s = s + *x * *y;
+        s += *x * *y;
     }
     s
 }
@@ -303,12 +303,12 @@ pub fn sum_exp_shifted<T: Real>(a: &[T], m: T) -> T {
     let r = c.remainder();
     for x in c {
         for l in 0..LANES {
-            acc[l] = acc[l] + (x[l] - m).exp_v();
+            acc[l] += (x[l] - m).exp_v();
         }
     }
     let mut s = acc.iter().fold(T::zero(), |s, &x| s + x);
     for &x in r {
-        s = s + (x - m).exp_v();
+        s += (x - m).exp_v();
     }
     s
 }

@@ -663,7 +663,7 @@ fn gru_dir_backward<T: Real>(
         // Rows without a word at t kept their state: their gradient passes on (their ∂xp stays zero).
         let (m, mask) = order.step(t);
         for (a, &x) in dh[m * h..].iter_mut().zip(&g_t[m * h..]) {
-            *a = *a + x;
+            *a += x;
         }
         let step = GruStep {
             h,

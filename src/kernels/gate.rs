@@ -108,7 +108,7 @@ fn mix_grad_row<T: Real>(a: &[T], b: &[T], z: &[T], g: &[T], out: &mut [T], kind
             let i = blk * h + j;
             da[i] = g[i] * t;
             db[i] = g[i] * s;
-            acc = acc + g[i] * (a[i] * dt + b[i] * ds);
+            acc += g[i] * (a[i] * dt + b[i] * ds);
         }
         dz[j] = acc;
     }

@@ -296,7 +296,7 @@ pub(crate) fn column_sums(d: &Tensor) -> Result<Tensor> {
             for r in 0..n {
                 let row = &x[r * v + c0..r * v + c0 + o.len()];
                 for (a, &y) in o.iter_mut().zip(row) {
-                    *a = *a + y;
+                    *a += y;
                 }
             }
         });

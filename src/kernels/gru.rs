@@ -337,7 +337,7 @@ simd_dispatch!(seq_bwd_update_row_d, seq_bwd_update_row_avx, seq_bwd_update_row,
 fn seq_bwd_reset_row<T: Real>(drh: &[T], ru: &[T], hp: &[T], dh: &mut [T], dxp: &mut [T]) {
     for k in 0..drh.len() {
         let r = ru[k];
-        dh[k] = dh[k] + drh[k] * r;
+        dh[k] += drh[k] * r;
         dxp[k] = drh[k] * hp[k] * r * (T::one() - r);
     }
 }
@@ -360,7 +360,7 @@ simd_dispatch!(seq_bwd_reset_row_dropped_d, seq_bwd_reset_row_dropped_avx, seq_b
 #[inline(always)]
 pub(crate) fn add_dropped_row<T: Real>(dm: &[T], d: &[T], dh: &mut [T]) {
     for k in 0..dh.len() {
-        dh[k] = dh[k] + dm[k] * d[k];
+        dh[k] += dm[k] * d[k];
     }
 }
 simd_dispatch!(add_dropped_row_d, add_dropped_row_avx, add_dropped_row, (dm: &[T], d: &[T], dh: &mut [T]));
@@ -376,7 +376,7 @@ pub(crate) fn dropped_state<T: Real>(x: &[T], d: &[T], out: &mut [T]) {
 /// `g ∘= d`: a gradient with respect to the dropped state `d∘x` carried to `x`.
 pub(crate) fn undrop_grad<T: Real>(g: &mut [T], d: &[T]) {
     for (a, &m) in g.iter_mut().zip(d) {
-        *a = *a * m;
+        *a *= m;
     }
 }
 
@@ -450,12 +450,12 @@ pub(crate) fn rec_ln_param_grads<T: Real>(
             &xh_c[row * h..(row + 1) * h],
         );
         for j in 0..2 * h {
-            out[0][j] = out[0][j] + dy[j] * xr[j];
-            out[1][j] = out[1][j] + dy[j];
+            out[0][j] += dy[j] * xr[j];
+            out[1][j] += dy[j];
         }
         for j in 0..h {
-            out[2][j] = out[2][j] + dy[2 * h + j] * xc[j];
-            out[3][j] = out[3][j] + dy[2 * h + j];
+            out[2][j] += dy[2 * h + j] * xc[j];
+            out[3][j] += dy[2 * h + j];
         }
     }
     out

@@ -113,8 +113,8 @@ pub fn ln_row_backward<T: Real>(
     db: &mut [T],
 ) {
     for j in 0..dy.len() {
-        dg[j] = dg[j] + dy[j] * xhat[j];
-        db[j] = db[j] + dy[j];
+        dg[j] += dy[j] * xhat[j];
+        db[j] += dy[j];
     }
     ln_row_dx_d(dy, xhat, rstd, g, blocks, dx);
 }
@@ -186,12 +186,12 @@ fn lane_sum<T: Real>(a: &[T], f: impl Fn(T) -> T) -> T {
     let r = c.remainder();
     for x in c {
         for l in 0..LANES {
-            acc[l] = acc[l] + f(x[l]);
+            acc[l] += f(x[l]);
         }
     }
     let mut s = acc.iter().fold(T::zero(), |s, &x| s + x);
     for &x in r {
-        s = s + f(x);
+        s += f(x);
     }
     s
 }
@@ -205,8 +205,8 @@ fn lane_sums2<T: Real>(g: &[T], d: &[T], x: &[T]) -> (T, T) {
     for i in (0..full).step_by(LANES) {
         for l in 0..LANES {
             let v = g[i + l] * d[i + l];
-            a[l] = a[l] + v;
-            b[l] = b[l] + v * x[i + l];
+            a[l] += v;
+            b[l] += v * x[i + l];
         }
     }
     let (mut sa, mut sb) = (
@@ -215,8 +215,8 @@ fn lane_sums2<T: Real>(g: &[T], d: &[T], x: &[T]) -> (T, T) {
     );
     for i in full..n {
         let v = g[i] * d[i];
-        sa = sa + v;
-        sb = sb + v * x[i];
+        sa += v;
+        sb += v * x[i];
     }
     (sa, sb)
 }
@@ -263,8 +263,8 @@ pub(crate) fn ln_rows_backward<T: Real>(
     for i in 0..rows {
         let (dy, x) = (&d[i * stride..i * stride + w], &xh[i * w..(i + 1) * w]);
         for j in 0..w {
-            dg[j] = dg[j] + dy[j] * x[j];
-            db[j] = db[j] + dy[j];
+            dg[j] += dy[j] * x[j];
+            db[j] += dy[j];
         }
     }
     let d_w = crate::kernels::RowsMut::new(d, stride);
@@ -392,8 +392,8 @@ fn ln_grads<T: Real>(
     let (mut dg, mut db) = (vec![T::zero(); w], vec![T::zero(); w]);
     for (pg, pb) in parts {
         for j in 0..w {
-            dg[j] = dg[j] + pg[j];
-            db[j] = db[j] + pb[j];
+            dg[j] += pg[j];
+            db[j] += pb[j];
         }
     }
     (dx, dg, db)

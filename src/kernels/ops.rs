@@ -268,7 +268,7 @@ fn embedding_grad<T: Real>(op: &Embedding, table: &Tensor, grad: &Tensor) -> Res
     let mut d = zeroed::<T>(v * e);
     for (row, &i) in g.chunks_exact(e.max(1)).zip(&op.ids) {
         for (a, x) in d[i as usize * e..(i as usize + 1) * e].iter_mut().zip(row) {
-            *a = *a + *x;
+            *a += *x;
         }
     }
     Tensor::from_vec(d, (v, e), table.device())

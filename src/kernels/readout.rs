@@ -268,7 +268,7 @@ fn bias_nll_rows<T: Real>(
     for (i, (o, l)) in out.iter_mut().zip(lses.iter_mut()).enumerate() {
         let row = &mut logits[i * v..(i + 1) * v];
         for (x, &bb) in row.iter_mut().zip(b) {
-            *x = *x + bb;
+            *x += bb;
         }
         let (_, lse) = row_lse(row);
         *l = lse;
@@ -303,15 +303,15 @@ fn nll_grad_rows_inplace<T: Real>(
             for x in row.iter_mut() {
                 *x = gi * (*x - lse).exp_v();
             }
-            row[tgt[i] as usize] = row[tgt[i] as usize] - gi;
+            row[tgt[i] as usize] -= gi;
         } else {
             for x in row.iter_mut() {
                 *x = gi * ((*x - lse).exp_v() - u);
             }
-            row[tgt[i] as usize] = row[tgt[i] as usize] - gi * keep;
+            row[tgt[i] as usize] -= gi * keep;
         }
         for (d, &x) in db.iter_mut().zip(row.iter()) {
-            *d = *d + x;
+            *d += x;
         }
     }
 }
@@ -426,7 +426,7 @@ fn output_nll_grad<T: Real>(
     let mut db = vec![T::zero(); v];
     for p in &partial {
         for (a, &x) in db.iter_mut().zip(p) {
-            *a = *a + x;
+            *a += x;
         }
     }
     Ok((logits, db))
@@ -752,7 +752,7 @@ impl ReadoutRows {
                         .zip(term.par_chunks(h.max(1)))
                         .for_each(|(o, x)| {
                             for (a, &v) in o.iter_mut().zip(x) {
-                                *a = *a + v;
+                                *a += v;
                             }
                         });
                 }
@@ -890,7 +890,7 @@ impl ReadoutRows {
         let mut d_bo = vec![T::zero(); h];
         for row in dr.chunks_exact(h.max(1)) {
             for (a, &x) in d_bo.iter_mut().zip(row) {
-                *a = *a + x;
+                *a += x;
             }
         }
         drop((ts_g, g_g));

@@ -61,7 +61,7 @@ impl Shared {
             return;
         }
         for (a, x) in T::acc_slice(&mut acc, n).iter_mut().zip(g) {
-            *a = *a + x;
+            *a += x;
         }
     }
 
@@ -354,7 +354,7 @@ impl ProductTap {
                 // SAFETY: the rows are distinct (checked increasing), one task each.
                 let d = unsafe { dxw.row(r) };
                 for (a, &x) in d.iter_mut().zip(&dxr[i * k..(i + 1) * k]) {
-                    *a = *a + x;
+                    *a += x;
                 }
             });
         });
@@ -439,7 +439,7 @@ impl DropoutTap {
         // ∂x += ∂y ⊙ mask, in place in x's handle.
         self.x.accumulate::<T>(|dx| {
             for ((a, &g), &m) in dx.iter_mut().zip(gd).zip(md) {
-                *a = *a + g * m;
+                *a += g * m;
             }
         });
         Ok(())
@@ -523,7 +523,7 @@ impl SharedRows {
             for (i, &r) in self.rows.iter().enumerate() {
                 let at = r * self.c + self.cols.start;
                 for (a, &x) in acc[at..at + w].iter_mut().zip(&g[i * w..(i + 1) * w]) {
-                    *a = *a + x;
+                    *a += x;
                 }
             }
         });
@@ -693,7 +693,7 @@ fn step_slice_bwd<T: Real>(sh: &Shared, i: usize, grad: &Tensor) -> Result<()> {
     let g: Vec<T> = grad.flatten_all()?.to_vec1()?;
     sh.accumulate::<T>(|acc| {
         for (a, x) in acc[i * block..(i + 1) * block].iter_mut().zip(g) {
-            *a = *a + x;
+            *a += x;
         }
     });
     Ok(())

@@ -203,7 +203,7 @@ fn sum_rows<T: Real>(rows: &[T], w: usize) -> Vec<T> {
     let mut out = vec![T::zero(); w];
     for row in rows.chunks(w.max(1)) {
         for (a, &x) in out.iter_mut().zip(row) {
-            *a = *a + x;
+            *a += x;
         }
     }
     out
@@ -380,7 +380,7 @@ impl<'a, T: Real> Backward<'a, T> {
                 )
             });
             for (a, &x) in d.dt_prev.iter_mut().zip(&d.dh_w) {
-                *a = *a + x;
+                *a += x;
             }
             for r in 0..m1 {
                 d.dwp[(toff[r] + i) * kh..(toff[r] + i + 1) * kh]
@@ -669,7 +669,7 @@ impl<'a, T: Real> Backward<'a, T> {
             dt.copy_from_slice(dtp);
         }
         for (a, x) in dt_prev.iter_mut().zip(dt.iter()) {
-            *a = *a + *x;
+            *a += *x;
         }
         if !gated {
             return;
@@ -681,11 +681,11 @@ impl<'a, T: Real> Backward<'a, T> {
                 Some(ZPreOp::Scalar { .. }) => {
                     let s = g.iter().fold(T::zero(), |a, &x| a + x);
                     dq[(o + r) * wq + self.dims.wb_off] = s;
-                    *db_beta = *db_beta + s;
+                    *db_beta += s;
                 }
                 Some(ZPreOp::Static { .. }) => {
                     for (a, &x) in dtheta.iter_mut().zip(g) {
-                        *a = *a + x;
+                        *a += x;
                     }
                 }
                 None => {}
@@ -836,7 +836,7 @@ impl<'a, T: Real> Backward<'a, T> {
                                 .zip(&dalpha)
                                 .fold(T::zero(), |t, (&a, &x)| t + a * x);
                             for ((g, &a), &x) in de.iter_mut().zip(alpha).zip(&dalpha) {
-                                *g = *g + a * (x - total);
+                                *g += a * (x - total);
                             }
                         } else {
                             dc_r.fill(T::zero());

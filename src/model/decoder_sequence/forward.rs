@@ -389,7 +389,7 @@ impl<'a, T: Real> Forward<'a, T> {
                 None => crate::kernels::attention::score_rows_d(ah_r, &q_r[..ad], v, &mut e),
             }
             for (x, m) in e.iter_mut().zip(&mask[r * s..(r + 1) * s]) {
-                *x = *x + *m;
+                *x += *m;
             }
             // SAFETY: row r of each buffer is written by this task only.
             let o = unsafe { out.row(r) };
@@ -446,7 +446,7 @@ impl<'a, T: Real> Forward<'a, T> {
             // The context GRU's candidate bias, with the context's term.
             for row in cp_i[..mt * wc].chunks_exact_mut(wc) {
                 for (x, &bb) in row[2 * h..3 * h].iter_mut().zip(g.b.iter()) {
-                    *x = *x + bb;
+                    *x += bb;
                 }
             }
         }

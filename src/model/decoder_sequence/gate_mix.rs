@@ -34,7 +34,7 @@ pub(super) fn gate_mix_row<T: Real>(
                 first = false;
             } else {
                 for (a, &y) in z.iter_mut().zip(x) {
-                    *a = *a + y;
+                    *a += y;
                 }
             }
         }
@@ -125,7 +125,7 @@ pub(super) fn bwd_mix_row<T: Real>(
         {
             *ow = d * (ta + tb * zj);
             *oc = d * (sa + sb * zj);
-            *dz = *dz + d * (w * tb + c * sb);
+            *dz += d * (w * tb + c * sb);
         }
     }
     for (dz, &zj) in dzp.iter_mut().zip(z) {

@@ -207,13 +207,13 @@ pub(super) fn paper_gates_grad_row<T: Real>(
     for k in 0..h {
         let r = ru[k];
         dpre[k] = drh[k] * t[k] * r * (T::one() - r);
-        dtp[k] = dtp[k] + drh[k] * r;
+        dtp[k] += drh[k] * r;
     }
     for blk in 0..2 {
         for k in 0..h {
             let j = blk * h + k;
             dhu[j] = sc[k] * dpre[j];
-            dsc[k] = dsc[k] + dpre[j] * hu[j];
+            dsc[k] += dpre[j] * hu[j];
         }
     }
 }

@@ -231,7 +231,7 @@ impl<'a, T: Real> Backward<'a, T> {
                     let mut db = vec![T::zero(); h];
                     for row in d.dcp.chunks_exact(wc) {
                         for (a, &x) in db.iter_mut().zip(&row[2 * h..3 * h]) {
-                            *a = *a + x;
+                            *a += x;
                         }
                     }
                     db
