@@ -28,7 +28,7 @@ fn start(model: &Path, extra: &[&str]) -> Server {
 }
 
 fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+    let child = Command::new(env!("CARGO_BIN_EXE_cgnmt"))
         .envs(env.iter().copied())
         .args(["serve", "-m"])
         .arg(model)
@@ -37,7 +37,12 @@ fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
+    // Held from here, so that the server is killed if it fails to start and the test panics.
+    let mut server = Server {
+        child,
+        base: String::new(),
+    };
+    let mut err = BufReader::new(server.child.stderr.take().unwrap());
     let mut line = String::new();
     loop {
         line.clear();
@@ -46,10 +51,10 @@ fn start_with(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
             "the server exited before listening"
         );
         if let Some(rest) = line.strip_prefix("listening on ") {
-            let base = rest.split_whitespace().next().unwrap().to_string();
+            server.base = rest.split_whitespace().next().unwrap().to_string();
             // Keep draining its messages.
             std::thread::spawn(move || for _ in err.lines() {});
-            return Server { child, base };
+            return server;
         }
     }
 }
