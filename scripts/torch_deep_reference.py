@@ -3,7 +3,7 @@
 # ../shared/bench/torch_reference.py: its one-layer model, extended the way cgnmt extends its own (model-spec §1
 # and §3). The second encoder layer is a forward and a backward GRU over the 2H-wide annotations, added to them;
 # the later transition is a GRU over the state alone (its input terms a bias), after the gated one.
-# `small-deep-ln` adds layer normalisation where cgnmt's `model.layer_norm` puts it (model-spec §5b): each block
+# `small-deep-ln` (and `paper-deep-ln`, the Marian-like `s2s` at the paper's size) adds layer normalisation where cgnmt's `model.layer_norm` puts it (model-spec §5b): each block
 # of every GRU's input and recurrent products ([2H | H]), the attention's keys and query, the transition's context
 # product, and the readout's three terms, each with a learned gain and bias (torch.nn.functional.layer_norm).
 # Usage: python scripts/torch_deep_reference.py train small-deep STEPS   (TORCH_THREADS, default 2)
@@ -20,7 +20,12 @@ sys.path.insert(0, os.environ.get("BENCH_DIR", os.path.join(HERE, "..", "..", "s
 import torch  # noqa: E402
 import torch_reference as ref  # noqa: E402
 
-CFGS = {"small-deep": ref.CFGS["small"], "paper-deep": ref.CFGS["paper"], "small-deep-ln": ref.CFGS["small"]}
+CFGS = {
+    "small-deep": ref.CFGS["small"],
+    "paper-deep": ref.CFGS["paper"],
+    "small-deep-ln": ref.CFGS["small"],
+    "paper-deep-ln": ref.CFGS["paper"],
+}
 F = torch.nn.functional
 
 

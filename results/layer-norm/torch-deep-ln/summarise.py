@@ -13,8 +13,10 @@ cgnmt = [float(r[2]) for r in rows]
 ratio = [float(r[3]) for r in rows]
 peak = [float(r[4]) for r in rows]
 # (Layer-normalised or not, as the PyTorch runs' configuration says.)
-normed = "cfg=small-deep-ln" in open(os.path.join(here, "torch-1.txt")).read()
-what = "small-deep layer-normalised training" if normed else "small-deep training"
+first = open(os.path.join(here, "torch-1.txt")).read()
+size = "paper-deep" if "cfg=paper-deep" in first else "small-deep"
+normed = f"cfg={size}-ln" in first
+what = f"{size} layer-normalised training" if normed else f"{size} training"
 print(f"| {what}, {len(rows)} alternated rounds | median | range |")
 print("|---|---|---|")
 print(f"| PyTorch eager, target tok/s | {statistics.median(torch):.0f} | {min(torch):.0f}–{max(torch):.0f} |")
