@@ -323,22 +323,24 @@ impl DecoderCell {
         e: &Tensor,
         rows: Option<crate::kernels::Rows>,
     ) -> Result<crate::kernels::Shared> {
-        if self.ln.is_some() || self.cgru.as_ref().is_some_and(|(w, _)| w.ln.is_some()) {
-            // Normalised in blocks by the fused row op, then handed to the decoder op as a graph tensor.
-            let e = crate::model::batch::gather_rows(e, rows.as_deref().map(|r| &r[..]))?;
-            return crate::kernels::Shared::new(&self.project_words(Kernels::FusedOps, &e)?);
+        // The projections `[x W_r, x W_u, x W + b]` (the cGRU's word GRU's, or the cell's own), normalised
+        // in blocks with layer normalisation by the fused row op on shared handles, as the encoder's are.
+        let (w, bias, ln) = match &self.cgru {
+            Some((word, _)) => {
+                let zeros = Tensor::zeros(2 * self.hidden, word.b.dtype(), word.b.device())?;
+                (
+                    &word.w,
+                    Tensor::cat(&[&zeros, &word.b], 0)?,
+                    word.ln.as_ref().map(|n| &n.w),
+                )
+            }
+            None => (&self.w, self.word_bias()?, self.ln.as_ref().map(|n| &n.w)),
+        };
+        let x = crate::kernels::linear_shared_rows(e, w, &bias, rows)?;
+        match ln {
+            Some(n) => crate::kernels::layer_norm::layer_norm_shared(&x, &n.g, &n.b, &n.blocks),
+            None => Ok(x),
         }
-        if let Some((word, _)) = &self.cgru {
-            // The cGRU's word GRU: `[x W_r, x W_u, x W + b]`.
-            let zeros = Tensor::zeros(2 * self.hidden, word.b.dtype(), word.b.device())?;
-            return crate::kernels::linear_shared_rows(
-                e,
-                &word.w,
-                &Tensor::cat(&[&zeros, &word.b], 0)?,
-                rows,
-            );
-        }
-        crate::kernels::linear_shared_rows(e, &self.w, &self.word_bias()?, rows)
     }
 
     /// The word projection's bias over its `k` blocks: `[0; b]` (only the candidate's block has one).
