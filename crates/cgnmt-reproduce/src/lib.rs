@@ -268,10 +268,8 @@ pub fn run(args: ReproduceOptions, data_dir: cgnmt_datasets::DataDir) -> Result<
                 }
             }
         };
-        // Rows that decode other rows' models run once those are trained.
-        let trained = tasks.iter().filter(|t| t.system.from.is_none()).count();
-        run_tasks(&setup, &tasks[..trained], &clock, &log_progress)?;
-        run_tasks(&setup, &tasks[trained..], &clock, &log_progress)?;
+        // Rows that decode other rows' models run as soon as those are trained.
+        run_tasks(&setup, &tasks, &clock, &log_progress)?;
     }
     // Reproduce's own work from here on: scoring, tests, analyses and figures, less the child processes
     // (analysis decodes) they start.
@@ -450,6 +448,160 @@ mod tests {
             beam: 10,
             test_sentences: 5,
         }
+    }
+
+    /// Rows of a plan as its tasks: `(row, from, seed, ensemble)`, each in `out/systems/ROW/seed-N`.
+    fn tasks_of(out: &Path, rows: &[(&str, Option<&str>, u64, bool)]) -> Vec<Task> {
+        let dir = |row: &str, seed: u64| out.join("systems").join(row).join(format!("seed-{seed}"));
+        rows.iter()
+            .map(|&(row, from, seed, ensemble)| {
+                let mut t = task(&dir(row, seed), &[]);
+                t.system.name = row.into();
+                t.seed = seed;
+                t.system.from = from.map(String::from);
+                t.system.ensemble = ensemble;
+                if let Some(f) = from {
+                    t.run = dir(f, seed).join("run");
+                    if ensemble {
+                        t.members = (1..=2).map(|x| dir(f, x).join("run")).collect();
+                    }
+                }
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_decoding_row_starts_as_soon_as_the_runs_it_decodes_are_trained() {
+        let tmp = tempfile::tempdir().unwrap();
+        // As make_tasks orders them: the trained rows, then the rows decoding their models.
+        let tasks = tasks_of(
+            tmp.path(),
+            &[
+                ("a", None, 1, false),
+                ("b", None, 1, false),
+                ("a", None, 2, false),
+                ("b", None, 2, false),
+                ("a-chosen", Some("a"), 1, false),
+                ("b-chosen", Some("b"), 1, false),
+                ("a-chosen", Some("a"), 2, false),
+                ("b-chosen", Some("b"), 2, false),
+                ("a-ensemble", Some("a"), 1, true),
+            ],
+        );
+        let todo: Vec<&Task> = tasks.iter().collect();
+        let deps = dependencies(&todo);
+        assert_eq!(
+            deps,
+            vec![
+                vec![],
+                vec![],
+                vec![],
+                vec![],
+                vec![0],
+                vec![1],
+                vec![2],
+                vec![3],
+                vec![0, 2]
+            ]
+        );
+        let decoding: Vec<bool> = todo.iter().map(|t| t.system.from.is_some()).collect();
+        let mut slots = vec![runner::Slot::Waiting; todo.len()];
+        let mut blocked = vec![];
+        // Two workers: the first two trained runs; nothing else is ready.
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(0)
+        );
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(1)
+        );
+        // "b" seed 1 finishes first: its decode goes before the next training run.
+        slots[1] = runner::Slot::Done;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(5)
+        );
+        slots[5] = runner::Slot::Done;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(2)
+        );
+        // "a" seed 1 fails: what decodes it fails too (its chosen row, and the ensemble of its seeds).
+        slots[0] = runner::Slot::Failed;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(3)
+        );
+        assert_eq!(blocked, vec![4, 8]);
+        assert_eq!(slots[4], runner::Slot::Failed);
+        assert_eq!(slots[8], runner::Slot::Failed);
+        // Everything waiting needs a run still training: wait.
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Wait
+        );
+        slots[2] = runner::Slot::Done;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(6)
+        );
+        slots[3] = runner::Slot::Done;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(7)
+        );
+        // Nothing waits: stop, even with tasks still running.
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Stop
+        );
+        slots[6] = runner::Slot::Done;
+        slots[7] = runner::Slot::Done;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Stop
+        );
+        assert_eq!(blocked, vec![4, 8]);
+    }
+
+    #[test]
+    fn a_finished_run_is_no_dependency_and_an_ensemble_waits_for_every_member() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tasks = tasks_of(
+            tmp.path(),
+            &[
+                ("a", None, 2, false),
+                ("a-ensemble", Some("a"), 1, true),
+                ("a-chosen", Some("a"), 1, false),
+            ],
+        );
+        // "a" seed 1 finished in an earlier invocation: not in the queue.
+        let todo: Vec<&Task> = tasks.iter().collect();
+        let deps = dependencies(&todo);
+        assert_eq!(deps, vec![vec![], vec![0], vec![]]);
+        let decoding = [false, true, true];
+        let mut slots = vec![runner::Slot::Waiting; 3];
+        let mut blocked = vec![];
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(2)
+        );
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(0)
+        );
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Wait
+        );
+        slots[0] = runner::Slot::Done;
+        assert_eq!(
+            runner::next_task(&deps, &decoding, &mut slots, &mut blocked),
+            runner::Next::Start(1)
+        );
+        assert!(blocked.is_empty());
     }
 
     #[test]

@@ -2,8 +2,83 @@
 
 use super::*;
 use cgnmt::model::store;
+use std::sync::Condvar;
 
-/// Train and decode every unfinished run, `--jobs` at a time, with progress bars (or one line per run).
+/// Where a task stands in one invocation's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Slot {
+    Waiting,
+    Running,
+    Done,
+    Failed,
+}
+
+/// For each unfinished task, the unfinished training runs whose models it decodes (a `from` row's run of the
+/// same seed, or an ensemble's members); a finished run is no dependency.
+pub(super) fn dependencies(todo: &[&Task]) -> Vec<Vec<usize>> {
+    todo.iter()
+        .map(|t| {
+            if t.system.from.is_none() {
+                return vec![];
+            }
+            todo.iter()
+                .enumerate()
+                .filter(|(_, u)| {
+                    u.system.from.is_none() && (u.run == t.run || t.members.contains(&u.run))
+                })
+                .map(|(j, _)| j)
+                .collect()
+        })
+        .collect()
+}
+
+/// What a free worker does next.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Start this task (now marked running).
+    Start(usize),
+    /// Wait for a running task: every waiting one needs a run still training.
+    Wait,
+    /// Nothing left to start.
+    Stop,
+}
+
+/// The next task to start: the first waiting decode (`decoding`: a row that decodes other rows' models)
+/// whose models are all trained, so that a row chosen on
+/// dev or averaged is decoded (and its record complete) as soon as its run is, not after every other run
+/// has trained (an interrupted plan then loses no decode whose checkpoints are gone); else the first
+/// waiting training run. A task whose dependency failed fails too, and is returned in `blocked`.
+pub(super) fn next_task(
+    deps: &[Vec<usize>],
+    decoding: &[bool],
+    slots: &mut [Slot],
+    blocked: &mut Vec<usize>,
+) -> Next {
+    // A failure blocks what decodes it (an ensemble's members are one level deep).
+    for i in 0..slots.len() {
+        if slots[i] == Slot::Waiting && deps[i].iter().any(|&j| slots[j] == Slot::Failed) {
+            slots[i] = Slot::Failed;
+            blocked.push(i);
+        }
+    }
+    let ready =
+        |i: usize| slots[i] == Slot::Waiting && deps[i].iter().all(|&j| slots[j] == Slot::Done);
+    let pick = (0..slots.len())
+        .find(|&i| decoding[i] && ready(i))
+        .or_else(|| (0..slots.len()).find(|&i| ready(i)));
+    if let Some(i) = pick {
+        slots[i] = Slot::Running;
+        return Next::Start(i);
+    }
+    if slots.contains(&Slot::Waiting) && slots.contains(&Slot::Running) {
+        Next::Wait
+    } else {
+        Next::Stop
+    }
+}
+
+/// Train and decode every unfinished run, `--jobs` at a time, with progress bars (or one line per run): a
+/// row that decodes other rows' models starts once those are trained (`next_task`).
 pub(super) fn run_tasks(
     s: &Setup,
     tasks: &[Task],
@@ -14,7 +89,14 @@ pub(super) fn run_tasks(
     if todo.is_empty() {
         return Ok(());
     }
-    let steps_of = |t: &Task| t.config.train.max_steps.max(1) as u64;
+    // The plan's progress counts updates: a row that only decodes another's models trains none.
+    let steps_of = |t: &Task| {
+        if t.system.from.is_some() {
+            0
+        } else {
+            t.config.train.max_steps.max(1) as u64
+        }
+    };
     let total_steps: u64 = todo.iter().map(|t| steps_of(t)).sum();
     let multi = if s.args.quiet {
         MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::hidden())
@@ -42,7 +124,11 @@ pub(super) fn run_tasks(
         s.args.jobs,
         s.threads
     ));
-    let next = AtomicUsize::new(0);
+    let deps = dependencies(&todo);
+    let decoding: Vec<bool> = todo.iter().map(|t| t.system.from.is_some()).collect();
+    let queue = Mutex::new(vec![Slot::Waiting; todo.len()]);
+    let changed = Condvar::new();
+    let started_count = AtomicUsize::new(0);
     let finished = AtomicUsize::new(0);
     let done_steps = AtomicU64::new(0);
     let started = Instant::now();
@@ -55,15 +141,41 @@ pub(super) fn run_tasks(
                     ProgressStyle::with_template("  {msg}").expect("template"),
                 );
                 loop {
-                    let k = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(t) = todo.get(k) else { break };
+                    let i = {
+                        let mut slots = queue.lock().expect("queue");
+                        loop {
+                            let mut blocked = vec![];
+                            let next = next_task(&deps, &decoding, &mut slots, &mut blocked);
+                            for b in blocked {
+                                let msg = format!(
+                                    "{} seed {} not decoded: a run whose models it decodes failed",
+                                    todo[b].system.name, todo[b].seed
+                                );
+                                say(format!("error: {msg}"));
+                                failures.lock().expect("failures").push(msg);
+                            }
+                            match next {
+                                Next::Start(i) => break Some(i),
+                                Next::Wait => slots = changed.wait(slots).expect("queue"),
+                                Next::Stop => break None,
+                            }
+                        }
+                    };
+                    let Some(i) = i else { break };
+                    let t = todo[i];
+                    let k = started_count.fetch_add(1, Ordering::SeqCst);
                     let mut report_step = |step: u64, phase: &str| {
-                        bar.set_message(format!(
-                            "{} · seed {} · {phase} · update {step}/{}",
-                            t.system.name,
-                            t.seed,
-                            steps_of(t)
-                        ));
+                        let step = step.min(steps_of(t));
+                        bar.set_message(if steps_of(t) == 0 {
+                            format!("{} · seed {} · {phase}", t.system.name, t.seed)
+                        } else {
+                            format!(
+                                "{} · seed {} · {phase} · update {step}/{}",
+                                t.system.name,
+                                t.seed,
+                                steps_of(t)
+                            )
+                        });
                         overall.set_position(
                             (done_steps.load(Ordering::Relaxed) + step).min(total_steps),
                         );
@@ -97,7 +209,14 @@ pub(super) fn run_tasks(
                         todo.len()
                     ));
                     let t0 = Instant::now();
-                    match run_task(s, t, clock, &mut report_step) {
+                    let outcome = run_task(s, t, clock, &mut report_step);
+                    queue.lock().expect("queue")[i] = if outcome.is_ok() {
+                        Slot::Done
+                    } else {
+                        Slot::Failed
+                    };
+                    changed.notify_all();
+                    match outcome {
                         Ok(r) => {
                             finished.fetch_add(1, Ordering::Relaxed);
                             on_finished();
@@ -252,6 +371,18 @@ pub(super) fn run_task(
         .with_context(|| format!("{}: cannot create", t.dir.display()))?;
     let run = t.run.clone();
     let log = t.dir.join("output.log");
+    if let Some(f) = &t.system.from {
+        // A kept record (its checkpoints not under version control) cannot be decoded again.
+        let record = t.run.parent().map(|d| d.join("COMPLETE"));
+        if store::complete_dir(&run.join("last")).is_none() && record.is_some_and(|r| r.is_file()) {
+            bail!(
+                "{}: row {:?} decodes this run's models, but its checkpoints are not here (a kept \
+                 record); train it again with --only {f:?}",
+                run.display(),
+                t.system.name
+            );
+        }
+    }
     let train_args = train_args(s, t)?;
     let timing_path = t.dir.join("timing.json");
     let mut timing: Timing = std::fs::read_to_string(&timing_path)

@@ -631,4 +631,18 @@ fn a_row_that_chooses_on_dev_decodes_the_chosen_model() {
     );
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("chosen on dev"), "{report}");
+    // Kept under version control, the trained row's checkpoints are gone: choosing again is refused by
+    // name, with the way to train the row again.
+    let kept = tmp.path().join("kept");
+    copy_kept(&out, &kept, Path::new(""));
+    std::fs::remove_dir_all(kept.join("systems/chosen")).unwrap();
+    let o = reproduce_with(&plan, &kept, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("checkpoints are not here")
+            && err.contains("--only \"base\""),
+        "{err}"
+    );
+    assert!(!kept.join("systems/base/seed-1/run").exists());
 }
