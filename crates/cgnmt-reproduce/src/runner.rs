@@ -44,10 +44,10 @@ pub(super) enum Next {
 }
 
 /// The next task to start: the first waiting decode (`decoding`: a row that decodes other rows' models)
-/// whose models are all trained, so that a row chosen on
-/// dev or averaged is decoded (and its record complete) as soon as its run is, not after every other run
-/// has trained (an interrupted plan then loses no decode whose checkpoints are gone); else the first
-/// waiting training run. A task whose dependency failed fails too, and is returned in `blocked`.
+/// whose models are all trained, so that a row chosen on dev or averaged is decoded (and its record
+/// complete) as soon as its run is, not after every other run has trained (an interrupted plan then loses
+/// no decode whose checkpoints are gone); else the first waiting training run. A task whose dependency
+/// failed fails too, and is returned in `blocked`.
 pub(super) fn next_task(
     deps: &[Vec<usize>],
     decoding: &[bool],
