@@ -817,6 +817,175 @@ fn need_model(s: &Setup, r: &RunResult) -> Result<()> {
     Ok(())
 }
 
+/// One alignment analysis's gold set: the sentence files and the links (source index first).
+pub(super) struct GoldSet {
+    src: PathBuf,
+    tgt: PathBuf,
+    links: Vec<cgnmt_eval::aer::GoldLinks>,
+}
+
+/// Read an alignment analysis's files from the data directory; a missing or malformed one is an error
+/// naming the analysis (checked before any training, so that a plan does not fail after hours).
+pub(super) fn gold_set(s: &Setup, al: &super::plan::AlignmentSpec) -> Result<GoldSet> {
+    let file = |rel: &str| -> Result<PathBuf> {
+        s.data
+            .file(rel)
+            .with_context(|| format!("analyses.alignment {:?}", al.name))
+    };
+    let (src, tgt) = (file(&al.src)?, file(&al.tgt)?);
+    let gold = file(&al.gold)?;
+    let mut links = cgnmt_eval::aer::read_gold(&gold)
+        .with_context(|| format!("analyses.alignment {:?}", al.name))?;
+    if al.target_first {
+        for g in &mut links {
+            g.sure = g.sure.iter().map(|&(a, b)| (b, a)).collect();
+            g.possible = g.possible.iter().map(|&(a, b)| (b, a)).collect();
+        }
+    }
+    Ok(GoldSet { src, tgt, links })
+}
+
+/// Where a run's alignment on the `k`-th gold set is kept, named by its fingerprint (a run trained further
+/// is aligned again): the scores (`.json`, kept under version control) and the raw links and matrices.
+fn alignment_stem(s: &Setup, k: usize, system: &str, seed: u64, fingerprint: &str) -> PathBuf {
+    s.out
+        .join("analyses/alignment")
+        .join(k.to_string())
+        .join(format!("{}-seed-{seed}-{fingerprint}", slug(system)))
+}
+
+/// `stem` with `suffix` appended.
+fn suffixed(stem: &Path, suffix: &str) -> PathBuf {
+    let mut p = stem.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+fn cached_scores(stem: &Path) -> Option<AlignmentScores> {
+    std::fs::read_to_string(suffixed(stem, ".json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<AlignmentScores>(&t).ok())
+}
+
+/// Force-decode the gold set with the model in `run_dir` (unless its matrices are there already), score the
+/// attention and cache the scores. The `align` child writes to `log`.
+fn align_and_score(
+    s: &Setup,
+    gold: &GoldSet,
+    stem: &Path,
+    run_dir: &Path,
+    log: &Path,
+    threads: usize,
+    clock: &Clock,
+) -> Result<AlignmentScores> {
+    let dir = stem.parent().expect("a stem has a directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let soft = suffixed(stem, ".soft.jsonl");
+    if !soft.is_file() {
+        run_child(
+            &s.exe,
+            &[
+                "align".into(),
+                "-m".into(),
+                best_dir(run_dir).display().to_string(),
+                "--src".into(),
+                gold.src.display().to_string(),
+                "--tgt".into(),
+                gold.tgt.display().to_string(),
+                "-o".into(),
+                suffixed(stem, ".talp").display().to_string(),
+                "--soft".into(),
+                soft.display().to_string(),
+            ],
+            log,
+            threads,
+            clock,
+            || {},
+        )?;
+    }
+    let m = cgnmt_eval::aer::read_soft_jsonl(&soft)?;
+    let hard = cgnmt_eval::aer::argmax_links(&m);
+    let scores = AlignmentScores {
+        aer: cgnmt_eval::aer::aer(&gold.links, &hard)?.aer,
+        saer: cgnmt_eval::aer::saer(&gold.links, &m)?.saer,
+    };
+    super::write_atomic(
+        &suffixed(stem, ".json"),
+        serde_json::to_string(&scores)?.as_bytes(),
+    )?;
+    Ok(scores)
+}
+
+/// Align a run that has just trained, on every gold set whose analysis lists its row, while its
+/// checkpoints are sure to be here: the queue calls this before the run's record is complete, so an
+/// invocation stopped later loses no alignment (the report then reads the cached scores).
+pub(super) fn align_trained_run(
+    s: &Setup,
+    t: &Task,
+    clock: &Clock,
+    progress: &mut dyn FnMut(u64, &str),
+) -> Result<()> {
+    if t.system.from.is_some() {
+        return Ok(());
+    }
+    for (k, al) in s.plan.analyses.alignment.iter().enumerate() {
+        if !al.systems.contains(&t.system.name) {
+            continue;
+        }
+        let stem = alignment_stem(s, k, &t.system.name, t.seed, &t.fingerprint);
+        if cached_scores(&stem).is_some() {
+            continue;
+        }
+        progress(t.config.train.max_steps as u64, "aligning");
+        let gold = gold_set(s, al)?;
+        align_and_score(
+            s,
+            &gold,
+            &stem,
+            &t.dir,
+            &t.dir.join("output.log"),
+            s.threads,
+            clock,
+        )?;
+    }
+    Ok(())
+}
+
+/// Remove a row's cached alignments (every seed, every gold set): `--only` trains the row again with the same
+/// fingerprint, so its old scores would otherwise be read for the new models.
+pub(super) fn forget_alignments(s: &Setup, system: &str) -> Result<()> {
+    let prefix = format!("{}-seed-", slug(system));
+    let Ok(sets) = std::fs::read_dir(s.out.join("analyses/alignment")) else {
+        return Ok(());
+    };
+    for set in sets.flatten() {
+        let Ok(files) = std::fs::read_dir(set.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            // `<slug>-seed-<seed>-<fingerprint>.<suffix>`: the rest is a seed and a hex fingerprint, so that
+            // row "GRU seed 1"'s files are not row "GRU"'s.
+            let ours = name.strip_prefix(&prefix).is_some_and(|rest| {
+                let mut parts = rest.splitn(2, '-');
+                let seed = parts.next().unwrap_or("");
+                !seed.is_empty()
+                    && seed.bytes().all(|b| b.is_ascii_digit())
+                    && parts.next().is_some_and(|fp| {
+                        fp.split('.').next().is_some_and(|h| {
+                            !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit())
+                        })
+                    })
+            });
+            if ours {
+                std::fs::remove_file(f.path())
+                    .with_context(|| format!("{}: cannot remove", f.path().display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn align_all<'a>(
     s: &Setup,
     k: usize,
@@ -824,76 +993,37 @@ fn align_all<'a>(
     of: &dyn Fn(&str) -> Vec<&'a RunResult>,
     clock: &Clock,
 ) -> Result<AlignmentResult> {
-    let file = |rel: &str| -> Result<PathBuf> {
-        s.data
-            .file(rel)
-            .with_context(|| format!("analyses.alignment {:?}", al.name))
-    };
-    let (src, tgt) = (file(&al.src)?, file(&al.tgt)?);
-    let mut gold = cgnmt_eval::aer::read_gold(&file(&al.gold)?)?;
-    if al.target_first {
-        for g in &mut gold {
-            g.sure = g.sure.iter().map(|&(a, b)| (b, a)).collect();
-            g.possible = g.possible.iter().map(|&(a, b)| (b, a)).collect();
-        }
-    }
-    let dir = s.out.join("analyses/alignment").join(k.to_string());
-    std::fs::create_dir_all(&dir).with_context(|| format!("{}: cannot create", dir.display()))?;
+    let gold = gold_set(s, al)?;
+    let log = s
+        .out
+        .join("analyses/alignment")
+        .join(k.to_string())
+        .join("output.log");
     let mut systems = vec![];
     for name in &al.systems {
         let (mut seeds, mut aers, mut saers) = (vec![], vec![], vec![]);
         for r in of(name) {
-            // Named by the run's fingerprint: a run trained further is aligned again.
-            let stem = format!("{}-seed-{}-{}", slug(name), r.seed, r.fingerprint);
-            let scores = dir.join(format!("{stem}.json"));
-            if let Some(c) = std::fs::read_to_string(&scores)
-                .ok()
-                .and_then(|t| serde_json::from_str::<AlignmentScores>(&t).ok())
-            {
-                seeds.push(r.seed);
-                aers.push(c.aer);
-                saers.push(c.saer);
-                continue;
-            }
-            let soft = dir.join(format!("{stem}.soft.jsonl"));
-            if !soft.is_file() {
-                need_model(s, r)?;
-                run_child(
-                    &s.exe,
-                    &[
-                        "align".into(),
-                        "-m".into(),
-                        best_dir(&s.out.join(&r.dir)).display().to_string(),
-                        "--src".into(),
-                        src.display().to_string(),
-                        "--tgt".into(),
-                        tgt.display().to_string(),
-                        "-o".into(),
-                        dir.join(format!("{stem}.talp")).display().to_string(),
-                        "--soft".into(),
-                        soft.display().to_string(),
-                    ],
-                    &dir.join("output.log"),
-                    s.threads * s.args.jobs,
-                    clock,
-                    || {},
-                )?;
-            }
-            let m = cgnmt_eval::aer::read_soft_jsonl(&soft)?;
-            let hard = cgnmt_eval::aer::argmax_links(&m);
-            let a = cgnmt_eval::aer::aer(&gold, &hard)?;
-            let sa = cgnmt_eval::aer::saer(&gold, &m)?;
-            super::write_atomic(
-                &scores,
-                serde_json::to_string(&AlignmentScores {
-                    aer: a.aer,
-                    saer: sa.saer,
-                })?
-                .as_bytes(),
-            )?;
+            let stem = alignment_stem(s, k, name, r.seed, &r.fingerprint);
+            let scores = match cached_scores(&stem) {
+                Some(c) => c,
+                None => {
+                    if !suffixed(&stem, ".soft.jsonl").is_file() {
+                        need_model(s, r)?;
+                    }
+                    align_and_score(
+                        s,
+                        &gold,
+                        &stem,
+                        &s.out.join(&r.dir),
+                        &log,
+                        s.threads * s.args.jobs,
+                        clock,
+                    )?
+                }
+            };
             seeds.push(r.seed);
-            aers.push(a.aer);
-            saers.push(sa.saer);
+            aers.push(scores.aer);
+            saers.push(scores.saer);
         }
         systems.push(AlignmentSystem {
             system: name.clone(),
@@ -908,7 +1038,7 @@ fn align_all<'a>(
     }
     Ok(AlignmentResult {
         name: al.name.clone(),
-        sentences: gold.len(),
+        sentences: gold.links.len(),
         systems,
     })
 }

@@ -245,8 +245,13 @@ pub fn run(args: ReproduceOptions, data_dir: cgnmt_datasets::DataDir) -> Result<
                 .with_context(|| format!("{}: cannot remove", dir.display()))?;
             eprintln!("--only: removed {} to train {name:?} again", dir.display());
         }
+        analyses::forget_alignments(&setup, name)?;
     }
     check_stale(&tasks)?;
+    // The alignment analyses' files are read before any training: a missing one fails now, not after hours.
+    for al in &setup.plan.analyses.alignment {
+        analyses::gold_set(&setup, al)?;
+    }
     let (command, commit) = analyses::Invocation::this_process();
     if !setup.args.report_only {
         // The invocation's account so far, after each finished run: a killed invocation's time is counted too.

@@ -401,11 +401,24 @@ pub(super) fn run_task(
     if let Some(a) = train_args {
         let t0 = Instant::now();
         let train_log = run.join("train.log");
+        // The training time so far is written every half minute, so that an invocation killed while the
+        // run trains still counts its time when the next one resumes the run.
+        let before = timing.train_seconds;
+        let mut written = Instant::now();
+        let save = |timing: &mut Timing| -> Result<()> {
+            timing.train_seconds = before + t0.elapsed().as_secs_f64();
+            write_atomic(&timing_path, serde_json::to_string(timing)?.as_bytes())
+        };
         run_child(&s.exe, &a, &log, s.threads, clock, || {
-            progress(last_logged_step(&train_log).unwrap_or(0), "training")
+            progress(last_logged_step(&train_log).unwrap_or(0), "training");
+            if written.elapsed() >= Duration::from_secs(30) {
+                written = Instant::now();
+                if let Err(e) = save(&mut timing) {
+                    eprintln!("warning: {e:#}");
+                }
+            }
         })?;
-        timing.train_seconds += t0.elapsed().as_secs_f64();
-        write_atomic(&timing_path, serde_json::to_string(&timing)?.as_bytes())?;
+        save(&mut timing)?;
     }
     keep_training_record(t)?;
     progress(t.config.train.max_steps as u64, "decoding the test set");
@@ -456,6 +469,9 @@ pub(super) fn run_task(
         &t.dir.join("result.json"),
         serde_json::to_string_pretty(&r)?.as_bytes(),
     )?;
+    // Alignments need the checkpoints, which may not outlive this invocation: made before the record is
+    // complete.
+    analyses::align_trained_run(s, t, clock, progress)?;
     write_atomic(
         &t.dir.join("COMPLETE"),
         serde_json::to_string(&Complete {

@@ -117,6 +117,23 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
         "a killed reproduce left training running"
     );
     let gru_done = mtime(&out.join("systems/gru/seed-1/COMPLETE"));
+    // A finished run is aligned before its record is complete: the killed invocation lost no alignment.
+    let gru_alignment = || {
+        let dir = out.join("analyses/alignment/0");
+        let found: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        found.into_iter().find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("gru-seed-1-") && n.ends_with(".json")
+        })
+    };
+    let aligned_first = if with_alignment {
+        let p = gru_alignment().expect("the first run's alignment scores");
+        Some((p.clone(), mtime(&p)))
+    } else {
+        None
+    };
 
     let err = ok(&reproduce(&out, &[]));
     assert!(err.contains("14 of 14 runs finished"), "{err}");
@@ -250,6 +267,14 @@ fn quick_reproduction_reports_real_runs_and_resumes() {
     let err = ok(&reproduce(&out, &["--only", "GRU"]));
     assert!(err.contains("1 of 14 runs to train"), "{err}");
     assert!(mtime(&out.join("systems/gru/seed-1/COMPLETE")) > gru_done);
+    // ... and aligns it again: its old scores (same fingerprint) are not read for the new model.
+    if let Some((p, t)) = &aligned_first {
+        assert!(p.is_file(), "the retrained run was not aligned");
+        assert!(
+            mtime(p) > *t,
+            "the retrained run's alignment is the old one"
+        );
+    }
     assert_eq!(
         mtime(&out.join("systems/gru-both-gate/seed-1/COMPLETE")),
         other
@@ -409,6 +434,32 @@ fn reproduce_refuses_bad_arguments_clearly() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("missing.toml"), "{err}");
+    // A missing gold alignment file fails before anything trains, naming the analysis and the file.
+    if common::data_set_or_skip("align-zh-en-tsinghua", "the gold-file check").is_none() {
+        return;
+    }
+    let text = std::fs::read_to_string(plan()).unwrap();
+    assert!(text.contains("gold = \"align-zh-en-tsinghua/test.talp\""));
+    let bad = tmp.path().join("bad-gold.toml");
+    std::fs::write(
+        &bad,
+        text.replace(
+            "gold = \"align-zh-en-tsinghua/test.talp\"",
+            "gold = \"align-zh-en-tsinghua/missing.talp\"",
+        ),
+    )
+    .unwrap();
+    let o = reproduce_with(&bad, &out, &[]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("analyses.alignment") && err.contains("missing.talp"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        !out.join("systems").exists(),
+        "a run trained before the plan's files were checked"
+    );
 }
 
 /// The recipes plan (`configs/reproduce/recipes.toml`) on its quick budget with two seeds: rows with `from`
