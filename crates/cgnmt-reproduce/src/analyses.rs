@@ -793,8 +793,6 @@ fn write_subjective(
     })
 }
 
-/// Force-decode a gold-aligned set with every finished seed of the listed systems and score the attention:
-/// AER of the row-wise argmax links (first maximum on ties) and soft AER of the matrices.
 /// A run's alignment error rates on one gold set (cached beside its raw alignments, which are not kept under
 /// version control).
 #[derive(Serialize, Deserialize)]
@@ -986,6 +984,9 @@ pub(super) fn forget_alignments(s: &Setup, system: &str) -> Result<()> {
     Ok(())
 }
 
+/// The `k`-th alignment analysis over every finished seed of its listed rows: AER of the row-wise argmax
+/// links (first maximum on ties) and soft AER of the attention matrices, each run's scores read from its cache
+/// (written when the run was trained) or made now from its model.
 fn align_all<'a>(
     s: &Setup,
     k: usize,
