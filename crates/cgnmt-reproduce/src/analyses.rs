@@ -272,7 +272,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
     }
 
     let a = &plan.analyses;
-    let figures_dir = s.out.join("figures");
+    let figures_dir = s.out.join(s.figures_dir_name());
     // Figures are drawn anew each time: none of an earlier report's may linger.
     if figures_dir.exists() {
         std::fs::remove_dir_all(&figures_dir)

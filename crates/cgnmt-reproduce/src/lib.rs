@@ -2,7 +2,8 @@
 //! with every seed (as `cgnmt train` child processes, `--jobs` at a time), decodes the test set with each best
 //! model, runs the analyses (significance, gate correlation, context scaling, length groups, alignment error
 //! rates, attention heatmaps, a blinded sample for subjective evaluation) and writes `results.json`,
-//! `report.md` and a self-contained `report.html`. Every number in the report is read from the run files.
+//! `report.md` and a self-contained `report.html` (named for the seeds, `report-seeds-1-2.md`, when `--seeds`
+//! asks for fewer than the plan has). Every number in the report is read from the run files.
 //!
 //! The output directory is resumable: a finished run (`systems/<row>/seed-<s>/COMPLETE`, whose saved training
 //! configuration, read through today's `Config`, is the plan's) is never trained again, a killed training resumes from its last
@@ -152,6 +153,35 @@ pub struct Setup {
     pub test_src_tok: PathBuf,
     pub test_refs: Vec<PathBuf>,
     pub extra_tests: Vec<ExtraTestFiles>,
+}
+
+impl Setup {
+    /// What names this invocation's report: empty for the whole plan, `-seeds-1-2` (`-seed-1`) for `--seeds N`
+    /// below the plan's count, whose report must not overwrite the whole plan's.
+    pub fn report_suffix(&self) -> String {
+        partial_suffix(&self.plan.seeds, &self.seeds, self.args.seeds.is_some())
+    }
+
+    /// `OUT/<stem><suffix>.<ext>`: `report.md`, or `report-seeds-1-2.md` for a part of the plan's seeds.
+    pub fn report_file(&self, stem: &str, ext: &str) -> PathBuf {
+        self.out
+            .join(format!("{stem}{}.{ext}", self.report_suffix()))
+    }
+
+    /// The figures' directory under `OUT`: `figures`, or `figures-seeds-1-2` for a part of the plan's seeds.
+    pub fn figures_dir_name(&self) -> String {
+        format!("figures{}", self.report_suffix())
+    }
+}
+
+/// `-seeds-1-2` (or `-seed-1`) when `--seeds` asked for fewer seeds than the plan has, else empty.
+fn partial_suffix(plan_seeds: &[u64], seeds: &[u64], asked: bool) -> String {
+    if !asked || seeds.len() >= plan_seeds.len() {
+        return String::new();
+    }
+    let list: Vec<String> = seeds.iter().map(u64::to_string).collect();
+    let word = if seeds.len() == 1 { "seed" } else { "seeds" };
+    format!("-{word}-{}", list.join("-"))
 }
 
 /// Seconds spent in child processes (training, decoding, aligning) and in this process's own work.
@@ -306,8 +336,8 @@ pub fn run(args: ReproduceOptions, data_dir: cgnmt_datasets::DataDir) -> Result<
         "{} of {} runs finished; report: {} and {}",
         done,
         tasks.len(),
-        setup.out.join("report.md").display(),
-        setup.out.join("report.html").display()
+        setup.report_file("report", "md").display(),
+        setup.report_file("report", "html").display()
     );
     if done < tasks.len() && !setup.args.report_only {
         bail!(
@@ -389,6 +419,16 @@ pub fn append_line(p: &Path, line: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_report_on_part_of_the_plans_seeds_is_named_for_them() {
+        assert_eq!(partial_suffix(&[1, 2, 3], &[1, 2], true), "-seeds-1-2");
+        assert_eq!(partial_suffix(&[1, 2, 3], &[1], true), "-seed-1");
+        // The whole plan, more seeds than it has, or no --seeds (the quick budget's own seeds): report.md.
+        assert_eq!(partial_suffix(&[1, 2, 3], &[1, 2, 3], true), "");
+        assert_eq!(partial_suffix(&[1, 2, 3], &[1, 2, 3, 4], true), "");
+        assert_eq!(partial_suffix(&[1, 2, 3], &[1], false), "");
+    }
+
     #[test]
     fn later_prepare_flags_replace_earlier_ones() {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -36,7 +36,7 @@ fn pval(p: f64) -> String {
 
 /// Render the figures of the results into `OUT/figures` and list them in `r.figures`.
 pub fn figures(s: &Setup, r: &mut Results) -> Result<()> {
-    let dir = s.out.join("figures");
+    let dir = s.out.join(s.figures_dir_name());
     std::fs::create_dir_all(&dir)?;
     let add = |file: String, caption: String, r: &mut Results| {
         r.figures.push(FigureRef { file, caption });
@@ -213,23 +213,24 @@ fn row_cells(r: &Row) -> Vec<String> {
     ]
 }
 
-fn blocks(r: &Results) -> Vec<Block> {
+/// `suffix`: the report's name part (empty, or `-seeds-1-2` for a part of the plan's seeds).
+fn blocks(r: &Results, suffix: &str) -> Vec<Block> {
     let mut b = vec![];
-    title(r, &mut b);
+    title(r, suffix, &mut b);
     main_tables(r, &mut b);
     extra_test_tables(r, &mut b);
     alignment(r, &mut b);
     gates(r, &mut b);
     context_scaling(r, &mut b);
     length_groups(r, &mut b);
-    subjective_and_figures(r, &mut b);
+    subjective_and_figures(r, &format!("figures{suffix}"), &mut b);
     wall_time(r, &mut b);
     configurations(r, &mut b);
     b
 }
 
 /// The report's the title, what the plan is, how it ran and how significance is computed.
-fn title(r: &Results, b: &mut Vec<Block>) {
+fn title(r: &Results, suffix: &str, b: &mut Vec<Block>) {
     use Block::*;
     b.push(H(
         1,
@@ -245,7 +246,7 @@ fn title(r: &Results, b: &mut Vec<Block>) {
         training_commands(r),
         format!("Report written by cgnmt {} (built from commit `{}`); CPU: {} ({} threads available); written {}.", r.environment.cgnmt_version, r.environment.commit, r.environment.cpu, r.environment.cores, r.environment.date),
         format!("Runs finished: {} of {}.{}", r.runs.len(), r.runs.len() + r.pending.len(), if r.pending.is_empty() { String::new() } else { format!(" Pending: {}.", r.pending.join("; ")) }),
-        "BLEU is NIST mteval-v11b, case-insensitive (the paper's metric), of each run's best-dev-BLEU model; sacreBLEU (13a, cased) and chrF are shown beside it; the length ratios are the output's words over the reference's, and sacreBLEU's (13a tokens). Every number below is read from the run files (`results.json`).".into(),
+        format!("BLEU is NIST mteval-v11b, case-insensitive (the paper's metric), of each run's best-dev-BLEU model; sacreBLEU (13a, cased) and chrF are shown beside it; the length ratios are the output's words over the reference's, and sacreBLEU's (13a tokens). Every number below is read from the run files (`results{suffix}.json`)."),
     ]));
     b.push(P(format!(
         "Significance against the row's baseline is computed on the pooled outputs: the system's seed s paired with the baseline's seed s, sentence by sentence, over every seed both have: paired bootstrap ({} resamples) and approximate randomisation ({} trials) p-values, and the sign test (sentences better/worse/equal, two-sided binomial p). The paper's BLEU is the NIST MT05/06/08 average (4 references, model-spec §9): compare its differences (paper Δ), not its level.",
@@ -550,7 +551,7 @@ fn length_groups(r: &Results, b: &mut Vec<Block>) {
 }
 
 /// The report's the subjective-evaluation sample (paper Table 3) and the figures.
-fn subjective_and_figures(r: &Results, b: &mut Vec<Block>) {
+fn subjective_and_figures(r: &Results, figures_dir: &str, b: &mut Vec<Block>) {
     use Block::*;
     if let Some(sj) = &r.subjective {
         b.push(H(2, "Subjective evaluation sample (paper Table 3)".into()));
@@ -562,7 +563,7 @@ fn subjective_and_figures(r: &Results, b: &mut Vec<Block>) {
     if !r.figures.is_empty() {
         b.push(H(2, "Figures".into()));
         for f in &r.figures {
-            b.push(Img(format!("figures/{}", f.file), f.caption.clone()));
+            b.push(Img(format!("{figures_dir}/{}", f.file), f.caption.clone()));
         }
     }
 }
@@ -811,16 +812,20 @@ figure{{margin:1.5em 0}}figcaption{{font-style:italic;color:#555}}code,pre{{back
     Ok(o)
 }
 
-/// Write `results.json`, `report.md` and `report.html`.
+/// Write `results.json`, `report.md` and `report.html` (for a part of the plan's seeds, `results-seeds-1-2.json`
+/// and so on: the whole plan's report is left as it is).
 pub fn write(s: &Setup, r: &Results) -> Result<()> {
     write_atomic(
-        &s.out.join("results.json"),
+        &s.report_file("results", "json"),
         serde_json::to_string_pretty(r)?.as_bytes(),
     )?;
-    let b = blocks(r);
-    write_atomic(&s.out.join("report.md"), md(&b).as_bytes())?;
+    let b = blocks(r, &s.report_suffix());
+    write_atomic(&s.report_file("report", "md"), md(&b).as_bytes())?;
     let title = format!("Reproduction of Tu et al. (2017): {}", r.plan);
-    write_atomic(&s.out.join("report.html"), html(&b, s, &title)?.as_bytes())?;
+    write_atomic(
+        &s.report_file("report", "html"),
+        html(&b, s, &title)?.as_bytes(),
+    )?;
     Ok(())
 }
 

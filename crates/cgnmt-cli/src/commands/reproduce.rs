@@ -14,7 +14,8 @@ pub struct ReproduceArgs {
     /// Plan file (TOML): data, shared settings, systems, analyses.
     #[arg(long, default_value = "configs/reproduce/tatoeba.toml")]
     pub plan: PathBuf,
-    /// Train each system with this many seeds (the plan's first N; more are numbered on from its last).
+    /// Train each system with this many seeds (the plan's first N; more are numbered on from its last). Fewer
+    /// than the plan has write report-seeds-1-2.md (and .html, results-, figures-) beside the plan's report.
     #[arg(long, value_name = "N")]
     pub seeds: Option<usize>,
     /// Training budget per run in seconds (train.max_seconds), in addition to the plan's update limit.

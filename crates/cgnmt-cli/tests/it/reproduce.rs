@@ -466,7 +466,8 @@ fn reproduce_refuses_bad_arguments_clearly() {
 /// train nothing and decode the source row's models otherwise (a length penalty, an average of the last
 /// checkpoints, an ensemble of the seeds, each checked here against `cgnmt average` and `cgnmt translate` run
 /// directly); `seeds = 1` rows train one seed; BPE rows (`prepare`) train on their own prepared data; every run also decodes the extra test set (the longer half of
-/// the test set), whose table is in the report; a second invocation decodes nothing again.
+/// the test set), whose table is in the report, named for the two seeds of the plan's three
+/// (`report-seeds-1-2.md`); a second invocation decodes nothing again.
 #[test]
 fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
     let tmp = tempfile::tempdir().unwrap();
@@ -477,7 +478,11 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
             .output()
             .unwrap(),
     );
-    let results = json(&out.join("results.json"));
+    // Two of the plan's three seeds: the report is named for them, and a whole plan's report would be left as
+    // it is.
+    assert!(!out.join("report.md").exists() && !out.join("results.json").exists());
+    assert!(!out.join("figures").exists());
+    let results = json(&out.join("results-seeds-1-2.json"));
     let rows = results["rows"].as_array().unwrap();
     let row = |name: &str| {
         rows.iter()
@@ -595,7 +600,13 @@ fn recipes_plan_decodes_other_rows_models_and_scores_the_extra_test_set() {
     let tables = results["extra_tests"].as_array().unwrap();
     assert_eq!(tables.len(), 1);
     assert_eq!(tables[0]["sentences"], 80);
-    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let report = std::fs::read_to_string(out.join("report-seeds-1-2.md")).unwrap();
+    assert!(out.join("report-seeds-1-2.html").is_file());
+    assert!(
+        report.contains("](figures-seeds-1-2/training.png)")
+            && out.join("figures-seeds-1-2/training.png").is_file(),
+        "{report}"
+    );
     assert!(
         report.contains("## Test set \"long\": 80 sentences"),
         "{report}"
