@@ -34,7 +34,8 @@ fn pval(p: f64) -> String {
     }
 }
 
-/// Render the figures of the results into `OUT/figures` and list them in `r.figures`.
+/// Render the figures of the results into `OUT/figures` (`OUT/figures-seeds-1-2` for a part of the plan's seeds)
+/// and list them in `r.figures`.
 pub fn figures(s: &Setup, r: &mut Results) -> Result<()> {
     let dir = s.out.join(s.figures_dir_name());
     std::fs::create_dir_all(&dir)?;
