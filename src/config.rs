@@ -115,9 +115,8 @@ pub struct ModelConfig {
     /// Layer normalisation (Ba et al. 2016) where Nematus and Marian's `s2s` put it (`--layer-normalization`):
     /// on each block of every recurrent cell's input and recurrent products, on the attention's keys and
     /// query, and on the readout's three terms, with a learned gain and bias each (model-spec §5b). false: the
-    /// paper's model. (Written out only when true, so that the configurations, and `cgnmt reproduce`'s
-    /// fingerprints of runs, from before this key are unchanged.)
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// paper's model. (`cgnmt reproduce`'s fingerprints of runs leave it out when false, so that those from
+    /// before this key are unchanged.)
     pub layer_norm: bool,
 }
 

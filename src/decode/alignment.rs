@@ -5,6 +5,8 @@
 
 use candle_core::{DType, Result};
 
+use crate::decode::beam_search::Hypothesis;
+use crate::model::decoder_step::SourceView;
 use crate::model::store::LoadedModel;
 use crate::model::{pad, Model};
 
@@ -77,29 +79,21 @@ pub fn force_decode(
     let (t_ids, _) = pad(tgts, eos, dtype, &dev)?;
     let src = model.encode(&s_ids, &s_mask)?;
     let (b, t_len) = t_ids.dims2()?;
-    let mut t = src.t0.clone();
-    let mut cov = model.initial_coverage(&src)?;
-    let mut e_prev = candle_core::Tensor::zeros((b, model.tgt_emb.dim(1)?), dtype, &dev)?;
+    let view = SourceView::sentences(&src, None, &[]);
+    let mut state = model.start(&src, true)?;
     let mut alphas: Vec<Vec<Vec<f32>>> = Vec::with_capacity(t_len);
     let mut gates: Vec<Option<Vec<f32>>> = Vec::with_capacity(t_len);
     for i in 0..t_len {
-        let o = model.attend(&src, &t, cov.as_ref())?;
-        cov = o.cov;
-        alphas.push(o.alpha.to_dtype(DType::F32)?.to_vec2()?);
-        let (t_read, cond) = model.condition(&t, &(&o.ctx).into(), &e_prev, (1.0, 1.0))?;
-        let e = model.embed(&t_ids.narrow(1, i, 1)?.squeeze(1)?)?;
-        let (tn, sc) = model.transition(&t_read, &e, &(&o.ctx).into(), (1.0, 1.0))?;
-        e_prev = e;
-        let gate = match cond {
-            Some(c) => c.gate,
-            None => sc.gate,
-        };
-        gates.push(match gate {
+        let step = model.step(view, &state, (1.0, 1.0), None)?;
+        alphas.push(step.alpha.to_dtype(DType::F32)?.to_vec2()?);
+        let word = model.word_terms(&model.embed(&t_ids.narrow(1, i, 1)?.squeeze(1)?)?)?;
+        let (next, sc) = model.feed(&step, None, word, (1.0, 1.0), None)?;
+        gates.push(match step.gate.or(sc.gate) {
             Some(g) if g.rank() == 2 => Some(g.to_dtype(DType::F32)?.mean(1)?.to_vec1()?),
             Some(g) => Some(vec![g.to_dtype(DType::F32)?.mean_all()?.to_scalar()?; b]),
             None => None,
         });
-        t = tn;
+        state = next;
     }
     let mut out = Vec::with_capacity(b);
     for k in 0..b {
@@ -141,6 +135,106 @@ pub fn argmax_links(m: &[Vec<f64>]) -> Vec<(usize, usize)> {
     cgnmt_eval::aer::argmax_links(std::slice::from_ref(&m.to_vec()))
         .pop()
         .unwrap_or_default()
+}
+
+/// How `translate --alignment` links output words to source words.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AlignmentMode {
+    /// Each output word to its most attended source word (the first on ties), as `cgnmt align` does.
+    Hard,
+    /// Every link whose attention is at least this probability (in (0, 1]).
+    Threshold(f64),
+    /// Each output word's attention over the source words (the word-level matrix).
+    Soft,
+}
+
+impl std::str::FromStr for AlignmentMode {
+    type Err = String;
+
+    /// `hard`, `soft`, or a probability `P` in (0, 1].
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "hard" => Ok(AlignmentMode::Hard),
+            "soft" => Ok(AlignmentMode::Soft),
+            _ => match s.parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 1.0 => Ok(AlignmentMode::Threshold(p)),
+                _ => Err(format!(
+                    "{s:?}: expected hard, soft or a probability in (0, 1] (links with at least that attention)"
+                )),
+            },
+        }
+    }
+}
+
+/// A translation at the level of words, subword pieces merged as [`align_words`] merges them: a word's
+/// attention column is the sum of its pieces', its row the sum of its pieces' rows (renormalised over the
+/// source words), its log-probability the sum of its pieces' and its gate value their mean.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WordLevel {
+    /// Attention `[output word][source word]` (EOS left out), rows summing to 1; empty when the
+    /// hypothesis recorded no attention.
+    pub attention: Vec<Vec<f64>>,
+    /// Each output word's log-probability (empty when the hypothesis recorded none).
+    pub word_scores: Vec<f64>,
+    /// Each output word's mean gate value (empty without a gate, or when none was recorded).
+    pub word_gates: Vec<f32>,
+}
+
+impl WordLevel {
+    /// The word-level view of hypothesis `h`, whose source and output are the model's tokens `src_pieces` and
+    /// `out_pieces` (the hypothesis's own tokens, BPE pieces marked as `cgnmt_data::bpe` marks them).
+    pub fn of(src_pieces: &[String], out_pieces: &[String], h: &Hypothesis) -> WordLevel {
+        use cgnmt_data::bpe::word_index_of_subwords;
+        let smap = word_index_of_subwords(src_pieces);
+        let tmap = word_index_of_subwords(out_pieces);
+        let nw = tmap.last().map_or(0, |w| w + 1);
+        let attention = if h.attention.len() >= out_pieces.len() && !out_pieces.is_empty() {
+            to_words(&h.attention, &smap, &tmap)
+        } else {
+            vec![]
+        };
+        let mut word_scores = vec![];
+        if h.word_scores.len() >= out_pieces.len() {
+            word_scores = vec![0.0f64; nw];
+            for (k, &w) in tmap.iter().enumerate() {
+                word_scores[w] += h.word_scores[k] as f64;
+            }
+        }
+        let mut word_gates = vec![];
+        if !h.gates.is_empty() && h.gates.len() >= out_pieces.len() {
+            let (mut sum, mut n) = (vec![0.0f32; nw], vec![0usize; nw]);
+            for (k, &w) in tmap.iter().enumerate() {
+                sum[w] += h.gates[k];
+                n[w] += 1;
+            }
+            word_gates = sum.iter().zip(&n).map(|(s, &c)| s / c as f32).collect();
+        }
+        WordLevel {
+            attention,
+            word_scores,
+            word_gates,
+        }
+    }
+
+    /// The links `(source word, output word)` of `mode` (none for [`AlignmentMode::Soft`]), in output word
+    /// order, then source word order.
+    pub fn links(&self, mode: AlignmentMode) -> Vec<(usize, usize)> {
+        match mode {
+            AlignmentMode::Hard => argmax_links(&self.attention),
+            AlignmentMode::Threshold(p) => self
+                .attention
+                .iter()
+                .enumerate()
+                .flat_map(|(j, row)| {
+                    row.iter()
+                        .enumerate()
+                        .filter(move |(_, &a)| a >= p)
+                        .map(move |(i, _)| (i, j))
+                })
+                .collect(),
+            AlignmentMode::Soft => vec![],
+        }
+    }
 }
 
 /// Force-decode in batches; a convenience over [`force_decode`].

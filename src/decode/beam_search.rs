@@ -8,6 +8,7 @@ use candle_core::{Device, IndexOp, Result, Tensor};
 use crate::decode::penalties::Ranking;
 use crate::kernels::readout::{log_normaliser, log_softmax};
 use crate::kernels::top_k;
+use crate::model::decoder_step::{DecoderState, SourceView, Step};
 use crate::model::{pad, Model, WordTable};
 
 /// Decoder steps computed so far in this process, counted per hypothesis (`cgnmt bench` turns this into
@@ -33,6 +34,8 @@ pub struct DecodeOptions {
     pub context_scale: (f64, f64),
     /// Record attention weights, gate values and final coverage.
     pub record: bool,
+    /// Record each hypothesis's log-probability of every token ([`Hypothesis::word_scores`]).
+    pub word_scores: bool,
     /// Stop decoding a sentence once no live hypothesis can enter its `nbest` any more (ranking by total
     /// log-probability; with `length_norm` every hypothesis runs to its end). The results are those of
     /// decoding on until the beam has shrunk to nothing (tested); `false` does that.
@@ -138,6 +141,7 @@ impl Default for DecodeOptions {
             nbest: 1,
             context_scale: (1.0, 1.0),
             record: false,
+            word_scores: false,
             settle: true,
             word_table: true,
             shortlist: None,
@@ -161,6 +165,11 @@ pub struct Hypothesis {
     pub coverage: Vec<f32>,
     /// With a coverage penalty: the attention each source position received over the steps so far.
     pub attention_mass: Vec<f64>,
+    /// With [`DecodeOptions::word_scores`]: the log-probability of each emitted token (EOS included when the
+    /// hypothesis finished with it) as the search scored it: an ensemble's mean, over a shortlist
+    /// renormalised over it. Their sum is `score` (for a line translated in pieces, less the inner pieces'
+    /// EOS).
+    pub word_scores: Vec<f32>,
 }
 
 /// Length limits for a source of `n` words: (minimum words before EOS, maximum words).
@@ -230,15 +239,14 @@ pub struct Member<'a> {
 /// A member's decoding state over the live hypotheses.
 struct MemberState<'a> {
     m: Member<'a>,
+    /// The encoded batch: one row per sentence when `row_keys`, else one row per live hypothesis.
     cur: crate::model::Source,
     products: Option<crate::model::attention::ContextProducts>,
     row_keys: bool,
-    t: Tensor,
-    cov: Option<Tensor>,
-    w_prev: crate::model::WordTerms,
+    state: DecoderState,
     words: Option<crate::model::readout::OutputWords>,
-    /// The step's context and attention output.
-    step: Option<(crate::model::attention::Context, crate::model::StepOut)>,
+    /// The step computed over the live hypotheses, until the words are fed.
+    step: Option<Step>,
     /// The step's rows of logits (fused kernels) or log-probabilities, and their width.
     scores: Vec<f32>,
     vocab: usize,
@@ -257,24 +265,20 @@ impl<'a> MemberState<'a> {
         opts: &DecodeOptions,
     ) -> Result<Self> {
         let model = m.model;
-        let (dev, dtype) = (src_ids.device(), model.tgt_emb.dtype());
+        let dev = src_ids.device();
         let nsent = srcs.len();
         let idx0 = Tensor::from_vec((0..nsent as u32).collect::<Vec<_>>(), nsent, dev)?;
         let source = model.encode_prepared(src_ids, src_mask, m.prepared)?;
         let products = model.context_products(&source)?;
         let cur = source.select(&idx0)?;
-        let e_dim = model.tgt_emb.dim(1)?;
         Ok(MemberState {
             m,
             products,
             // Without coverage, fused attention reads each hypothesis's sentence keys in place (`cur`
             // keeps one row per sentence); otherwise `cur` holds one row per live hypothesis.
             row_keys: model.attends_by_rows(dev),
-            t: cur.t0.clone(),
-            cov: model.initial_coverage(&cur)?,
+            state: model.start(&cur, true)?,
             cur,
-            // The terms of the words fed to the next step (none yet: those of a zero embedding).
-            w_prev: model.word_terms(&Tensor::zeros((nsent, e_dim), dtype, dev)?)?,
             // With a shortlist, the batch's output layer covers its words only; rows then hold their
             // columns (the same ones for every member).
             words: match &opts.shortlist {
@@ -292,10 +296,10 @@ impl<'a> MemberState<'a> {
         })
     }
 
-    /// One step over the live hypotheses (`rows`: each one's sentence): attention, the context, the
-    /// conditional term and the output layer's rows into `scores` (logits with fused kernels, with their
-    /// normalisers in `norm` unless `single`, the search's only member; log-probabilities otherwise).
-    /// Returns the conditional term's gate values, where it has a gate.
+    /// One step over the live hypotheses (`rows`: each one's sentence; see [`Model::step`]) and the output
+    /// layer's rows into `scores` (logits with fused kernels, with their normalisers in `norm` unless
+    /// `single`, the search's only member; log-probabilities otherwise). Returns the conditional GRU's gate
+    /// values, where it has a gate.
     fn step(
         &mut self,
         rows: &[u32],
@@ -304,24 +308,16 @@ impl<'a> MemberState<'a> {
         dev: &Device,
     ) -> Result<Option<Tensor>> {
         let model = self.m.model;
-        let out = if self.row_keys {
-            model.attend_rows(&self.cur, rows, &self.t)?
-        } else {
-            model.attend(&self.cur, &self.t, self.cov.as_ref())?
+        let view = SourceView {
+            source: &self.cur,
+            products: self.products.as_ref(),
+            rows,
+            by_rows: self.row_keys,
         };
-        let ctx = model.step_context(&out, self.products.as_ref(), rows)?;
-        let (t_read, cond) =
-            model.condition_term(&self.t, &ctx, self.w_prev.gate.as_ref(), opts.context_scale)?;
-        self.t = t_read;
+        let step = model.step(view, &self.state, opts.context_scale, None)?;
         if model.kernels.ops_fused_on(dev) {
-            self.vocab = model.readout.logit_rows_term(
-                model.kernels,
-                &ctx,
-                &self.t,
-                &self.w_prev.readout,
-                self.words.as_ref(),
-                &mut self.scores,
-            )?;
+            self.vocab =
+                model.step_logits(&step, &self.state, self.words.as_ref(), &mut self.scores)?;
             if !single {
                 // An ensemble member's rows' normalisers.
                 use rayon::prelude::*;
@@ -332,32 +328,29 @@ impl<'a> MemberState<'a> {
                     .collect();
             }
         } else {
-            let lp = log_softmax(&model.readout.logits_term(
-                model.kernels,
-                &ctx,
-                &self.t,
-                &self.w_prev.readout,
-                self.words.as_ref(),
-            )?)?;
+            let lp =
+                log_softmax(&model.step_logits_tensor(&step, &self.state, self.words.as_ref())?)?;
             self.scores = lp
                 .to_dtype(candle_core::DType::F32)?
                 .flatten_all()?
                 .to_vec1()?;
             self.vocab = lp.dim(1)?;
         }
-        self.step = Some((ctx, out));
-        Ok(cond.and_then(|c| c.gate))
+        let gate = step.gate.clone();
+        self.step = Some(step);
+        Ok(gate)
     }
 
     /// The step's attention weights, one row per live hypothesis.
     fn attention(&self) -> Result<Vec<Vec<f32>>> {
-        self.step
-            .as_ref()
-            .expect("stepped")
-            .1
+        self.stepped()
             .alpha
             .to_dtype(candle_core::DType::F32)?
             .to_vec2()
+    }
+
+    fn stepped(&self) -> &Step {
+        self.step.as_ref().expect("stepped")
     }
 
     /// The transition of each continuing hypothesis: from its parent's row (`parents`) over its new word
@@ -371,45 +364,26 @@ impl<'a> MemberState<'a> {
         gates: bool,
     ) -> Result<Option<Vec<f32>>> {
         let model = self.m.model;
-        let (ctx, out) = self.step.take().expect("stepped");
+        let step = self.step.take().expect("stepped");
         let w = match self.m.table {
             Some(table) => table.rows(words)?,
             None => model.word_terms(&model.embed(words)?)?,
         };
-        let t_sel = crate::kernels::select_rows(&self.t, parents)?;
-        // The parents' rows of what the transition reads of the context.
-        let ctx_sel = ctx.select(parents, &model.transition_context_weights())?;
-        let (t_new, sc) = model.transition_projected(
-            &t_sel,
-            &w.proj,
-            w.gate.as_ref(),
-            &ctx_sel,
-            opts.context_scale,
-        )?;
+        let (state, sc) = model.feed(&step, Some(parents), w, opts.context_scale, None)?;
         let means = match &sc.gate {
             Some(g) if gates => Some(mean_rows(g)?),
             _ => None,
         };
-        self.cov = match &out.cov {
-            Some(c) => Some(crate::kernels::select_rows(c, parents)?),
-            None => None,
-        };
         if !self.row_keys {
             self.cur = self.cur.select(parents)?;
         }
-        self.t = t_new;
-        self.w_prev = w;
+        self.state = state;
         Ok(means)
     }
 
     /// Keep the rows `keep` of the live hypotheses' state.
     fn keep_rows(&mut self, keep: &Tensor) -> Result<()> {
-        self.t = crate::kernels::select_rows(&self.t, keep)?;
-        self.w_prev = self.w_prev.select(keep)?;
-        self.cov = match &self.cov {
-            Some(c) => Some(crate::kernels::select_rows(c, keep)?),
-            None => None,
-        };
+        self.state = self.state.select(keep)?;
         if !self.row_keys {
             self.cur = self.cur.select(keep)?;
         }
@@ -487,13 +461,13 @@ impl Search<'_> {
     }
 
     /// Each sentence's best `k` continuations (`k` = its remaining beam) among its rows' candidates, as
-    /// `(parent row, word, score)` (rows of one sentence are contiguous).
+    /// `(parent row, word, score, the word's log-probability)` (rows of one sentence are contiguous).
     fn best_per_sentence(
         &self,
         live: &[Live],
         row_top: &[Vec<(f32, u32)>],
         finished: &[Vec<Hypothesis>],
-    ) -> Vec<(usize, u32, f64)> {
+    ) -> Vec<(usize, u32, f64, f32)> {
         let mut next = Vec::new();
         let mut row = 0;
         while row < live.len() {
@@ -504,10 +478,14 @@ impl Search<'_> {
             }
             let k = self.beam.saturating_sub(finished[s].len());
             // The rows' top-k candidates, merged.
-            let mut cands: Vec<(f64, usize, u32)> = Vec::new();
+            let mut cands: Vec<(f64, usize, u32, f32)> = Vec::new();
             for r in row..end {
                 let base = live[r].hyp.score;
-                cands.extend(row_top[r].iter().map(|&(lp, w)| (base + lp as f64, r, w)));
+                cands.extend(
+                    row_top[r]
+                        .iter()
+                        .map(|&(lp, w)| (base + lp as f64, r, w, lp)),
+                );
             }
             cands.sort_by(|a, b| {
                 b.0.partial_cmp(&a.0)
@@ -515,8 +493,8 @@ impl Search<'_> {
                     .then(a.1.cmp(&b.1))
             });
             cands.truncate(k);
-            for (score, r, w) in cands {
-                next.push((r, w, score));
+            for (score, r, w, lp) in cands {
+                next.push((r, w, score, lp));
             }
             row = end;
         }
@@ -529,7 +507,7 @@ impl Search<'_> {
     fn grow(
         &self,
         live: &[Live],
-        next: Vec<(usize, u32, f64)>,
+        next: Vec<(usize, u32, f64, f32)>,
         alpha: Option<&[Vec<f32>]>,
         gate: Option<&[f32]>,
         cov: Option<&Tensor>,
@@ -541,13 +519,17 @@ impl Search<'_> {
             parents: Vec::new(),
             words: Vec::new(),
         };
-        for (r, w, score) in next {
+        for (r, w, score, lp) in next {
             let s = live[r].sent;
             let mut hyp = Hypothesis {
                 score,
                 ..Default::default()
             };
             hyp.tokens = live[r].hyp.tokens.clone();
+            if opts.word_scores {
+                hyp.word_scores = live[r].hyp.word_scores.clone();
+                hyp.word_scores.push(lp);
+            }
             if self.ranking.needs_attention_mass() {
                 let a = &alpha.expect("fetched")[r][..self.src_lens[s]];
                 let parent = &live[r].hyp.attention_mass;
@@ -806,7 +788,7 @@ pub fn beam_search_ensemble(
             None
         };
         let next = search.best_per_sentence(&live, &row_top, &finished);
-        let step_cov = states[0].step.as_ref().expect("stepped").1.cov.as_ref();
+        let step_cov = states[0].stepped().cov.as_ref();
         let grown = search.grow(
             &live,
             next,
@@ -837,7 +819,7 @@ pub fn beam_search_ensemble(
             }
         }
         let (mut keep, mut kept) =
-            search.retire(new_live, states[0].cov.as_ref(), &mut finished)?;
+            search.retire(new_live, states[0].state.cov.as_ref(), &mut finished)?;
         if search.settle {
             (keep, kept) = search.drop_settled(keep, kept, &finished);
         }
@@ -898,21 +880,17 @@ pub fn greedy(
     let source = model.encode(&src_ids, &src_mask)?;
     let products = model.context_products(&source)?;
     let rows: Vec<u32> = (0..n as u32).collect();
+    let view = SourceView::sentences(&source, products.as_ref(), &rows);
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
     let max_steps = limits.iter().map(|l| l.1).max().unwrap_or(0);
-    let mut t = source.t0.clone();
-    let mut cov = model.initial_coverage(&source)?;
-    let mut e_prev = Tensor::zeros((n, model.tgt_emb.dim(1)?), dtype, &dev)?;
+    let mut state = model.start(&source, true)?;
     let mut out: Vec<Vec<u32>> = vec![vec![]; n];
     let mut done = vec![false; n];
     let mut logits: Vec<f32> = Vec::new();
     for step in 0..max_steps {
         DECODER_ROWS.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-        let o = model.attend(&source, &t, cov.as_ref())?;
-        cov = o.cov.clone();
-        let ctx = model.step_context(&o, products.as_ref(), &rows)?;
-        t = model.condition(&t, &ctx, &e_prev, context_scale)?.0;
-        let v = model.logit_rows(&ctx, &t, &e_prev, &mut logits)?;
+        let st = model.step(view, &state, context_scale, None)?;
+        let v = model.step_logits(&st, &state, None, &mut logits)?;
         let mut words = vec![eos; n];
         for i in 0..n {
             if done[i] {
@@ -940,9 +918,8 @@ pub fn greedy(
         if done.iter().all(|d| *d) {
             break;
         }
-        let e = model.embed(&Tensor::from_vec(words, n, &dev)?)?;
-        t = model.transition(&t, &e, &ctx, context_scale)?.0;
-        e_prev = e;
+        let word = model.word_terms(&model.embed(&Tensor::from_vec(words, n, &dev)?)?)?;
+        state = model.feed(&st, None, word, context_scale, None)?.0;
     }
     Ok(out)
 }

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::atomic_file::AtomicFile;
 use crate::cluster::Cluster;
+use crate::decode::alignment::{AlignmentMode, WordLevel};
 use crate::decode::translate::{LongInput, Translation};
 use crate::decode::translator::{TranslateOptions, Translator};
 
@@ -137,7 +138,7 @@ pub fn translate_into(
         }
         for (k, t) in out.iter().enumerate() {
             let id = global(base + k);
-            let text = output_lines(tr, t, id, opts.nbest);
+            let text = output_lines(tr, t, id, opts);
             let record = match files.dump {
                 Some(_) => dump_record(t, id)?,
                 None => String::new(),
@@ -169,19 +170,89 @@ pub fn translate_into(
 }
 
 /// One sentence's output lines: its translation, or with `nbest` > 1 its n-best list as
-/// `id ||| text ||| score` lines (for `cgnmt rescore`).
-pub fn output_lines(tr: &Translator, t: &Translation, id: usize, nbest: usize) -> String {
+/// `id ||| text ||| score` lines (for `cgnmt rescore`); each followed by the fields `opts` asks for (see
+/// [`word_fields`]).
+pub fn output_lines(
+    tr: &Translator,
+    t: &Translation,
+    id: usize,
+    opts: &TranslateOptions,
+) -> String {
     let mut text = String::new();
-    if nbest > 1 {
+    if opts.nbest > 1 {
         for h in &t.hyps {
             let words = tr.hypothesis_text(h);
-            text += &format!("{id} ||| {words} ||| {:.4}\n", h.score);
+            text += &format!("{id} ||| {words} ||| {:.4}", h.score);
+            text += &word_fields(tr, t, h, opts);
+            text.push('\n');
         }
     } else {
         text += &t.text;
+        if let Some(h) = t.hyps.first() {
+            text += &word_fields(tr, t, h, opts);
+        } else if opts.alignment.is_some() || opts.word_scores {
+            // An empty line: empty fields, so that every line has as many.
+            text += &word_fields(tr, t, &Default::default(), opts);
+        }
         text.push('\n');
     }
     text
+}
+
+/// The fields `translate --alignment` and `--word-scores` add to a hypothesis's line, each after ` ||| `, over
+/// words (subword pieces merged; see [`WordLevel`]): the links as `i-j` (source word, output word, 0-based)
+/// or, `soft`, each output word's attention over the source words (comma-separated; words separated by
+/// spaces); `WordScores=` each output word's log-probability, then `Score=` the sentence's (EOS included)
+/// and, where the model has a gate, `WordGates=` each output word's mean gate value.
+pub fn word_fields(
+    tr: &Translator,
+    t: &Translation,
+    h: &crate::decode::beam_search::Hypothesis,
+    opts: &TranslateOptions,
+) -> String {
+    if opts.alignment.is_none() && !opts.word_scores {
+        return String::new();
+    }
+    let pieces = tr.model().tgt_vocab.decode(&h.tokens);
+    let w = WordLevel::of(&t.src_tokens, &pieces, h);
+    let mut out = String::new();
+    match opts.alignment {
+        Some(AlignmentMode::Soft) => {
+            let rows: Vec<String> = w
+                .attention
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .map(|a| format!("{a:.4}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .collect();
+            out += &format!(" ||| {}", rows.join(" "));
+        }
+        Some(mode) => {
+            let links: Vec<String> = w
+                .links(mode)
+                .iter()
+                .map(|(i, j)| format!("{i}-{j}"))
+                .collect();
+            out += &format!(" ||| {}", links.join(" "));
+        }
+        None => {}
+    }
+    if opts.word_scores {
+        let scores: Vec<String> = w.word_scores.iter().map(|s| format!("{s:.4}")).collect();
+        out += &format!(
+            " ||| WordScores= {} Score= {:.4}",
+            scores.join(" "),
+            h.score
+        );
+        if !w.word_gates.is_empty() {
+            let gates: Vec<String> = w.word_gates.iter().map(|g| format!("{g:.4}")).collect();
+            out += &format!(" ||| WordGates= {}", gates.join(" "));
+        }
+    }
+    out
 }
 
 /// One sentence's `--dump` record (a JSON line): its source and output tokens with EOS, its score, the best

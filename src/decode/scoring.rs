@@ -8,6 +8,7 @@
 
 use candle_core::{Result, Tensor};
 
+use crate::model::decoder_step::SourceView;
 use crate::model::{pad, Model};
 
 /// Per sentence pair, the log-probability of each target id and of the final EOS (`tgt.len() + 1`
@@ -66,21 +67,17 @@ fn score_batch(
     let source = model.encode(&src_ids, &src_mask)?;
     let products = model.context_products(&source)?;
     let rows: Vec<u32> = (0..n as u32).collect();
+    let view = SourceView::sentences(&source, products.as_ref(), &rows);
     let steps = tgts.iter().map(|t| t.len() + 1).max().unwrap_or(1);
-    let mut t = source.t0.clone();
-    let mut cov = model.initial_coverage(&source)?;
-    let mut e_prev = Tensor::zeros((n, model.tgt_emb.dim(1)?), dtype, &dev)?;
+    let mut state = model.start(&source, true)?;
     let mut out: Vec<Vec<f32>> = tgts
         .iter()
         .map(|t| Vec::with_capacity(t.len() + 1))
         .collect();
     let mut logits: Vec<f32> = Vec::new();
     for step in 0..steps {
-        let o = model.attend(&source, &t, cov.as_ref())?;
-        cov = o.cov.clone();
-        let ctx = model.step_context(&o, products.as_ref(), &rows)?;
-        t = model.condition(&t, &ctx, &e_prev, context_scale)?.0;
-        let v = model.logit_rows(&ctx, &t, &e_prev, &mut logits)?;
+        let st = model.step(view, &state, context_scale, None)?;
+        let v = model.step_logits(&st, &state, None, &mut logits)?;
         let mut words = vec![eos; n];
         for i in 0..n {
             if step > tgts[i].len() {
@@ -96,9 +93,8 @@ fn score_batch(
         if step + 1 == steps {
             break;
         }
-        let e = model.embed(&Tensor::from_vec(words, n, &dev)?)?;
-        t = model.transition(&t, &e, &ctx, context_scale)?.0;
-        e_prev = e;
+        let word = model.word_terms(&model.embed(&Tensor::from_vec(words, n, &dev)?)?)?;
+        state = model.feed(&st, None, word, context_scale, None)?.0;
     }
     Ok(out)
 }

@@ -249,6 +249,7 @@ fn join_pieces(parts: &[(usize, Option<&Hypothesis>)]) -> Hypothesis {
         gates: vec![],
         coverage: vec![],
         attention_mass: vec![],
+        word_scores: vec![],
     };
     let mut offset = 0;
     let last = parts.len() - 1;
@@ -268,6 +269,13 @@ fn join_pieces(parts: &[(usize, Option<&Hypothesis>)]) -> Hypothesis {
                 j.attention.push(r);
             }
             j.gates.extend_from_slice(&h.gates);
+            // Each piece's tokens' scores; its EOS's only for the last piece (the score keeps them all).
+            let scored = if k == last {
+                h.word_scores.len()
+            } else {
+                h.word_scores.len().min(h.tokens.len())
+            };
+            j.word_scores.extend_from_slice(&h.word_scores[..scored]);
             if !h.coverage.is_empty() {
                 j.coverage.extend_from_slice(&h.coverage[..*len]);
                 if k == last {

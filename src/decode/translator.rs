@@ -74,6 +74,12 @@ pub struct TranslateOptions {
     pub context_scale: (f64, f64),
     /// Keep each hypothesis's attention rows, gate values and coverage.
     pub record: bool,
+    /// Keep each hypothesis's log-probability of every token ([`Hypothesis::word_scores`]) and, to give
+    /// each output word's mean gate value, its gate values.
+    pub word_scores: bool,
+    /// Keep each hypothesis's attention rows, to link output words to source words in this mode
+    /// ([`crate::decode::alignment::WordLevel`]; `translate --alignment`).
+    pub alignment: Option<crate::decode::alignment::AlignmentMode>,
     /// Decode until the beam has shrunk to nothing (same output, more steps).
     pub full_beam: bool,
     /// Gather the words' products from a table formed once per call (same output, faster).
@@ -133,6 +139,8 @@ impl Default for TranslateOptions {
             coverage_penalty: 0.0,
             context_scale: (1.0, 1.0),
             record: false,
+            word_scores: false,
+            alignment: None,
             full_beam: false,
             word_table: true,
             batch: 32,
@@ -263,7 +271,9 @@ impl Translator {
             coverage_penalty: o.coverage_penalty,
             nbest: o.nbest,
             context_scale: o.context_scale,
-            record: o.record,
+            // Word scores' gate values and alignments read what recording keeps.
+            record: o.record || o.word_scores || o.alignment.is_some(),
+            word_scores: o.word_scores,
             settle: !o.full_beam,
             word_table: o.word_table,
             shortlist: self.shortlist.clone(),

@@ -19,7 +19,7 @@
 //! - **decoding**, step by step: [`Gate::scales`] builds them, `decoder_cell::DecoderCell::step` applies
 //!   them (a context gate in the released-code form through the fused
 //!   [`mix_fused`](crate::kernels::gate::mix_fused), otherwise through [`Scale::apply`], the composed reference
-//!   [`mix_reference`]); the cGRU applies them in its context GRU (`Model::condition_term`);
+//!   [`mix_reference`]); the cGRU applies them in its context GRU ([`crate::model::Model::step`]);
 //! - **training**, by default in the fused decoder op: `Model::decoder_path` hands the [`GateKinds`] to
 //!   `decoder_sequence`, whose `gate_mix` rows compute `z`, the scales and the mixed pre-activations
 //!   forward and back; with `--kernels reference` training runs the decoding step's path above.

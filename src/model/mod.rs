@@ -7,6 +7,7 @@ pub mod batch;
 pub mod coverage;
 pub mod decoder_cell;
 pub mod decoder_sequence;
+pub mod decoder_step;
 pub mod dropout;
 pub mod encoder;
 pub mod gate;
@@ -88,12 +89,13 @@ impl Source {
 
 /// What the decoder's steps read of the words `y` fed to them, `[N, ·]` each: the transition's word
 /// projection `W e(y) + b` (the cGRU's word GRU's `[e W_r, e W_u, e W + b]`), the context gate's word term
-/// `W_z e(y)` (`None` without one) and the readout's `V_o e(y)`.
+/// `W_z e(y)` (`None` without one) and the readout's `V_o e(y)` (`None` in the composed training path, which
+/// reads the states out all at once).
 #[derive(Clone)]
 pub struct WordTerms {
     pub proj: Tensor,
     pub gate: Option<Tensor>,
-    pub readout: Tensor,
+    pub readout: Option<Tensor>,
 }
 
 impl WordTerms {
@@ -105,7 +107,10 @@ impl WordTerms {
                 Some(g) => Some(crate::kernels::select_rows(g, idx)?),
                 None => None,
             },
-            readout: crate::kernels::select_rows(&self.readout, idx)?,
+            readout: match &self.readout {
+                Some(r) => Some(crate::kernels::select_rows(r, idx)?),
+                None => None,
+            },
         })
     }
 }
@@ -523,7 +528,7 @@ impl Model {
         Ok(Some(ContextProducts::new(ann, &weights)?))
     }
 
-    /// The weights whose products with the attention context [`Model::transition_projected`] reads: the
+    /// The weights whose products with the attention context [`Model::transition_terms`] reads: the
     /// cell's `C` and the gate's `C_z` (the cGRU's transition, its word GRU, reads none).
     pub fn transition_context_weights(&self) -> Vec<&Tensor> {
         if self.is_conditional() {
@@ -534,20 +539,6 @@ impl Model {
             weights.push(c_z);
         }
         weights
-    }
-
-    /// A step's context `out.ctx` as the decoder reads it: with its products from `products` (hypothesis row
-    /// `i` reading sentence `rows[i]`) when there are any.
-    pub fn step_context(
-        &self,
-        out: &StepOut,
-        products: Option<&ContextProducts>,
-        rows: &[u32],
-    ) -> Result<Context> {
-        match products {
-            Some(p) => p.context(&out.ctx, &out.alpha, rows),
-            None => Ok((&out.ctx).into()),
-        }
     }
 
     /// Inference, where [`Model::attends_by_rows`]: [`Model::attend`] for hypothesis rows that read the keys
@@ -584,49 +575,13 @@ impl Model {
         self.cfg.decoder == crate::config::DecoderKind::Cgru
     }
 
-    /// The state the readout and the next transition use after attention: for the conditional GRU the
-    /// context GRU runs here (with the gate, fed `e(y_{i−1})`, the intermediate state and the context); for the
-    /// other decoders it is `t_prev` itself.
-    pub fn condition(
-        &self,
-        t_prev: &Tensor,
-        ctx: &Context,
-        e_prev: &Tensor,
-        context_scale: (f64, f64),
-    ) -> Result<(Tensor, Option<Scales>)> {
-        if !self.is_conditional() {
-            return Ok((t_prev.clone(), None));
-        }
-        let wz = self.gate.word_term(self.kernels, e_prev)?;
-        self.condition_term(t_prev, ctx, wz.as_ref(), context_scale)
-    }
-
-    /// [`Model::condition`] with the gate's word term `W_z e(y_{i−1})` given (see [`WordTerms`]).
-    pub fn condition_term(
-        &self,
-        t_prev: &Tensor,
-        ctx: &Context,
-        wz_prev: Option<&Tensor>,
-        context_scale: (f64, f64),
-    ) -> Result<(Tensor, Option<Scales>)> {
-        if !self.is_conditional() {
-            return Ok((t_prev.clone(), None));
-        }
-        let sc = self
-            .gate
-            .scales(self.kernels, wz_prev, t_prev, ctx, context_scale)?;
-        let t = self.cell.context_step(self.kernels, t_prev, ctx, &sc)?;
-        let t = self.cell.deep_steps(self.kernels, t, None)?;
-        Ok((t, Some(sc)))
-    }
-
     /// The products of the words' embeddings `e` `[N, E]` that the decoder's steps read (see
     /// [`WordTerms`]).
     pub fn word_terms(&self, e: &Tensor) -> Result<WordTerms> {
         Ok(WordTerms {
             proj: self.cell.project_words(self.kernels, e)?,
             gate: self.gate.word_term(self.kernels, e)?,
-            readout: self.readout.word_term(self.kernels, e)?,
+            readout: Some(self.readout.word_term(self.kernels, e)?),
         })
     }
 
@@ -668,20 +623,8 @@ impl Model {
         self.readout.logits(self.kernels, ctx, t_prev, e_prev)
     }
 
-    /// Decoding: the logits as f32 rows in `buf` (see [`Readout::logit_rows`]); returns the vocabulary size.
-    pub fn logit_rows(
-        &self,
-        ctx: &Context,
-        t_prev: &Tensor,
-        e_prev: &Tensor,
-        buf: &mut Vec<f32>,
-    ) -> Result<usize> {
-        self.readout
-            .logit_rows(self.kernels, ctx, t_prev, e_prev, buf)
-    }
-
     /// The recurrent transition with the emitted word's embedding `e` `[N, E]`; returns the new state and the
-    /// scales (with the gate value).
+    /// scales (with the gate value). Decoding runs it through [`Model::feed`].
     pub fn transition(
         &self,
         t_prev: &Tensor,
@@ -691,23 +634,13 @@ impl Model {
     ) -> Result<(Tensor, Scales)> {
         let wp = self.cell.project_words(self.kernels, e)?;
         let wz = self.gate.word_term(self.kernels, e)?;
-        self.transition_projected(t_prev, &wp, wz.as_ref(), ctx, context_scale)
+        self.transition_terms(t_prev, &wp, wz.as_ref(), ctx, context_scale, None)
     }
 
-    pub fn transition_projected(
-        &self,
-        t_prev: &Tensor,
-        wp: &Tensor,
-        wz: Option<&Tensor>,
-        ctx: &Context,
-        context_scale: (f64, f64),
-    ) -> Result<(Tensor, Scales)> {
-        self.transition_dropped(t_prev, wp, wz, ctx, context_scale, None)
-    }
-
-    /// [`Model::transition_projected`] under recurrent dropout's masks `drop` `[B, H]` (training; see
+    /// [`Model::transition`] from the word's terms (its projection `wp`, the gate's word term `wz`; see
+    /// [`WordTerms`]), under recurrent dropout's masks `drop` `[B, H]` when given (training; see
     /// [`DecoderCell::step_dropped`]).
-    fn transition_dropped(
+    pub fn transition_terms(
         &self,
         t_prev: &Tensor,
         wp: &Tensor,
@@ -952,8 +885,8 @@ impl Model {
         })
     }
 
-    /// The decoder's recurrence step by step (composed ops; the reference of the fused op, and its form on
-    /// other devices): the states `t_{i−1}` and contexts `s_i` of every position, batch-major `[B·T, ·]`;
+    /// The decoder's recurrence step by step through the one decoder step ([`Model::step`], [`Model::feed`];
+    /// composed ops: the reference of the fused op, and its form on other devices): the states `t_{i−1}` and contexts `s_i` of every position, batch-major `[B·T, ·]`;
     /// `drop`: recurrent dropout's masks `[B, H]` on the transition's recurrent products.
     fn decoder_steps(
         &self,
@@ -963,7 +896,6 @@ impl Model {
         drop: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor)> {
         let t_len = e_all.dim(0)? / b;
-        let e_dim = e_all.dim(1)?;
         // Batch-major rows `(b, i)`; the steps take time-major copies.
         let wp = self.cell.project_words(self.kernels, e_all)?;
         let wz = self.gate.word_term(self.kernels, e_all)?;
@@ -987,50 +919,35 @@ impl Model {
             Some(w) => Some(steps(&time_major(w)?)?),
             None => None,
         };
-        let mut t = src.t0.clone();
-        let mut cov = self.initial_coverage(src)?;
-        let mut states = Vec::with_capacity(t_len);
-        let mut ctxs = Vec::with_capacity(t_len);
-        let zeros_e = Tensor::zeros((b, e_dim), e_all.dtype(), e_all.device())?;
-        // cGRU: the previous word's embedding per step (time-major).
+        // The conditional GRU reads the word's gate term in its next context step, formed per step (as
+        // decoding forms it) from the word's embedding.
         let e_steps = if self.is_conditional() {
             steps(&time_major(e_all)?)?
         } else {
             vec![]
         };
+        let view = decoder_step::SourceView::sentences(src, None, &[]);
+        let mut state = self.start(src, false)?;
+        let mut states = Vec::with_capacity(t_len);
+        let mut ctxs = Vec::with_capacity(t_len);
         for i in 0..t_len {
-            let out = self.attend(src, &t, cov.as_ref())?;
-            cov = out.cov;
-            if self.is_conditional() {
-                let e_prev = if i == 0 {
-                    zeros_e.clone()
-                } else {
-                    e_steps[i - 1].clone()
-                };
-                let ctx = (&out.ctx).into();
-                let wz = self.gate.word_term(self.kernels, &e_prev)?;
-                let sc = self
-                    .gate
-                    .scales(self.kernels, wz.as_ref(), &t, &ctx, (1.0, 1.0))?;
-                t = self
-                    .cell
-                    .context_step_dropped(self.kernels, &t, &ctx, &sc, drop)?;
-                t = self.cell.deep_steps(self.kernels, t, drop)?;
-            }
-            states.push(t.clone());
-            ctxs.push(out.ctx.clone());
+            let step = self.step(view, &state, (1.0, 1.0), drop)?;
+            states.push(step.t.clone());
+            ctxs.push(step.ctx.clone());
             if i + 1 < t_len {
-                let wz_i = wz_steps.as_ref().map(|w| &w[i]);
-                t = self
-                    .transition_dropped(
-                        &t,
-                        &wp_steps[i],
-                        wz_i,
-                        &(&out.ctx).into(),
-                        (1.0, 1.0),
-                        drop,
-                    )?
-                    .0;
+                // The word `y_i`'s terms: the transition's projection, and the gate's word term (read by this
+                // transition, or by the conditional GRU's next context step).
+                let gate = if self.is_conditional() {
+                    self.gate.word_term(self.kernels, &e_steps[i])?
+                } else {
+                    wz_steps.as_ref().map(|w| w[i].clone())
+                };
+                let word = WordTerms {
+                    proj: wp_steps[i].clone(),
+                    gate,
+                    readout: None,
+                };
+                state = self.feed(&step, None, word, (1.0, 1.0), drop)?.0;
             }
         }
         Ok((

@@ -55,3 +55,34 @@ pub struct MetricArgs {
 }
 
 options!(MetricArgs => R::MetricOptions { tokenize, lowercase, lc_c, smooth, smooth_value, mteval_v11b, cased;  });
+
+/// `translate`'s shortlist: a lexicon and how many words to take from it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ShortlistArgs {
+    /// Decode each batch over a shortlist of target words only: the most frequent ones and each source
+    /// word's most probable translations in this lexicon (from `cgnmt shortlist`). Faster, approximate: the
+    /// model's distribution is renormalised over the shortlist.
+    #[arg(long, value_name = "LEXICON")]
+    pub shortlist: Option<std::path::PathBuf>,
+    /// With --shortlist: the most frequent target words every batch takes.
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "shortlist")]
+    pub shortlist_frequent: usize,
+    /// With --shortlist: the most probable target words taken per source word.
+    #[arg(long, value_name = "N", default_value_t = 50, requires = "shortlist")]
+    pub shortlist_per_word: usize,
+}
+
+impl ShortlistArgs {
+    /// The library's options, or an error when the shortlist would be empty.
+    pub fn options(&self) -> anyhow::Result<Option<cgnmt::ShortlistOptions>> {
+        if self.shortlist.is_some() && self.shortlist_per_word == 0 && self.shortlist_frequent == 0
+        {
+            anyhow::bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
+        }
+        Ok(self.shortlist.as_ref().map(|p| cgnmt::ShortlistOptions {
+            lexicon: p.clone(),
+            frequent: self.shortlist_frequent,
+            per_word: self.shortlist_per_word,
+        }))
+    }
+}

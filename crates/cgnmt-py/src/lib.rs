@@ -248,6 +248,8 @@ impl Translator {
             coverage_penalty,
             context_scale,
             record,
+            word_scores: false,
+            alignment: None,
             full_beam: false,
             word_table: true,
             batch,

@@ -420,6 +420,18 @@ pub fn append_line(p: &Path, line: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn every_key_is_written_but_the_fingerprint_leaves_out_layer_norm_when_false() {
+        let mut c = cgnmt::config::Config::default();
+        // `train --print-config` and a model's config.toml write every key.
+        assert!(c.to_toml().contains("\nlayer_norm = false\n"));
+        let fp = crate::records::identity_toml(&c);
+        assert!(!fp.contains("layer_norm"), "{fp}");
+        assert_eq!(fp.lines().count() + 1, c.to_toml().lines().count());
+        c.model.layer_norm = true;
+        assert!(crate::records::identity_toml(&c).contains("\nlayer_norm = true\n"));
+    }
+
+    #[test]
     fn a_report_on_part_of_the_plans_seeds_is_named_for_them() {
         assert_eq!(partial_suffix(&[1, 2, 3], &[1, 2], true), "-seeds-1-2");
         assert_eq!(partial_suffix(&[1, 2, 3], &[1], true), "-seed-1");

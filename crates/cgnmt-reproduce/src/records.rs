@@ -131,7 +131,8 @@ pub(super) fn identity_toml(c: &Config) -> String {
     c.train.threads = 0;
     // Its name only: `prepared`, or a row's own `prepared-HASH` of its `prepare` arguments.
     c.data.prepared = PathBuf::from(c.data.prepared.file_name().unwrap_or("prepared".as_ref()));
-    c.to_toml()
+    // Keys added after runs were fingerprinted count only when set, so those runs keep their fingerprints.
+    c.to_toml().replace("\nlayer_norm = false\n", "\n")
 }
 
 /// The configuration a run was trained with, beside its record (a copy of its last checkpoint's).

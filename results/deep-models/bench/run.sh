@@ -3,7 +3,7 @@
 # code paths a one-layer model skips.)
 # `cgnmt bench --size small` with the build from before (OLD) and after (NEW), alternated
 # (OLD NEW OLD NEW ...), two threads each, nothing else running. Writes one JSON and one stderr file per run;
-# summarise.py turns them into the table of README.md.
+# scripts/bench_summary.py turns them into the table of README.md.
 # Usage (repository root): OLD=path/to/old/cgnmt NEW=path/to/new/cgnmt bash results/deep-models/bench/run.sh [ROUNDS]
 set -euo pipefail
 out=$(dirname "$0")

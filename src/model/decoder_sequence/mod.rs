@@ -1,7 +1,7 @@
 //! The decoder's whole recurrence over a target sentence in training as one fused op (fused kernels, CPU):
 //! for every step `i`, attention from `t_{i−1}` (model-spec §2, with coverage §5), the gate (§4) and the
-//! transition (§3), the same computation as [`crate::model::Model::attend`] followed by
-//! [`crate::model::Model::transition_projected`], step by step. One graph node for the whole sentence instead
+//! transition (§3), the same computation as the decoder's one step ([`crate::model::Model::step`] followed by
+//! [`crate::model::Model::feed`]), step by step. One graph node for the whole sentence instead
 //! of some twenty per step: the forward pass runs the steps with one GEMM per recurrent product into
 //! preallocated buffers, the backward pass runs back-propagation through time inside the op, and each
 //! recurrent weight's gradient is one GEMM over all steps. Inputs and their gradients travel through

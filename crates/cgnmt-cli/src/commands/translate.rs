@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use cgnmt::decode::output::{read_input, translate_into, OutputFiles};
 use cgnmt::decode::translator::parse_context_scale;
-use cgnmt::{InputLimit, ShortlistOptions, TranslateOptions, Translator, TranslatorOptions};
+use cgnmt::{InputLimit, TranslateOptions, Translator, TranslatorOptions};
 
 #[derive(clap::Args)]
 pub struct TranslateArgs {
@@ -48,17 +48,8 @@ pub struct TranslateArgs {
     /// for measurements and debugging).
     #[arg(long)]
     no_word_table: bool,
-    /// Decode each batch over a shortlist of target words only: the most frequent ones and each source
-    /// word's most probable translations in this lexicon (from `cgnmt shortlist`). Faster, approximate: the
-    /// model's distribution is renormalised over the shortlist.
-    #[arg(long, value_name = "LEXICON")]
-    shortlist: Option<PathBuf>,
-    /// With --shortlist: the most frequent target words every batch takes.
-    #[arg(long, value_name = "N", default_value_t = 100, requires = "shortlist")]
-    shortlist_frequent: usize,
-    /// With --shortlist: the most probable target words taken per source word.
-    #[arg(long, value_name = "N", default_value_t = 50, requires = "shortlist")]
-    shortlist_per_word: usize,
+    #[command(flatten)]
+    shortlist: crate::args::ShortlistArgs,
     /// Run the decoder's per-step products, the output layer and the per-batch products with the encoder's
     /// annotations (attention keys, context products, initial state) in 8-bit integers: weights quantised
     /// per column, each product's operands per row (x86-64 CPUs with AVX2; AVX-512 VNNI where present).
@@ -85,6 +76,18 @@ pub struct TranslateArgs {
     /// Output file (default: stdout); written atomically.
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// After each translation (each n-best line), write ` ||| ` and its word alignment from attention: `hard`
+    /// links each output word to its most attended source word, a probability P (e.g. 0.2) gives every link
+    /// with attention ≥ P, both as `i-j` pairs (source word i, output word j, 0-based); `soft` writes each
+    /// output word's attention over the source words, comma-separated. Words are the tokenised source and
+    /// output before subwords (pieces merged as `cgnmt align` merges them), not the detokenised text.
+    #[arg(long, value_name = "hard|soft|P")]
+    alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
+    /// After each translation (each n-best line), write ` ||| WordScores= ` each output word's
+    /// log-probability (its subword pieces' sum) and `Score= ` the sentence's (EOS included), and, where the
+    /// model has a context gate, ` ||| WordGates= ` each output word's mean gate value.
+    #[arg(long)]
+    word_scores: bool,
     /// Write per-sentence attention matrices, gate values and coverage as JSON lines.
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
@@ -93,14 +96,7 @@ pub struct TranslateArgs {
 }
 
 pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
-    if a.shortlist.is_some() && a.shortlist_per_word == 0 && a.shortlist_frequent == 0 {
-        bail!("--shortlist-frequent and --shortlist-per-word are both 0: the shortlist would be empty");
-    }
-    let shortlist = a.shortlist.as_ref().map(|p| ShortlistOptions {
-        lexicon: p.clone(),
-        frequent: a.shortlist_frequent,
-        per_word: a.shortlist_per_word,
-    });
+    let shortlist = a.shortlist.options()?;
     let tr = Translator::open(
         &a.model,
         &TranslatorOptions {
@@ -121,6 +117,8 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         coverage_penalty: a.coverage_penalty,
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
+        word_scores: a.word_scores,
+        alignment: a.alignment,
         full_beam: a.full_beam,
         word_table: !a.no_word_table,
         batch: a.batch,

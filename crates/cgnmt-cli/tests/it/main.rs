@@ -26,6 +26,7 @@ mod reproduce;
 mod search;
 mod selection;
 mod serve;
+mod steering;
 mod tied;
 mod training;
 mod variants;

@@ -6,6 +6,7 @@ use crate::common;
 use candle_core::{DType, Device, Tensor};
 use cgnmt::config::{Config, ModelConfig, OptimizerKind, TrainConfig};
 use cgnmt::model::attention::Context;
+use cgnmt::model::decoder_step::SourceView;
 use cgnmt::model::{Batch, Model};
 use cgnmt::train::optim::Optimizer;
 use common::*;
@@ -162,17 +163,17 @@ fn coverage_overheads_match_the_coverage_paper() {
 fn states(model: &Model, batch: &Batch, scale: (f64, f64)) -> Vec<Tensor> {
     let src = model.encode(&batch.src, &batch.src_mask).unwrap();
     let (_, t_len) = batch.tgt.dims2().unwrap();
-    let mut t = src.t0.clone();
-    let mut cov = model.initial_coverage(&src).unwrap();
+    let view = SourceView::sentences(&src, None, &[]);
+    let mut state = model.start(&src, true).unwrap();
     let mut out = vec![];
     for i in 0..t_len {
-        let o = model.attend(&src, &t, cov.as_ref()).unwrap();
-        cov = o.cov;
+        let step = model.step(view, &state, scale, None).unwrap();
         let e = model
             .embed(&batch.tgt.narrow(1, i, 1).unwrap().squeeze(1).unwrap())
             .unwrap();
-        t = model.transition(&t, &e, &(&o.ctx).into(), scale).unwrap().0;
-        out.push(t.clone());
+        let word = model.word_terms(&e).unwrap();
+        state = model.feed(&step, None, word, scale, None).unwrap().0;
+        out.push(state.t.clone());
     }
     out
 }
@@ -305,7 +306,7 @@ fn context_scale_one_one_changes_nothing_and_zero_removes_the_source_context() {
             let wp = m.cell.project_words(m.kernels, &e).unwrap();
             let wz = m.gate.word_term(m.kernels, &e).unwrap();
             let x = m
-                .transition_projected(&t_prev, &wp, wz.as_ref(), &c1, (1.0, 1.0))
+                .transition_terms(&t_prev, &wp, wz.as_ref(), &c1, (1.0, 1.0), None)
                 .unwrap()
                 .0;
             let y = m.transition(&t_prev, &e, &c1, (1.0, 1.0)).unwrap().0;

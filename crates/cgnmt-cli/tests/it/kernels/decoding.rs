@@ -1,6 +1,7 @@
 //! Decoding with the fused kernels, the word table, int8 products and shortlists against the plain search.
 
 use super::*;
+use cgnmt::model::decoder_step::SourceView;
 
 #[test]
 fn fused_and_reference_decoding_agree() {
@@ -32,14 +33,16 @@ fn fused_and_reference_decoding_agree() {
         let src = m.encode(&ids, &mask).unwrap();
         let products = m.context_products(&src).unwrap();
         assert!(products.is_some(), "{sets:?}: no context products");
-        let cov = m.initial_coverage(&src).unwrap();
-        let out = m.attend(&src, &src.t0, cov.as_ref()).unwrap();
         let rows: Vec<u32> = (0..srcs.len() as u32).collect();
-        let ctx = m.step_context(&out, products.as_ref(), &rows).unwrap();
+        let view = SourceView::sentences(&src, products.as_ref(), &rows);
+        // A step after a random previous word.
         let e = Tensor::randn(0f32, 1.0, (srcs.len(), 16), &Device::Cpu).unwrap();
+        let mut state = m.start(&src, true).unwrap();
+        state.prev = m.word_terms(&e).unwrap();
+        let step = m.step(view, &state, (1.0, 1.0), None).unwrap();
         let mut buf = vec![];
-        let v = m.logit_rows(&ctx, &src.t0, &e, &mut buf).unwrap();
-        let composed = m.logits(&(&out.ctx).into(), &src.t0, &e).unwrap();
+        let v = m.step_logits(&step, &state, None, &mut buf).unwrap();
+        let composed = m.logits(&(&step.ctx).into(), &step.t, &e).unwrap();
         let fused = Tensor::from_vec(buf, (srcs.len(), v), &Device::Cpu).unwrap();
         assert!(
             max_rel_diff(&fused, &composed).unwrap() < 1e-5,
@@ -112,7 +115,7 @@ fn word_table_decoding_equals_per_step_products() {
         let table = m.word_table(prepared.as_ref()).unwrap();
         let terms = m.word_terms(&m.tgt_emb).unwrap();
         let cols = terms.proj.dim(1).unwrap()
-            + terms.readout.dim(1).unwrap()
+            + terms.readout.unwrap().dim(1).unwrap()
             + terms.gate.map_or(0, |g| g.dim(1).unwrap());
         assert_eq!(m.word_table_bytes(), 25 * cols * 4, "{sets:?}: table size");
         for beam in [1usize, 5] {
@@ -266,10 +269,12 @@ fn shortlist_decoding_is_the_search_over_its_words() {
         let (ids, mask) = cgnmt::model::pad(&srcs, 0, DType::F32, &Device::Cpu).unwrap();
         let src = m.encode_prepared(&ids, &mask, prepared.as_ref()).unwrap();
         let products = m.context_products(&src).unwrap();
-        let cov = m.initial_coverage(&src).unwrap();
-        let out = m.attend(&src, &src.t0, cov.as_ref()).unwrap();
         let rows: Vec<u32> = (0..srcs.len() as u32).collect();
-        let ctx = m.step_context(&out, products.as_ref(), &rows).unwrap();
+        let view = SourceView::sentences(&src, products.as_ref(), &rows);
+        let step = m
+            .step(view, &m.start(&src, true).unwrap(), (1.0, 1.0), None)
+            .unwrap();
+        let ctx = step.context;
         let e = Tensor::randn(0f32, 1.0, (srcs.len(), 16), &Device::Cpu).unwrap();
         let ve = m.readout.word_term(m.kernels, &e).unwrap();
         let (mut full, mut sub) = (vec![], vec![]);
