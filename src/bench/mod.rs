@@ -776,6 +776,7 @@ fn decoding(model: &Model, src: &[Vec<u32>], repeats: usize) -> Result<DecodingT
         beam_search_batches(
             &[model],
             &dec_batches,
+            None,
             0,
             &DecodeOptions {
                 beam: 10,
@@ -791,6 +792,7 @@ fn decoding(model: &Model, src: &[Vec<u32>], repeats: usize) -> Result<DecodingT
             beam_search_batches(
                 &[model],
                 &dec_batches,
+                None,
                 0,
                 &DecodeOptions {
                     beam: 10,

@@ -223,6 +223,7 @@ pub fn beam_search_with(
             table,
         }],
         srcs,
+        &[],
         eos,
         opts,
     )
@@ -260,6 +261,7 @@ impl<'a> MemberState<'a> {
     fn start(
         m: Member<'a>,
         srcs: &[Vec<u32>],
+        prefixes: &[Vec<u32>],
         (src_ids, src_mask): (&Tensor, &Tensor),
         eos: u32,
         opts: &DecodeOptions,
@@ -281,12 +283,17 @@ impl<'a> MemberState<'a> {
             cur,
             // With a shortlist, the batch's output layer covers its words only; rows then hold their
             // columns (the same ones for every member).
+            // (and the target prefixes' words).
             words: match &opts.shortlist {
-                Some(sl) => Some(model.readout.output_words(
-                    model.kernels,
-                    &sl.words(srcs, eos),
-                    opts.int8,
-                )?),
+                Some(sl) => {
+                    let mut ids = sl.words(srcs, eos);
+                    if prefixes.iter().any(|p| !p.is_empty()) {
+                        ids.extend(prefixes.iter().flatten());
+                        ids.sort_unstable();
+                        ids.dedup();
+                    }
+                    Some(model.readout.output_words(model.kernels, &ids, opts.int8)?)
+                }
                 None => None,
             },
             step: None,
@@ -408,6 +415,8 @@ struct Search<'o> {
     /// Per sentence: (minimum words before EOS, maximum words), and the source length with EOS.
     limits: Vec<(usize, usize)>,
     src_lens: Vec<usize>,
+    /// Per sentence, the words its output starts with (a target prefix; empty: none, or no prefixes at all).
+    prefixes: &'o [Vec<u32>],
 }
 
 /// The hypotheses a step's candidates make: the continuing ones (new rows), each one's parent row and word.
@@ -439,7 +448,16 @@ impl Search<'_> {
                 let s = live[r].sent;
                 let k = self.beam.saturating_sub(finished[s].len());
                 let eos_ok = step >= self.limits[s].0;
-                let mut top = top_k(row, k, if eos_ok { None } else { self.eos_column });
+                let forced = self.prefixes.get(s).and_then(|p| p.get(step));
+                let mut top = match forced {
+                    // Within a target prefix: its word, the only candidate (a shortlist holds it).
+                    Some(&w) => {
+                        let c = words.map_or(Some(w as usize), |o| o.ids.binary_search(&w).ok());
+                        let c = c.expect("a shortlist holds the prefixes' words");
+                        vec![(row[c], c as u32)]
+                    }
+                    None => top_k(row, k, if eos_ok { None } else { self.eos_column }),
+                };
                 let lse = if self.fused {
                     log_normaliser(row)
                 } else {
@@ -678,9 +696,13 @@ fn mean_attention(states: &[MemberState]) -> Result<Vec<Vec<f32>>> {
 /// Each step: step every member, combine their scores, take each row's top k, each sentence's best
 /// continuations, grow them into finished and continuing hypotheses, advance every member's state to the
 /// continuing ones, retire those at their length limit and drop settled sentences.
+///
+/// `prefixes` (empty, or one per sentence, each possibly empty) are target prefixes: a sentence's output
+/// starts with its prefix's words (scored by the model like any other), and the search goes on from them.
 pub fn beam_search_ensemble(
     members: &[Member],
     srcs: &[Vec<u32>],
+    prefixes: &[Vec<u32>],
     eos: u32,
     opts: &DecodeOptions,
 ) -> Result<Vec<Vec<Hypothesis>>> {
@@ -692,6 +714,19 @@ pub fn beam_search_ensemble(
     let nsent = srcs.len();
     if nsent == 0 {
         return Ok(vec![]);
+    }
+    if !prefixes.is_empty() && prefixes.len() != nsent {
+        candle_core::bail!("{} target prefixes for {nsent} sentences", prefixes.len());
+    }
+    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
+    for (k, (p, l)) in prefixes.iter().zip(&limits).enumerate() {
+        if p.len() > l.1 || p.contains(&eos) {
+            candle_core::bail!(
+                "sentence {k}: a target prefix of {} words (at most {} for its source, and no EOS)",
+                p.len(),
+                l.1
+            );
+        }
     }
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     // Int8 products need their weights quantised: prepare them for this call where the caller did not.
@@ -716,6 +751,7 @@ pub fn beam_search_ensemble(
         states.push(MemberState::start(
             m,
             srcs,
+            prefixes,
             (&src_ids, &src_mask),
             eos,
             opts,
@@ -735,8 +771,9 @@ pub fn beam_search_ensemble(
             None => Some(eos),
         },
         fused: first.model.kernels.ops_fused_on(&dev) && members.len() == 1,
-        limits: srcs.iter().map(|s| length_limits(s.len())).collect(),
+        limits,
         src_lens: srcs.iter().map(|s| s.len() + 1).collect(),
+        prefixes,
     };
 
     let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
@@ -932,6 +969,7 @@ pub fn greedy(
 pub fn beam_search_batches(
     models: &[&Model],
     batches: &[Vec<Vec<u32>>],
+    prefixes: Option<&[Vec<Vec<u32>>]>,
     eos: u32,
     opts: &DecodeOptions,
     done: impl Fn(usize) + Sync,
@@ -966,9 +1004,13 @@ pub fn beam_search_batches(
             table: t.as_ref(),
         })
         .collect();
+    if prefixes.is_some_and(|p| p.len() != batches.len()) {
+        candle_core::bail!("target prefixes for another number of batches");
+    }
     batches
         .par_iter()
-        .map(|b| {
+        .enumerate()
+        .map(|(i, b)| {
             if opts
                 .stop
                 .as_ref()
@@ -976,7 +1018,8 @@ pub fn beam_search_batches(
             {
                 candle_core::bail!("decoding stopped");
             }
-            let h = beam_search_ensemble(&members, b, eos, opts)?;
+            let prefix = prefixes.map_or(&[][..], |p| &p[i][..]);
+            let h = beam_search_ensemble(&members, b, prefix, eos, opts)?;
             done(b.len());
             Ok(h)
         })

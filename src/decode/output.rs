@@ -93,10 +93,32 @@ pub fn translate_into(
     let total = all_lines.len();
     let mine = cluster.share(total);
     let sharded = cluster.size() > 1;
+    // Prefixes checked before anything is decoded, an error naming the line among all of them.
+    if !opts.target_prefix.is_empty() {
+        tr.pipeline().check_prefixes(
+            &all_lines,
+            &opts.target_prefix,
+            opts.pretokenized,
+            opts.input_limit,
+        )?;
+    }
     let lines: Vec<String> = if sharded {
         mine.iter().map(|&i| all_lines[i].clone()).collect()
     } else {
         all_lines
+    };
+    // This rank's lines' prefixes.
+    let prefixes: Vec<String> = match (opts.target_prefix.is_empty(), sharded) {
+        (true, _) => vec![],
+        (false, true) => mine
+            .iter()
+            .map(|&i| opts.target_prefix[i].clone())
+            .collect(),
+        (false, false) => opts.target_prefix.clone(),
+    };
+    let mut part_opts = TranslateOptions {
+        target_prefix: vec![],
+        ..opts.clone()
     };
     let pb = if files.quiet || lines.len() < 50 || cluster.rank() > 0 {
         indicatif::ProgressBar::hidden()
@@ -115,7 +137,11 @@ pub fn translate_into(
         crate::decode::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     let mut base = 0;
     for part in lines.chunks(chunk) {
-        let (out, long) = tr.translate_with(part, opts, |d| pb.set_position((base + d) as u64))?;
+        if !prefixes.is_empty() {
+            part_opts.target_prefix = prefixes[base..base + part.len()].to_vec();
+        }
+        let (out, long) =
+            tr.translate_with(part, &part_opts, |d| pb.set_position((base + d) as u64))?;
         // (A line over the limit is named even when quiet: its output is not the whole line's.)
         for l in &long {
             let limit = opts.input_limit.max_words;
@@ -247,7 +273,7 @@ pub fn word_fields(
             scores.join(" "),
             h.score
         );
-        if !w.word_gates.is_empty() {
+        if !matches!(tr.model().model.gate, crate::model::gate::Gate::None) {
             let gates: Vec<String> = w.word_gates.iter().map(|g| format!("{g:.4}")).collect();
             out += &format!(" ||| WordGates= {}", gates.join(" "));
         }

@@ -4,7 +4,7 @@
 use cgnmt_data::preprocess::Preprocessor;
 use cgnmt_data::vocab::Vocab;
 
-use crate::decode::beam_search::{beam_search_batches, DecodeOptions, Hypothesis};
+use crate::decode::beam_search::{beam_search_batches, length_limits, DecodeOptions, Hypothesis};
 use crate::error::Result;
 use crate::model::Model;
 
@@ -103,7 +103,15 @@ impl<'a> Pipeline<'a> {
         progress: impl FnMut(usize) + Send,
     ) -> Result<Vec<Translation>> {
         Ok(self
-            .translate_within(lines, opts, batch, pretokenized, InputLimit::NONE, progress)?
+            .translate_within(
+                lines,
+                &[],
+                opts,
+                batch,
+                pretokenized,
+                InputLimit::NONE,
+                progress,
+            )?
             .0)
     }
 
@@ -111,9 +119,15 @@ impl<'a> Pipeline<'a> {
     /// (each translated as a sentence, their outputs joined) or truncated; the long lines are returned so the
     /// caller can say which. A split line's n-best list holds one hypothesis, its pieces' best ones joined
     /// (scores added, attention rows placed over each piece's source positions).
+    ///
+    /// `prefixes` (empty, or one per line) are target prefixes, text as the target side is written (tokens
+    /// with `pretokenized`): each line's output starts with its prefix's words and the search goes on from
+    /// them (a split line's first piece takes it). An empty source line stays empty.
+    #[allow(clippy::too_many_arguments)]
     pub fn translate_within(
         &self,
         lines: &[String],
+        prefixes: &[String],
         opts: &DecodeOptions,
         batch: usize,
         pretokenized: bool,
@@ -129,39 +143,32 @@ impl<'a> Pipeline<'a> {
         let mut long = vec![];
         for (i, t) in toks.iter_mut().enumerate() {
             let n = t.len();
-            if limit.max_words == 0 || n <= limit.max_words {
-                units.push((i, 0..n));
-                continue;
+            let ranges = limit.pieces(n);
+            if ranges.len() > 1 || ranges[0].end < n {
+                long.push(LongLine {
+                    index: i,
+                    words: n,
+                    pieces: ranges.len(),
+                });
+                t.truncate(ranges.last().map_or(n, |r| r.end));
             }
-            match limit.long_input {
-                LongInput::Truncate => {
-                    t.truncate(limit.max_words);
-                    units.push((i, 0..limit.max_words));
-                    long.push(LongLine {
-                        index: i,
-                        words: n,
-                        pieces: 1,
-                    });
-                }
-                LongInput::Split => {
-                    let pieces = n.div_ceil(limit.max_words);
-                    // Equal pieces rather than full ones and a short rest.
-                    let size = n.div_ceil(pieces);
-                    for k in 0..pieces {
-                        units.push((i, k * size..((k + 1) * size).min(n)));
-                    }
-                    long.push(LongLine {
-                        index: i,
-                        words: n,
-                        pieces,
-                    });
-                }
-            }
+            units.extend(ranges.into_iter().map(|r| (i, r)));
         }
         let ids: Vec<Vec<u32>> = units
             .iter()
             .map(|(i, r)| self.src_vocab.encode(&toks[*i][r.clone()]))
             .collect();
+        let prefix_ids = self.prefix_ids(prefixes, lines.len(), pretokenized)?;
+        // A unit's prefix: its line's, for the line's first piece.
+        let unit_prefix = |u: usize| -> Vec<u32> {
+            match prefix_ids.get(units[u].0) {
+                Some(p) if units[u].1.start == 0 => p.clone(),
+                _ => vec![],
+            }
+        };
+        for (u, (i, _)) in units.iter().enumerate() {
+            prefix_fits(*i, unit_prefix(u).len(), ids[u].len())?;
+        }
         let mut order: Vec<usize> = (0..units.len()).filter(|&u| !ids[u].is_empty()).collect();
         order.sort_by_key(|&u| std::cmp::Reverse(ids[u].len()));
         let eos = self.tgt_vocab.eos();
@@ -184,14 +191,19 @@ impl<'a> Pipeline<'a> {
             .iter()
             .map(|c| c.iter().map(|&u| ids[u].clone()).collect())
             .collect();
+        let prefix_batches: Vec<Vec<Vec<u32>>> = chunks
+            .iter()
+            .map(|c| c.iter().map(|&u| unit_prefix(u)).collect())
+            .collect();
+        let prefix_batches = (!prefix_ids.is_empty()).then_some(&prefix_batches[..]);
         let split = !long.is_empty() && limit.long_input == LongInput::Split;
         // With split lines, progress is reported per batch as whole lines finish below; otherwise per unit.
         let mut models = vec![self.model];
         models.extend(self.others.iter().copied());
         let hyps = if split {
-            beam_search_batches(&models, &batches, eos, opts, |_| {})?
+            beam_search_batches(&models, &batches, prefix_batches, eos, opts, |_| {})?
         } else {
-            beam_search_batches(&models, &batches, eos, opts, &report)?
+            beam_search_batches(&models, &batches, prefix_batches, eos, opts, &report)?
         };
         let mut unit_hyps: Vec<Vec<Hypothesis>> = vec![vec![]; units.len()];
         for (chunk, hyps) in chunks.iter().zip(hyps) {
@@ -234,6 +246,97 @@ impl<'a> Pipeline<'a> {
             u = end;
         }
         Ok((out, long))
+    }
+}
+
+/// An error naming line `line` (0-based) when a target prefix of `p` tokens is longer than an output of a
+/// source of `n` tokens may be.
+fn prefix_fits(line: usize, p: usize, n: usize) -> Result<()> {
+    let max = length_limits(n).1;
+    if p > max && n > 0 {
+        return Err(crate::error::NmtError::Options(format!(
+            "line {}: a target prefix of {p} tokens, more than the {max} that the output of its {n} source tokens may have",
+            line + 1
+        )));
+    }
+    Ok(())
+}
+
+impl InputLimit {
+    /// The token ranges a line of `n` model tokens is decoded in: the whole line within the limit, else its
+    /// first `max_words` tokens (truncate) or equal consecutive pieces of at most `max_words` (split; equal
+    /// pieces rather than full ones and a short rest).
+    pub fn pieces(&self, n: usize) -> Vec<std::ops::Range<usize>> {
+        if self.max_words == 0 || n <= self.max_words {
+            return vec![0..n];
+        }
+        match self.long_input {
+            LongInput::Truncate => vec![0..self.max_words],
+            LongInput::Split => {
+                let pieces = n.div_ceil(self.max_words);
+                let size = n.div_ceil(pieces);
+                (0..pieces)
+                    .map(|k| k * size..((k + 1) * size).min(n))
+                    .collect()
+            }
+        }
+    }
+}
+
+impl Pipeline<'_> {
+    /// Check target prefixes for `lines` before decoding them (as [`Pipeline::translate_within`] would), so
+    /// that an error names the line among all of them: a token outside the target vocabulary, a prefix
+    /// longer than the output of its line (its first piece) may be, or a count other than the lines'.
+    pub fn check_prefixes(
+        &self,
+        lines: &[String],
+        prefixes: &[String],
+        pretokenized: bool,
+        limit: InputLimit,
+    ) -> Result<()> {
+        let ids = self.prefix_ids(prefixes, lines.len(), pretokenized)?;
+        for (i, (l, p)) in lines.iter().zip(&ids).enumerate() {
+            let n = self.source_tokens(l, pretokenized).len();
+            prefix_fits(i, p.len(), limit.pieces(n)[0].len())?;
+        }
+        Ok(())
+    }
+
+    /// The target prefixes as target ids (none when `prefixes` is empty); an error names a line whose
+    /// prefix has a token outside the target vocabulary, or a count other than the lines'.
+    fn prefix_ids(
+        &self,
+        prefixes: &[String],
+        lines: usize,
+        pretokenized: bool,
+    ) -> Result<Vec<Vec<u32>>> {
+        if prefixes.is_empty() {
+            return Ok(vec![]);
+        }
+        if prefixes.len() != lines {
+            return Err(crate::error::NmtError::Options(format!(
+                "{} target prefixes for {lines} lines: give one per line (an empty one for none)",
+                prefixes.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(lines);
+        for (i, p) in prefixes.iter().enumerate() {
+            let toks: Vec<String> = if pretokenized {
+                p.split_whitespace().map(str::to_string).collect()
+            } else {
+                self.preprocess.tgt_tokens(p)
+            };
+            let ids = self.tgt_vocab.encode(&toks);
+            if let Some(k) = ids.iter().position(|&w| w == self.tgt_vocab.unk()) {
+                return Err(crate::error::NmtError::Options(format!(
+                    "line {}: the target prefix's token {:?} is not in the model's target vocabulary",
+                    i + 1,
+                    toks[k]
+                )));
+            }
+            out.push(ids);
+        }
+        Ok(out)
     }
 }
 

@@ -80,6 +80,9 @@ pub struct TranslateOptions {
     /// Keep each hypothesis's attention rows, to link output words to source words in this mode
     /// ([`crate::decode::alignment::WordLevel`]; `translate --alignment`).
     pub alignment: Option<crate::decode::alignment::AlignmentMode>,
+    /// Target prefixes, one per line (empty: none): each output starts with its line's prefix, text as the
+    /// target side is written (tokens when `pretokenized`), and the search goes on from it.
+    pub target_prefix: Vec<String>,
     /// Decode until the beam has shrunk to nothing (same output, more steps).
     pub full_beam: bool,
     /// Gather the words' products from a table formed once per call (same output, faster).
@@ -141,6 +144,7 @@ impl Default for TranslateOptions {
             record: false,
             word_scores: false,
             alignment: None,
+            target_prefix: vec![],
             full_beam: false,
             word_table: true,
             batch: 32,
@@ -307,6 +311,7 @@ impl Translator {
         let opts = self.decode_options(o, str::to_string)?;
         self.pipeline().translate_within(
             lines,
+            &o.target_prefix,
             &opts,
             o.batch,
             o.pretokenized,

@@ -86,3 +86,43 @@ impl ShortlistArgs {
         }))
     }
 }
+
+/// `translate`'s word-level outputs and target prefixes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SteerArgs {
+    /// After each translation (each n-best line), write ` ||| ` and its word alignment from attention: `hard`
+    /// links each output word to its most attended source word, a probability P (e.g. 0.2) gives every link
+    /// with attention ≥ P, both as `i-j` pairs (source word i, output word j, 0-based); `soft` writes each
+    /// output word's attention over the source words, comma-separated. Words are the tokenised source and
+    /// output before subwords (pieces merged as `cgnmt align` merges them), not the detokenised text.
+    #[arg(long, value_name = "hard|soft|P")]
+    pub alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
+    /// After each translation (each n-best line), write ` ||| WordScores= ` each output word's
+    /// log-probability (its subword pieces' sum) and `Score= ` the sentence's (EOS included), and, where the
+    /// model has a context gate, ` ||| WordGates= ` each output word's mean gate value.
+    #[arg(long)]
+    pub word_scores: bool,
+    /// Target prefixes, one line per input line (an empty line for none): each output starts with its
+    /// line's prefix (raw text, or tokens with --pretokenized) and the search goes on from it.
+    #[arg(long, value_name = "FILE")]
+    pub prefix: Option<std::path::PathBuf>,
+}
+
+impl SteerArgs {
+    /// Set these in `opts` for an input of `lines` lines (the prefixes read, one per line).
+    pub fn apply(&self, opts: &mut cgnmt::TranslateOptions, lines: usize) -> anyhow::Result<()> {
+        opts.word_scores = self.word_scores;
+        opts.alignment = self.alignment;
+        if let Some(p) = &self.prefix {
+            opts.target_prefix = cgnmt::decode::output::read_input(Some(p))?;
+            if opts.target_prefix.len() != lines {
+                anyhow::bail!(
+                    "{}: {} lines, but the input has {lines}: give one prefix per input line (an empty line for none)",
+                    p.display(),
+                    opts.target_prefix.len()
+                );
+            }
+        }
+        Ok(())
+    }
+}

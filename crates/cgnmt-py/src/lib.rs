@@ -177,6 +177,31 @@ fn translation_dict<'py>(
     Ok(d)
 }
 
+/// The best hypothesis's words (subword pieces merged): `word_scores` and `word_gates` with `word_scores`,
+/// `alignment` (links) or `alignment_soft` (the matrix's rows) with `alignment`.
+fn word_level_items(
+    d: &Bound<'_, PyDict>,
+    tr: &cgnmt::Translator,
+    t: &Translation,
+    word_scores: bool,
+    alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
+) -> PyResult<()> {
+    use cgnmt::decode::alignment::{AlignmentMode, WordLevel};
+    let none = cgnmt::decode::beam_search::Hypothesis::default();
+    let w = WordLevel::of(&t.src_tokens, &t.tokens, t.hyps.first().unwrap_or(&none));
+    if word_scores {
+        d.set_item("word_scores", w.word_scores.clone())?;
+        let gated = !matches!(tr.model().model.gate, cgnmt::model::gate::Gate::None);
+        d.set_item("word_gates", gated.then(|| w.word_gates.clone()))?;
+    }
+    match alignment {
+        Some(AlignmentMode::Soft) => d.set_item("alignment_soft", w.attention.clone())?,
+        Some(a) => d.set_item("alignment", w.links(a))?,
+        None => {}
+    }
+    Ok(())
+}
+
 #[pymethods]
 impl Translator {
     #[new]
@@ -222,7 +247,7 @@ impl Translator {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (sentences, beam=10, nbest=1, length_norm=false, length_penalty=0.0, coverage_penalty=0.0,
         context_scale=(1.0, 1.0), pretokenized=false, record=false, batch=32, max_input_words=200,
-        truncate_long=false))]
+        truncate_long=false, word_scores=false, alignment=None, target_prefix=None))]
     fn translate<'py>(
         &self,
         py: Python<'py>,
@@ -238,8 +263,19 @@ impl Translator {
         batch: usize,
         max_input_words: usize,
         truncate_long: bool,
+        word_scores: bool,
+        alignment: Option<String>,
+        target_prefix: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let stop = Arc::new(AtomicBool::new(false));
+        let alignment = match alignment {
+            Some(a) => Some(
+                a.parse::<cgnmt::decode::alignment::AlignmentMode>()
+                    .map_err(|e| PyValueError::new_err(format!("alignment {e}")))?,
+            ),
+            None => None,
+        };
+        let target_prefix = target_prefix.unwrap_or_default();
         let opts = TranslateOptions {
             beam,
             nbest,
@@ -248,8 +284,9 @@ impl Translator {
             coverage_penalty,
             context_scale,
             record,
-            word_scores: false,
-            alignment: None,
+            word_scores,
+            alignment,
+            target_prefix: vec![],
             full_beam: false,
             word_table: true,
             batch,
@@ -267,19 +304,33 @@ impl Translator {
         self.inner
             .decode_options(&opts, str::to_string)
             .map_err(py_err)?;
+        if !target_prefix.is_empty() {
+            self.inner
+                .pipeline()
+                .check_prefixes(&sentences, &target_prefix, pretokenized, opts.input_limit)
+                .map_err(py_err)?;
+        }
         let tr = self.inner.clone();
         let out = interruptible(py, &stop, || {
             // In chunks as `cgnmt translate` decodes a file: the same batches, the same outputs.
             let chunk = 1024usize.max(4 * batch);
             let mut out = Vec::with_capacity(sentences.len());
-            for part in sentences.chunks(chunk) {
-                out.extend(tr.translate(part, &opts).map_err(py_err)?);
+            let mut o = opts.clone();
+            for (k, part) in sentences.chunks(chunk).enumerate() {
+                if !target_prefix.is_empty() {
+                    o.target_prefix = target_prefix[k * chunk..k * chunk + part.len()].to_vec();
+                }
+                out.extend(tr.translate(part, &o).map_err(py_err)?);
             }
             Ok(out)
         })?;
         let list = PyList::empty(py);
         for t in &out {
-            list.append(translation_dict(py, &self.inner, t, record)?)?;
+            let d = translation_dict(py, &self.inner, t, record)?;
+            if word_scores || alignment.is_some() {
+                word_level_items(&d, &self.inner, t, word_scores, alignment)?;
+            }
+            list.append(d)?;
         }
         Ok(list)
     }

@@ -238,3 +238,44 @@ def test_ctrl_c_stops_a_long_batch_within_two_seconds(models, dev_lines):
     assert stopped - sent["at"] < 2.0, f"stopped {stopped - sent['at']:.2f} s after Ctrl-C"
     # The translator still works after an interrupted call.
     assert tr.translate(dev_lines[:2])[0].text
+
+
+def test_word_scores_alignments_and_prefixes_as_the_command_line_writes_them(models, dev_lines, cgnmt_bin,
+                                                                              tmp_path):
+    lines = [l for l in dev_lines if l.strip()][:20]
+    tr = cgnmt.Translator(models[1])
+    out = tr.translate(lines, beam=4, return_word_scores=True, alignment="hard")
+    cli, _ = cli_translate(cgnmt_bin, [models[1]], lines, tmp_path, "--beam", "4", "--word-scores",
+                           "--alignment", "hard")
+    rows = cli.decode("utf-8").splitlines()
+    assert len(rows) == len(out) == 20
+    for row, t in zip(rows, out):
+        text, links, scores, gates = row.split(" ||| ")
+        assert text == t.text
+        assert links == " ".join(f"{i}-{j}" for i, j in t.alignment)
+        words = scores[len("WordScores="):].split(" Score=")[0].split()
+        assert t.word_scores.dtype == np.float64 and len(words) == len(t.word_scores) > 0
+        assert np.allclose([float(x) for x in words], t.word_scores, atol=6e-5)
+        assert np.allclose([float(x) for x in gates[len("WordGates="):].split()], t.word_gates, atol=6e-5)
+        # One hard link per output word; the words' scores add up to the tokens' (EOS aside).
+        assert [j for _, j in t.alignment] == list(range(len(t.word_scores)))
+        assert float(t.word_scores.sum()) <= 0
+    soft = tr.translate(lines[:3], alignment="soft")
+    for t in soft:
+        assert t.alignment.ndim == 2 and np.allclose(t.alignment.sum(axis=1), 1.0)
+    plain = tr.translate(lines[:3])
+    assert plain[0].word_scores is None and plain[0].alignment is None
+    # A target prefix: the outputs start with it, and greedy search forced to its own first token is unchanged.
+    src = [" ".join(t.source_tokens) for t in out]
+    greedy = tr.translate(src, beam=1, pretokenized=True)
+    first = [t.tokens[0] if t.tokens else "" for t in greedy]
+    forced = tr.translate(src, beam=1, pretokenized=True, target_prefix=first)
+    assert [t.tokens for t in forced] == [t.tokens for t in greedy]
+    other = [t.tokens[1] if len(t.tokens) > 1 else "" for t in greedy]
+    for t, p in zip(tr.translate(src, beam=4, pretokenized=True, target_prefix=other), other):
+        if p:
+            assert t.tokens[0] == p
+    with pytest.raises(ValueError, match="target prefixes for 20 lines"):
+        tr.translate(src, target_prefix=["a"])
+    with pytest.raises(ValueError, match="alignment"):
+        tr.translate(src, alignment="sometimes")

@@ -6,8 +6,9 @@
 //! decoding thread whose calls decode their batches concurrently).
 //!
 //! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?, "length_penalty"?, "coverage_penalty"?,
-//! "context_scale"?: [a, b], "return_attention"?}` → `{"model", "translations": [{"translation", "tokens",
-//! "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?}]}` in the order of the sentences;
+//! "context_scale"?: [a, b], "return_attention"?, "word_scores"?, "alignment"?}` → `{"model", "translations":
+//! [{"translation", "tokens", "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?,
+//! "word_scores"?, "word_gates"?, "alignment"?, "alignment_soft"?}]}` in the order of the sentences;
 //! `GET /v1/models`; `GET /healthz`.
 
 use std::net::SocketAddr;
@@ -97,6 +98,12 @@ struct TranslateRequest {
     context_scale: Option<(f64, f64)>,
     #[serde(default)]
     return_attention: bool,
+    /// Each output word's log-probability (and mean gate value), as `translate --word-scores`.
+    #[serde(default)]
+    word_scores: bool,
+    /// `hard`, `soft` or a probability: the word alignment, as `translate --alignment`.
+    #[serde(default)]
+    alignment: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -119,6 +126,18 @@ struct TranslationOut {
     gates: Option<Vec<f32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     coverage: Option<Vec<f32>>,
+    /// With `word_scores`: each output word's log-probability (subword pieces merged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    word_scores: Option<Vec<f64>>,
+    /// With `word_scores`, where the model has a gate: each output word's mean gate value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    word_gates: Option<Vec<f32>>,
+    /// With `alignment` hard or a probability: `[source word, output word]` links.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alignment: Option<Vec<(usize, usize)>>,
+    /// With `alignment` soft: each output word's attention over the source words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alignment_soft: Option<Vec<Vec<f64>>>,
 }
 
 #[derive(Serialize)]
@@ -360,6 +379,13 @@ async fn translate_admitted(
             a.max_sentences
         )));
     }
+    let alignment = match &req.alignment {
+        Some(a) => Some(
+            a.parse::<cgnmt::decode::alignment::AlignmentMode>()
+                .map_err(|e| bad(format!("alignment {e}")))?,
+        ),
+        None => None,
+    };
     let beam = req.beam.unwrap_or(10);
     let nbest = req.nbest.unwrap_or(1);
     let vocab = st.models[k].tr.model().tgt_vocab.len();
@@ -398,7 +424,9 @@ async fn translate_admitted(
             .map_or((1f64.to_bits(), 1f64.to_bits()), |(x, y)| {
                 (x.to_bits(), y.to_bits())
             }),
-        record: req.return_attention,
+        // Word scores' gates and alignments read what recording keeps.
+        record: req.return_attention || req.word_scores || alignment.is_some(),
+        word_scores: req.word_scores,
     };
     let (reply, answer) = tokio::sync::oneshot::channel();
     st.jobs
@@ -428,7 +456,13 @@ async fn translate_admitted(
                 format!("decoding failed: {e}"),
             )
         })?;
-    let out = respond(&st.models[k], translated, nbest, req.return_attention);
+    let asked = Asked {
+        nbest,
+        attention: req.return_attention,
+        word_scores: req.word_scores,
+        alignment,
+    };
+    let out = respond(&st.models[k], translated, &asked);
     Ok(Json(out))
 }
 
@@ -445,6 +479,7 @@ struct OptionsKey {
     /// The context scale's bits (a, b).
     context_scale: (u64, u64),
     record: bool,
+    word_scores: bool,
 }
 
 impl OptionsKey {
@@ -462,6 +497,7 @@ impl OptionsKey {
                 f64::from_bits(self.context_scale.1),
             ),
             record: self.record,
+            word_scores: self.word_scores,
             batch,
             input_limit: cgnmt::InputLimit::NONE,
             ..Default::default()
@@ -557,12 +593,45 @@ fn batcher(
 }
 
 /// A request's answer from its translations.
-fn respond(m: &Served, out: Vec<Translation>, nbest: usize, record: bool) -> TranslateResponse {
+/// What a request asked for beside the translations.
+struct Asked {
+    nbest: usize,
+    attention: bool,
+    word_scores: bool,
+    alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
+}
+
+fn respond(m: &Served, out: Vec<Translation>, asked: &Asked) -> TranslateResponse {
+    use cgnmt::decode::alignment::{AlignmentMode, WordLevel};
+    let (nbest, record) = (asked.nbest, asked.attention);
+    let has_gate = !matches!(m.tr.model().model.gate, cgnmt::model::gate::Gate::None);
     let translations = out
         .into_iter()
         .map(|t| {
             let best = t.hyps.first();
+            let words = (asked.word_scores || asked.alignment.is_some()).then(|| {
+                WordLevel::of(
+                    &t.src_tokens,
+                    &t.tokens,
+                    best.unwrap_or(&Default::default()),
+                )
+            });
+            let w = words.as_ref();
             TranslationOut {
+                word_scores: w
+                    .filter(|_| asked.word_scores)
+                    .map(|w| w.word_scores.clone()),
+                word_gates: w
+                    .filter(|_| asked.word_scores && has_gate)
+                    .map(|w| w.word_gates.clone()),
+                alignment: match (w, asked.alignment) {
+                    (Some(w), Some(a)) if a != AlignmentMode::Soft => Some(w.links(a)),
+                    _ => None,
+                },
+                alignment_soft: match (w, asked.alignment) {
+                    (Some(w), Some(AlignmentMode::Soft)) => Some(w.attention.clone()),
+                    _ => None,
+                },
                 score: best.map(|h| h.score),
                 nbest: (nbest > 1).then(|| {
                     t.hyps
@@ -625,7 +694,9 @@ fn openapi() -> serde_json::Value {
                 "length_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's length penalty α"},
                 "coverage_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's coverage penalty β"},
                 "context_scale": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 4}, "minItems": 2, "maxItems": 2},
-                "return_attention": {"type": "boolean", "default": false}
+                "return_attention": {"type": "boolean", "default": false},
+                "word_scores": {"type": "boolean", "default": false, "description": "each output word's log-probability and mean gate value"},
+                "alignment": {"type": "string", "description": "hard, soft, or a probability in (0, 1]: the word alignment from attention"}
             }},
             "TranslateResponse": {"type": "object", "properties": {
                 "model": {"type": "string"},
@@ -637,7 +708,11 @@ fn openapi() -> serde_json::Value {
                     "nbest": {"type": "array", "items": {"type": "object", "properties": {"translation": {"type": "string"}, "score": {"type": "number"}}}},
                     "attention": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
                     "gates": {"type": "array", "items": {"type": "number"}},
-                    "coverage": {"type": "array", "items": {"type": "number"}}
+                    "coverage": {"type": "array", "items": {"type": "number"}},
+                    "word_scores": {"type": "array", "items": {"type": "number"}},
+                    "word_gates": {"type": "array", "items": {"type": "number"}},
+                    "alignment": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
+                    "alignment_soft": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
                 }}}
             }}
         }}

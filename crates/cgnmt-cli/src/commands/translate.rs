@@ -76,18 +76,8 @@ pub struct TranslateArgs {
     /// Output file (default: stdout); written atomically.
     #[arg(short, long)]
     output: Option<PathBuf>,
-    /// After each translation (each n-best line), write ` ||| ` and its word alignment from attention: `hard`
-    /// links each output word to its most attended source word, a probability P (e.g. 0.2) gives every link
-    /// with attention ≥ P, both as `i-j` pairs (source word i, output word j, 0-based); `soft` writes each
-    /// output word's attention over the source words, comma-separated. Words are the tokenised source and
-    /// output before subwords (pieces merged as `cgnmt align` merges them), not the detokenised text.
-    #[arg(long, value_name = "hard|soft|P")]
-    alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
-    /// After each translation (each n-best line), write ` ||| WordScores= ` each output word's
-    /// log-probability (its subword pieces' sum) and `Score= ` the sentence's (EOS included), and, where the
-    /// model has a context gate, ` ||| WordGates= ` each output word's mean gate value.
-    #[arg(long)]
-    word_scores: bool,
+    #[command(flatten)]
+    steer: crate::args::SteerArgs,
     /// Write per-sentence attention matrices, gate values and coverage as JSON lines.
     #[arg(long, value_name = "FILE")]
     dump: Option<PathBuf>,
@@ -109,7 +99,7 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
             eprintln!("warning: {note}");
         }
     }
-    let opts = TranslateOptions {
+    let mut opts = TranslateOptions {
         beam: a.beam,
         nbest: a.nbest,
         length_norm: a.length_norm,
@@ -117,8 +107,6 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         coverage_penalty: a.coverage_penalty,
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
-        word_scores: a.word_scores,
-        alignment: a.alignment,
         full_beam: a.full_beam,
         word_table: !a.no_word_table,
         batch: a.batch,
@@ -127,11 +115,12 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
             max_words: a.max_input_words,
             long_input: a.long_input,
         },
-        stop: None,
+        ..Default::default()
     };
     // The options checked before the input is read, named as the command line names them.
     tr.decode_options(&opts, |k| format!("--{}", k.replace('_', "-")))?;
     let lines = read_input(a.input.as_deref())?;
+    a.steer.apply(&mut opts, lines.len())?;
     let files = OutputFiles {
         input: a.input.clone(),
         output: a.output.clone(),

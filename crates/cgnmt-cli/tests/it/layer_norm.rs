@@ -230,10 +230,11 @@ fn a_layer_normalised_model_trains_resumes_and_decodes_everywhere() {
     );
 }
 
-/// The key is written out only when true: a configuration from before it serialises as it did (so
-/// `cgnmt reproduce` still recognises the runs it finished), and both forms read back.
+/// Every key is written (`train --print-config`, a model's `config.toml`), `layer_norm` included, and a
+/// configuration from before the key (without it) reads back as the paper's model; `cgnmt reproduce`'s run
+/// fingerprints leave it out when false, so the runs it finished keep theirs (its unit test).
 #[test]
-fn the_key_is_written_only_when_set() {
+fn the_key_is_always_written_and_a_configuration_without_it_reads_as_false() {
     let load = |sets: &[&str]| {
         cgnmt::config::Config::load(
             None,
@@ -242,11 +243,20 @@ fn the_key_is_written_only_when_set() {
         .unwrap()
     };
     let plain = load(&[]).to_toml();
-    assert!(!plain.contains("layer_norm"), "{plain}");
+    assert!(plain.contains("\nlayer_norm = false\n"), "{plain}");
     let normed = load(&["model.layer_norm=true"]).to_toml();
-    assert!(normed.contains("layer_norm = true"), "{normed}");
-    for text in [plain, normed] {
+    assert!(normed.contains("\nlayer_norm = true\n"), "{normed}");
+    for text in [plain.clone(), normed] {
         let back = cgnmt::config::Config::from_toml_str(&text, "test").unwrap();
         assert_eq!(back.to_toml(), text);
     }
+    let before: String = plain
+        .lines()
+        .filter(|l| !l.starts_with("layer_norm"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(before, plain);
+    let back = cgnmt::config::Config::from_toml_str(&before, "test").unwrap();
+    assert!(!back.model.layer_norm);
+    assert_eq!(back.to_toml(), plain);
 }

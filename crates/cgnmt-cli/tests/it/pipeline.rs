@@ -590,7 +590,7 @@ fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
         long_input,
     };
     let (split, which) = tr
-        .translate_within(&input, &opts, 4, true, lim(LongInput::Split), |_| {})
+        .translate_within(&input, &[], &opts, 4, true, lim(LongInput::Split), |_| {})
         .unwrap();
     let pieces = n.div_ceil(8);
     let size = n.div_ceil(pieces);
@@ -622,7 +622,15 @@ fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
     assert_eq!(split[0].tokens, plain[0].tokens);
     // Truncation translates the first 8 tokens.
     let (cut, _) = tr
-        .translate_within(&input, &opts, 4, true, lim(LongInput::Truncate), |_| {})
+        .translate_within(
+            &input,
+            &[],
+            &opts,
+            4,
+            true,
+            lim(LongInput::Truncate),
+            |_| {},
+        )
         .unwrap();
     let first = tr
         .translate(&[long[..8].join(" ")], &opts, 4, true, |_| {})

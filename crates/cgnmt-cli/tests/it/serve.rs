@@ -185,6 +185,74 @@ fn serve_answers_like_translate_and_refuses_bad_requests_clearly() {
     eprintln!("{requests} requests in {calls} decoding calls");
     assert_eq!(requests, 2 + 40);
     assert!(calls < requests, "no two requests shared a batch: {health}");
+    // Word scores, gates and links on request: what `translate --word-scores --alignment hard` writes.
+    let cli = run_ok(&[
+        "translate",
+        "--quiet",
+        "-m",
+        model.to_str().unwrap(),
+        "-i",
+        tmp.path().join("in.zh").to_str().unwrap(),
+        "--word-scores",
+        "--alignment",
+        "hard",
+    ]);
+    let ask = serde_json::json!({"sentences": sentences, "word_scores": true, "alignment": "hard"});
+    let (code, v) = post(&s.base, &ask.to_string());
+    assert_eq!(code, 200, "{v}");
+    let nums = |f: &str, key: &str| -> Vec<f64> {
+        let f = f.strip_prefix(key).unwrap();
+        let f = f.split(" Score=").next().unwrap();
+        f.split_whitespace().map(|x| x.parse().unwrap()).collect()
+    };
+    for (k, (line, t)) in cli
+        .lines()
+        .zip(v["translations"].as_array().unwrap())
+        .enumerate()
+    {
+        let f: Vec<&str> = line.split(" ||| ").collect();
+        assert_eq!(f[0], t["translation"].as_str().unwrap(), "sentence {k}");
+        let links: Vec<String> = t["alignment"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| format!("{}-{}", l[0], l[1]))
+            .collect();
+        assert_eq!(f[1], links.join(" "), "sentence {k}");
+        for (field, key, json_key) in [
+            (f[2], "WordScores=", "word_scores"),
+            (f[3], "WordGates=", "word_gates"),
+        ] {
+            let (a, b) = (nums(field, key), t[json_key].as_array().unwrap());
+            assert_eq!(a.len(), b.len(), "sentence {k}: {json_key}");
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y.as_f64().unwrap()).abs() < 6e-5,
+                    "sentence {k}: {json_key} {x} and {y}"
+                );
+            }
+        }
+    }
+    let (code, v) = post(
+        &s.base,
+        &serde_json::json!({"sentences": [sentences[0]], "alignment": "soft"}).to_string(),
+    );
+    assert_eq!(code, 200, "{v}");
+    for row in v["translations"][0]["alignment_soft"].as_array().unwrap() {
+        let sum: f64 = row
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        assert!((sum - 1.0).abs() < 1e-6, "{row}");
+    }
+    let (code, v) = post(
+        &s.base,
+        &serde_json::json!({"sentences": [sentences[0]], "alignment": "2"}).to_string(),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("alignment"), "{v}");
     // Bad requests: 4xx with a message naming the problem.
     for (body, code, says) in [
         ("{\"sentences\": [", 400, "malformed request".to_string()),

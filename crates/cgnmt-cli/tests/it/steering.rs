@@ -272,3 +272,130 @@ fn translate_writes_links_and_word_scores_after_each_translation() {
         "{err}"
     );
 }
+
+#[test]
+fn outputs_start_with_their_target_prefix_and_the_search_goes_on_from_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, srcs, input) = trained(tmp.path());
+    let tr = Translator::open(&[&model], &TranslatorOptions::default()).unwrap();
+    let lm = tr.model();
+    // In the model's tokens, so that a prefix is exactly the pieces it forces.
+    let pieces: Vec<String> = srcs
+        .iter()
+        .map(|s| lm.preprocess.src_tokens(s).join(" "))
+        .collect();
+    let run = |beam: usize, nbest: usize, prefix: Vec<String>| {
+        let o = TranslateOptions {
+            beam,
+            nbest,
+            pretokenized: true,
+            target_prefix: prefix,
+            ..Default::default()
+        };
+        tr.translate(&pieces, &o).unwrap()
+    };
+    // Greedy search forced to start as it would have started anyway ends as it did.
+    let greedy = run(1, 1, vec![]);
+    let own: Vec<String> = greedy
+        .iter()
+        .map(|t| t.tokens[..t.tokens.len().min(2)].join(" "))
+        .collect();
+    for (a, b) in run(1, 1, own).iter().zip(&greedy) {
+        assert_eq!(a.tokens, b.tokens);
+        assert_eq!(a.hyps[0].score, b.hyps[0].score);
+    }
+    // Empty prefixes change nothing.
+    let beam = run(5, 3, vec![]);
+    let none = run(5, 3, vec![String::new(); srcs.len()]);
+    for (a, b) in none.iter().zip(&beam) {
+        assert_eq!(a.text, b.text);
+    }
+    // The references' first two tokens: every hypothesis of the n-best list starts with them, and differs
+    // from the unforced output somewhere.
+    let refs = common::data_dir().join("tatoeba-zh-en/dev.en");
+    let refs: Vec<String> = std::fs::read_to_string(refs)
+        .unwrap()
+        .lines()
+        .take(srcs.len())
+        .map(|l| {
+            let t = lm.preprocess.tgt_tokens(l);
+            let known: Vec<String> = t.into_iter().filter(|p| lm.tgt_vocab.contains(p)).collect();
+            known[..known.len().min(2)].join(" ")
+        })
+        .collect();
+    let forced = run(5, 3, refs.clone());
+    let mut changed = 0;
+    for ((t, p), b) in forced.iter().zip(&refs).zip(&beam) {
+        let p: Vec<&str> = p.split_whitespace().collect();
+        for h in &t.hyps {
+            let toks = lm.tgt_vocab.decode(&h.tokens);
+            assert_eq!(toks[..p.len()], p[..], "{toks:?} does not start with {p:?}");
+        }
+        changed += usize::from(t.tokens != b.tokens);
+    }
+    assert!(changed >= 10, "only {changed} of 40 outputs changed");
+    // The command line: `--prefix FILE`, the greedy output's own first word giving the greedy output.
+    let m = model.to_str().unwrap();
+    let i = input.to_str().unwrap();
+    let plain = run_ok(&["translate", "-q", "-m", m, "-i", i, "--beam", "1"]);
+    let first = tmp.path().join("prefix.txt");
+    // (Where the raw word is tokenised back into the pieces the search chose; otherwise no prefix.)
+    let words: Vec<String> = greedy
+        .iter()
+        .map(|t| {
+            let w = merge_subwords(&t.tokens)
+                .first()
+                .cloned()
+                .unwrap_or_default();
+            let n = cgnmt_data::bpe::word_index_of_subwords(&t.tokens)
+                .iter()
+                .filter(|&&k| k == 0)
+                .count();
+            if !w.is_empty() && lm.preprocess.tgt_tokens(&w) == t.tokens[..n] {
+                w
+            } else {
+                String::new()
+            }
+        })
+        .collect();
+    assert!(words.iter().filter(|w| !w.is_empty()).count() >= 30);
+    std::fs::write(&first, words.join("\n") + "\n").unwrap();
+    let p = first.to_str().unwrap();
+    let prefixed = run_ok(&[
+        "translate",
+        "-q",
+        "-m",
+        m,
+        "-i",
+        i,
+        "--beam",
+        "1",
+        "--prefix",
+        p,
+    ]);
+    assert_eq!(prefixed, plain);
+    // Bad prefixes are refused, naming the file or the line.
+    let fails = |prefix: &str, want: &[&str]| {
+        std::fs::write(&first, prefix).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cgnmt"))
+            .args(["translate", "-q", "-m", m, "-i", i, "--prefix", p])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(want.iter().all(|w| err.contains(w)), "{err}");
+    };
+    fails("a\nb\n", &["prefix.txt", "2 lines", "40"]);
+    let mut lines = vec![String::new(); srcs.len()];
+    lines[2] = "snow ☃ man".into();
+    fails(
+        &(lines.join("\n") + "\n"),
+        &["line 3", "not in the model's target vocabulary"],
+    );
+    let known = words.iter().find(|w| !w.is_empty()).unwrap();
+    lines[2] = vec![known.as_str(); 400].join(" ");
+    fails(
+        &(lines.join("\n") + "\n"),
+        &["line 3", "target prefix of", "tokens, more than"],
+    );
+}

@@ -61,6 +61,16 @@ def _sentences(name: str, xs: Sequence[str]) -> List[str]:
     return out
 
 
+def _alignment(r: Mapping[str, Any], mode: Optional[str]) -> Any:
+    """A native translation's word alignment as :class:`Translation` holds it (``None`` when not asked)."""
+    if mode is None:
+        return None
+    if "alignment_soft" in r:
+        rows = r["alignment_soft"]
+        return np.asarray(rows, dtype=np.float64).reshape(len(rows), -1)
+    return [(int(i), int(j)) for (i, j) in r["alignment"]]
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """One hypothesis of a sentence's n-best list: its post-processed text, its model tokens and its total
@@ -85,6 +95,13 @@ class Translation:
     transition that read each output word (empty for an ungated model). With ``return_coverage``:
     ``coverage``, float32 ``[source + 1]``: the coverage model's final value per source position (empty
     without coverage).
+
+    Over words (subword pieces merged, as ``cgnmt align`` merges them; the words of the tokenised source
+    and output, as ``cgnmt translate --alignment`` counts them): with ``return_word_scores``,
+    ``word_scores``, float64 ``[output words]``, each word's log-probability (its pieces' sum), and
+    ``word_gates``, float32, each word's mean gate value (``None`` for an ungated model); with
+    ``alignment="hard"`` or a probability, ``alignment``, ``(source word, output word)`` links; with
+    ``alignment="soft"``, ``alignment`` is the float64 ``[output words, source words]`` matrix.
     """
 
     text: str
@@ -95,6 +112,9 @@ class Translation:
     attention: Optional[np.ndarray] = None
     gates: Optional[np.ndarray] = None
     coverage: Optional[np.ndarray] = None
+    word_scores: Optional[np.ndarray] = None
+    word_gates: Optional[np.ndarray] = None
+    alignment: Optional[Union[List[Tuple[int, int]], np.ndarray]] = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +202,9 @@ class Translator:
         batch: int = 32,
         max_input_words: int = 200,
         long_input: str = "split",
+        return_word_scores: bool = False,
+        alignment: Optional[str] = None,
+        target_prefix: Optional[Sequence[str]] = None,
     ) -> List[Translation]:
         """Translate ``sentences`` (raw text, or whitespace-tokenised with ``pretokenized``): one
         :class:`Translation` per sentence, in order; an empty sentence gives an empty translation.
@@ -193,6 +216,10 @@ class Translator:
         ``b`` at every step (the paper's Figure 2). ``batch``: sentences decoded together.
         ``max_input_words``: a longer input (in model tokens) is translated in pieces (``long_input =
         "split"``) or cut (``"truncate"``); 0: no limit.
+        ``return_word_scores``: each output word's log-probability and mean gate value; ``alignment``:
+        ``"hard"``, ``"soft"`` or a probability (e.g. ``"0.2"``), the word alignment from attention (see
+        :class:`Translation`). ``target_prefix``: one string per sentence (empty for none), the words each
+        output must start with (raw text, or tokens with ``pretokenized``); the search goes on from them.
 
         Raises ``ValueError`` for an option out of its range (a beam of 0, a negative penalty, a context scale
         outside [0, 4]).
@@ -213,6 +240,9 @@ class Translator:
             batch,
             max_input_words,
             long_input == "truncate",
+            return_word_scores,
+            None if alignment is None else str(alignment),
+            None if target_prefix is None else _sentences("target_prefix", target_prefix),
         )
         out = []
         for r in raw:
@@ -229,6 +259,13 @@ class Translator:
                     else None,
                     gates=_f32(r["gates"]) if return_gates else None,
                     coverage=_f32(r["coverage"]) if return_coverage else None,
+                    word_scores=np.asarray(r["word_scores"], dtype=np.float64)
+                    if return_word_scores
+                    else None,
+                    word_gates=None
+                    if not return_word_scores or r["word_gates"] is None
+                    else np.asarray(r["word_gates"], dtype=np.float32),
+                    alignment=_alignment(r, alignment),
                 )
             )
         return out

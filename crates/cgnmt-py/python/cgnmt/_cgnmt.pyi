@@ -29,6 +29,9 @@ class Translator:
         batch: int = 32,
         max_input_words: int = 200,
         truncate_long: bool = False,
+        word_scores: bool = False,
+        alignment: Optional[str] = None,
+        target_prefix: Optional[Sequence[str]] = None,
     ) -> List[Dict[str, Any]]: ...
     def align(
         self, sources: Sequence[str], targets: Sequence[str], batch: int = 32

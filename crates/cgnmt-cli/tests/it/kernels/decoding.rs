@@ -165,7 +165,7 @@ fn int8_decoding_approximates_f32() {
         };
         let batches = [srcs.clone()];
         let run = |m: &Model, o: &DecodeOptions| {
-            beam_search_batches(&[m], &batches, 0, o, |_| {})
+            beam_search_batches(&[m], &batches, None, 0, o, |_| {})
                 .unwrap()
                 .swap_remove(0)
         };
