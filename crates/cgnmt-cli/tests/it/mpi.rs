@@ -186,6 +186,69 @@ fn sharded_translate_is_byte_identical_to_one_process() {
     }
 }
 
+/// With word scores, alignments and target prefixes, sharded `translate` writes what one process writes.
+#[test]
+fn sharded_translate_with_word_scores_alignments_and_prefixes_is_byte_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let src = tmp.path().join("prep/dev.src");
+    let lines = std::fs::read_to_string(&src).unwrap().lines().count();
+    // Every third line starts with the most frequent target word (the vocabulary's first after EOS, UNK).
+    let vocab = std::fs::read_to_string(tmp.path().join("prep/vocab.tgt")).unwrap();
+    let word = vocab
+        .lines()
+        .nth(2)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let prefixes: Vec<&str> = (0..lines)
+        .map(|i| if i % 3 == 0 { word.as_str() } else { "" })
+        .collect();
+    let prefix = tmp.path().join("prefix.txt");
+    std::fs::write(&prefix, prefixes.join("\n") + "\n").unwrap();
+    let s = |p: &Path| p.display().to_string();
+    let args = |out: &Path| -> Vec<String> {
+        [
+            "translate",
+            "--quiet",
+            "--pretokenized",
+            "--nbest",
+            "2",
+            "--word-scores",
+            "--alignment",
+            "hard",
+            "--prefix",
+            &s(&prefix),
+            "-m",
+            &s(&model),
+            "-i",
+            &s(&src),
+            "-o",
+            &s(out),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+    };
+    let one = tmp.path().join("one.txt");
+    common::run_args_ok(&args(&one));
+    let expect = std::fs::read_to_string(&one).unwrap();
+    assert!(expect.matches("WordScores=").count() >= lines, "{expect}");
+    let two = tmp.path().join("two.txt");
+    let (out, _) = mpiexec(2, &refs(&args(&two)), &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        std::fs::read_to_string(&two).unwrap() == expect,
+        "2 ranks: output differs"
+    );
+}
+
 #[test]
 fn sharded_align_is_byte_identical_to_one_process() {
     let tmp = tempfile::tempdir().unwrap();
