@@ -5,14 +5,5 @@
 # scripts/bench_summary.py turns them into the table of README.md.
 # Usage (repository root): OLD=path/to/old/cgnmt NEW=path/to/new/cgnmt bash results/layout/bench/run.sh [ROUNDS]
 set -euo pipefail
-out=$(dirname "$0")
-rounds=${1:-7}
-: "${OLD:?OLD=path of the build before the move}" "${NEW:?NEW=path of the build after it}"
-for r in $(seq 1 "$rounds"); do
-  for side in old new; do
-    exe=$OLD; [ $side = new ] && exe=$NEW
-    timeout 900 "$exe" bench --size small --steps 9 --decode-sentences 100 --repeats 3 --set train.threads=2 \
-      2> "$out/$side-$r.err" | tail -n 1 > "$out/$side-$r.json"
-  done
-  echo "round $r done"
-done
+# The alternated runs themselves: scripts/bench_pair.sh (the same bench command, into this folder).
+exec bash "$(dirname "$0")/../../../scripts/bench_pair.sh" "$(dirname "$0")" "${1:-7}"

@@ -176,32 +176,14 @@ fn translate_writes_links_and_word_scores_after_each_translation() {
     let (model, srcs, input) = trained(tmp.path());
     let m = model.to_str().unwrap();
     let i = input.to_str().unwrap();
-    let plain = run_ok(&["translate", "-q", "-m", m, "-i", i, "--beam", "4"]);
-    let rich = run_ok(&[
-        "translate",
-        "-q",
-        "-m",
-        m,
-        "-i",
-        i,
-        "--beam",
-        "4",
-        "--alignment",
-        "hard",
-        "--word-scores",
-    ]);
-    let soft = run_ok(&[
-        "translate",
-        "-q",
-        "-m",
-        m,
-        "-i",
-        i,
-        "--beam",
-        "4",
-        "--alignment",
-        "soft",
-    ]);
+    let translate = |extra: &[&str]| {
+        let mut args = vec!["translate", "-q", "-m", m, "-i", i, "--beam", "4"];
+        args.extend(extra);
+        run_ok(&args)
+    };
+    let plain = translate(&[]);
+    let rich = translate(&["--alignment", "hard", "--word-scores"]);
+    let soft = translate(&["--alignment", "soft"]);
     let plain: Vec<&str> = plain.lines().collect();
     let (rich, soft): (Vec<&str>, Vec<&str>) = (rich.lines().collect(), soft.lines().collect());
     assert_eq!(
