@@ -8,7 +8,8 @@
 //! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?, "length_penalty"?, "coverage_penalty"?,
 //! "context_scale"?: [a, b], "return_attention"?, "word_scores"?, "alignment"?}` → `{"model", "translations":
 //! [{"translation", "tokens", "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?,
-//! "word_scores"?, "word_gates"?, "alignment"?, "alignment_soft"?}]}` in the order of the sentences;
+//! "word_scores"?, "token_scores"?, "word_gates"?, "alignment"?, "alignment_soft"?}]}` in the order of the
+//! sentences;
 //! `GET /v1/models`; `GET /healthz`.
 
 use std::net::SocketAddr;
@@ -129,6 +130,9 @@ struct TranslationOut {
     /// With `word_scores`: each output word's log-probability (subword pieces merged).
     #[serde(skip_serializing_if = "Option::is_none")]
     word_scores: Option<Vec<f64>>,
+    /// With `word_scores`: each output token's log-probability (`tokens`, then EOS when emitted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_scores: Option<Vec<f32>>,
     /// With `word_scores`, where the model has a gate: each output word's mean gate value.
     #[serde(skip_serializing_if = "Option::is_none")]
     word_gates: Option<Vec<f32>>,
@@ -621,6 +625,9 @@ fn respond(m: &Served, out: Vec<Translation>, asked: &Asked) -> TranslateRespons
                 word_scores: w
                     .filter(|_| asked.word_scores)
                     .map(|w| w.word_scores.clone()),
+                token_scores: asked
+                    .word_scores
+                    .then(|| best.map(|h| h.word_scores.clone()).unwrap_or_default()),
                 word_gates: w
                     .filter(|_| asked.word_scores && has_gate)
                     .map(|w| w.word_gates.clone()),
@@ -710,6 +717,7 @@ fn openapi() -> serde_json::Value {
                     "gates": {"type": "array", "items": {"type": "number"}},
                     "coverage": {"type": "array", "items": {"type": "number"}},
                     "word_scores": {"type": "array", "items": {"type": "number"}},
+                    "token_scores": {"type": "array", "items": {"type": "number"}},
                     "word_gates": {"type": "array", "items": {"type": "number"}},
                     "alignment": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
                     "alignment_soft": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}

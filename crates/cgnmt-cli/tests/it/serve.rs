@@ -917,6 +917,19 @@ fn browser_explorer_translates_and_the_evaluation_page_stores_a_judgement() {
     let src_words = t["src_tokens"].as_array().unwrap().len();
     let shape = b.script("const h = document.querySelector('.panel table.heat'); return [h.querySelectorAll('tr[data-row]').length, h.querySelectorAll('tr[data-row=\"0\"] td.cell').length, h.querySelectorAll('.bar').length];");
     assert_eq!(shape, serde_json::json!([words + 1, src_words + 1, words]));
+    // Each output word is coloured by its probability, its log-probability the API's.
+    let (code, scored) = post(&s.base, &serde_json::json!({"sentences": [sentence], "beam": 10, "nbest": 5, "context_scale": [1.0, 1.0], "word_scores": true}).to_string());
+    assert_eq!(code, 200, "{scored}");
+    let ts = scored["translations"][0]["token_scores"]
+        .as_array()
+        .unwrap();
+    assert_eq!(ts.len(), words + 1);
+    let titles = b.script("return [...document.querySelectorAll('.panel table.heat')[0].querySelectorAll('tr[data-row] th.tgt')].map(h => h.title);");
+    let want: Vec<String> = ts
+        .iter()
+        .map(|x| format!("log p {:.3}", x.as_f64().unwrap()))
+        .collect();
+    assert_eq!(titles, serde_json::json!(want));
     // The cells' shades are the attention weights (the grey ramp of `cgnmt plot`).
     let w = t["attention"][0][0].as_f64().unwrap();
     let v = (255.0 * (1.0 - w)).round() as i64;
