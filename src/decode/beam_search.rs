@@ -715,19 +715,8 @@ pub fn beam_search_ensemble(
     if nsent == 0 {
         return Ok(vec![]);
     }
-    if !prefixes.is_empty() && prefixes.len() != nsent {
-        candle_core::bail!("{} target prefixes for {nsent} sentences", prefixes.len());
-    }
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
-    for (k, (p, l)) in prefixes.iter().zip(&limits).enumerate() {
-        if p.len() > l.1 || p.contains(&eos) {
-            candle_core::bail!(
-                "sentence {k}: a target prefix of {} words (at most {} for its source, and no EOS)",
-                p.len(),
-                l.1
-            );
-        }
-    }
+    check_prefixes(prefixes, &limits, eos)?;
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     // Int8 products need their weights quantised: prepare them for this call where the caller did not.
     let mut owned: Vec<Option<crate::kernels::Prepared>> = Vec::with_capacity(members.len());
@@ -872,6 +861,28 @@ pub fn beam_search_ensemble(
         live = kept;
     }
     Ok(finished.into_iter().map(|f| search.ranked(f)).collect())
+}
+
+/// Target prefixes fit their sentences: none at all, or one per sentence of at most its maximum length
+/// (`limits`), without EOS.
+fn check_prefixes(prefixes: &[Vec<u32>], limits: &[(usize, usize)], eos: u32) -> Result<()> {
+    if !prefixes.is_empty() && prefixes.len() != limits.len() {
+        candle_core::bail!(
+            "{} target prefixes for {} sentences",
+            prefixes.len(),
+            limits.len()
+        );
+    }
+    for (k, (p, l)) in prefixes.iter().zip(limits).enumerate() {
+        if p.len() > l.1 || p.contains(&eos) {
+            candle_core::bail!(
+                "sentence {k}: a target prefix of {} words (at most {} for its source, and no EOS)",
+                p.len(),
+                l.1
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The element-wise mean of equally long `parts`, into `out`.
