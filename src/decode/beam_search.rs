@@ -5,6 +5,7 @@
 
 use candle_core::{Device, IndexOp, Result, Tensor};
 
+use crate::decode::constraints::{allocate, Progress, Steering};
 use crate::decode::penalties::Ranking;
 use crate::kernels::readout::{log_normaliser, log_softmax};
 use crate::kernels::top_k;
@@ -170,6 +171,9 @@ pub struct Hypothesis {
     /// renormalised over it. Their sum is `score` (for a line translated in pieces, less the inner pieces'
     /// EOS).
     pub word_scores: Vec<f32>,
+    /// With positive constraints ([`Steering::include`]): how many of them the hypothesis did not meet (0
+    /// unless it was stopped at the length limit).
+    pub unmet_constraints: usize,
 }
 
 /// Length limits for a source of `n` words: (minimum words before EOS, maximum words).
@@ -192,6 +196,8 @@ fn mean_rows(t: &Tensor) -> Result<Vec<f32>> {
 struct Live {
     sent: usize,
     hyp: Hypothesis,
+    /// Its progress through its sentence's positive constraints.
+    progress: Progress,
 }
 
 /// Beam search over a batch of source sentences (ids without EOS). Returns up to `nbest` hypotheses per
@@ -261,7 +267,7 @@ impl<'a> MemberState<'a> {
     fn start(
         m: Member<'a>,
         srcs: &[Vec<u32>],
-        prefixes: &[Vec<u32>],
+        steering: &[Steering],
         (src_ids, src_mask): (&Tensor, &Tensor),
         eos: u32,
         opts: &DecodeOptions,
@@ -282,13 +288,12 @@ impl<'a> MemberState<'a> {
             state: model.start(&cur, true)?,
             cur,
             // With a shortlist, the batch's output layer covers its words only; rows then hold their
-            // columns (the same ones for every member).
-            // (and the target prefixes' words).
+            // columns (the same ones for every member), and the target prefixes' and constraints' words.
             words: match &opts.shortlist {
                 Some(sl) => {
                     let mut ids = sl.words(srcs, eos);
-                    if prefixes.iter().any(|p| !p.is_empty()) {
-                        ids.extend(prefixes.iter().flatten());
+                    if steering.iter().any(|p| !p.is_empty()) {
+                        ids.extend(steering.iter().flat_map(Steering::words));
                         ids.sort_unstable();
                         ids.dedup();
                     }
@@ -415,8 +420,9 @@ struct Search<'o> {
     /// Per sentence: (minimum words before EOS, maximum words), and the source length with EOS.
     limits: Vec<(usize, usize)>,
     src_lens: Vec<usize>,
-    /// Per sentence, the words its output starts with (a target prefix; empty: none, or no prefixes at all).
-    prefixes: &'o [Vec<u32>],
+    /// Per sentence, what steers it: the words its output starts with (a target prefix), the phrases it
+    /// must and must not contain (empty: nothing steers any sentence).
+    steering: &'o [Steering],
 }
 
 /// The hypotheses a step's candidates make: the continuing ones (new rows), each one's parent row and word.
@@ -447,16 +453,42 @@ impl Search<'_> {
             .map(|(r, row)| {
                 let s = live[r].sent;
                 let k = self.beam.saturating_sub(finished[s].len());
-                let eos_ok = step >= self.limits[s].0;
-                let forced = self.prefixes.get(s).and_then(|p| p.get(step));
-                let mut top = match forced {
-                    // Within a target prefix: its word, the only candidate (a shortlist holds it).
-                    Some(&w) => {
-                        let c = words.map_or(Some(w as usize), |o| o.ids.binary_search(&w).ok());
-                        let c = c.expect("a shortlist holds the prefixes' words");
-                        vec![(row[c], c as u32)]
+                // EOS once the minimum length is reached and every positive constraint met.
+                let eos_ok = step >= self.limits[s].0 && live[r].progress.done();
+                let steer = self.steering.get(s);
+                // A word's column (a shortlist holds the prefixes' and constraints' words).
+                let column = |w: u32| -> u32 {
+                    let c = words.map_or(Some(w as usize), |o| o.ids.binary_search(&w).ok());
+                    c.expect("a shortlist holds the steering's words") as u32
+                };
+                let forced = steer.and_then(|p| p.prefix.get(step));
+                let mut top = match (forced, steer) {
+                    // Within a target prefix: its word, the only candidate.
+                    (Some(&w), _) => vec![(row[column(w) as usize], column(w))],
+                    (None, Some(st)) if !st.include.is_empty() || !st.avoid.is_empty() => {
+                        let eos = if eos_ok { None } else { self.eos_column };
+                        let banned: Vec<u32> = st
+                            .banned_after(&live[r].hyp.tokens)
+                            .into_iter()
+                            .filter_map(|w| {
+                                words.map_or(Some(w), |o| {
+                                    o.ids.binary_search(&w).ok().map(|c| c as u32)
+                                })
+                            })
+                            .collect();
+                        let mut top = top_k(row, k + banned.len(), eos);
+                        top.retain(|c| !banned.contains(&c.1));
+                        top.truncate(k);
+                        // The words that advance an unmet constraint are candidates too.
+                        for w in live[r].progress.advancing(&st.include) {
+                            let c = column(w);
+                            if !banned.contains(&c) && !top.iter().any(|t| t.1 == c) {
+                                top.push((row[c as usize], c));
+                            }
+                        }
+                        top
                     }
-                    None => top_k(row, k, if eos_ok { None } else { self.eos_column }),
+                    _ => top_k(row, k, if eos_ok { None } else { self.eos_column }),
                 };
                 let lse = if self.fused {
                     log_normaliser(row)
@@ -510,9 +542,32 @@ impl Search<'_> {
                     .unwrap_or(std::cmp::Ordering::Equal)
                     .then(a.1.cmp(&b.1))
             });
-            cands.truncate(k);
-            for (score, r, w, lp) in cands {
-                next.push((r, w, score, lp));
+            match self.steering.get(s).filter(|st| !st.include.is_empty()) {
+                // Positive constraints: the beam allocated over the banks of constraint words met.
+                Some(st) => {
+                    let banked: Vec<(f64, usize)> = cands
+                        .iter()
+                        .map(|&(score, r, w, _)| {
+                            let p = &live[r].progress;
+                            let bank = if w == self.eos {
+                                p.met_words(&st.include)
+                            } else {
+                                p.after(&st.include, w).met_words(&st.include)
+                            };
+                            (score, bank)
+                        })
+                        .collect();
+                    for i in allocate(&banked, k, st.constraint_words() + 1) {
+                        let (score, r, w, lp) = cands[i];
+                        next.push((r, w, score, lp));
+                    }
+                }
+                None => {
+                    cands.truncate(k);
+                    for (score, r, w, lp) in cands {
+                        next.push((r, w, score, lp));
+                    }
+                }
             }
             row = end;
         }
@@ -574,10 +629,19 @@ impl Search<'_> {
                         hyp.coverage = coverage_row(c, r, self.src_lens[s])?;
                     }
                 }
+                hyp.unmet_constraints = live[r].progress.unmet();
                 finished[s].push(hyp);
             } else {
                 hyp.tokens.push(w);
-                grown.live.push(Live { sent: s, hyp });
+                let progress = match self.steering.get(s) {
+                    Some(st) if !st.include.is_empty() => live[r].progress.after(&st.include, w),
+                    _ => Progress::default(),
+                };
+                grown.live.push(Live {
+                    sent: s,
+                    hyp,
+                    progress,
+                });
                 grown.parents.push(r as u32);
                 grown.words.push(w);
             }
@@ -599,6 +663,7 @@ impl Search<'_> {
             if l.hyp.tokens.len() >= self.limits[l.sent].1 || finished[l.sent].len() >= self.beam {
                 if finished[l.sent].len() < self.beam {
                     let mut h = l.hyp;
+                    h.unmet_constraints = l.progress.unmet();
                     if self.opts.record {
                         if let Some(c) = cov {
                             h.coverage = coverage_row(c, i, self.src_lens[l.sent])?;
@@ -649,16 +714,23 @@ impl Search<'_> {
             .unzip()
     }
 
-    /// A sentence's finished hypotheses, best first under the ranking, cut to `nbest`.
+    /// A sentence's finished hypotheses, best first under the ranking, cut to `nbest`. With positive
+    /// constraints, those that met them all, if any (the list may then be shorter); else those that met
+    /// most first.
     fn ranked(&self, mut f: Vec<Hypothesis>) -> Vec<Hypothesis> {
+        if f.iter().any(|h| h.unmet_constraints == 0) {
+            f.retain(|h| h.unmet_constraints == 0);
+        }
         let key = |h: &Hypothesis| {
             self.ranking
                 .key(h.score, h.tokens.len() + 1, &h.attention_mass)
         };
         f.sort_by(|a, b| {
-            key(b)
-                .partial_cmp(&key(a))
-                .unwrap_or(std::cmp::Ordering::Equal)
+            a.unmet_constraints.cmp(&b.unmet_constraints).then(
+                key(b)
+                    .partial_cmp(&key(a))
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
         });
         f.truncate(self.opts.nbest.max(1));
         f
@@ -697,12 +769,13 @@ fn mean_attention(states: &[MemberState]) -> Result<Vec<Vec<f32>>> {
 /// continuations, grow them into finished and continuing hypotheses, advance every member's state to the
 /// continuing ones, retire those at their length limit and drop settled sentences.
 ///
-/// `prefixes` (empty, or one per sentence, each possibly empty) are target prefixes: a sentence's output
-/// starts with its prefix's words (scored by the model like any other), and the search goes on from them.
+/// `steering` (empty, or one per sentence) steers the sentences: an output starts with its target prefix's
+/// words (scored by the model like any other) and the search goes on from them; it contains each positive
+/// constraint and no avoided phrase ([`crate::decode::constraints`]).
 pub fn beam_search_ensemble(
     members: &[Member],
     srcs: &[Vec<u32>],
-    prefixes: &[Vec<u32>],
+    steering: &[Steering],
     eos: u32,
     opts: &DecodeOptions,
 ) -> Result<Vec<Vec<Hypothesis>>> {
@@ -716,7 +789,7 @@ pub fn beam_search_ensemble(
         return Ok(vec![]);
     }
     let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
-    check_prefixes(prefixes, &limits, eos)?;
+    check_steering(steering, &limits, eos)?;
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     // Int8 products need their weights quantised: prepare them for this call where the caller did not.
     let mut owned: Vec<Option<crate::kernels::Prepared>> = Vec::with_capacity(members.len());
@@ -740,7 +813,7 @@ pub fn beam_search_ensemble(
         states.push(MemberState::start(
             m,
             srcs,
-            prefixes,
+            steering,
             (&src_ids, &src_mask),
             eos,
             opts,
@@ -762,7 +835,7 @@ pub fn beam_search_ensemble(
         fused: first.model.kernels.ops_fused_on(&dev) && members.len() == 1,
         limits,
         src_lens: srcs.iter().map(|s| s.len() + 1).collect(),
-        prefixes,
+        steering,
     };
 
     let mut finished: Vec<Vec<Hypothesis>> = vec![vec![]; nsent];
@@ -770,6 +843,7 @@ pub fn beam_search_ensemble(
         .map(|s| Live {
             sent: s,
             hyp: Hypothesis::default(),
+            progress: Progress::new(steering.get(s).map_or(0, |st| st.include.len())),
         })
         .collect();
     let mut step = 0usize;
@@ -863,23 +937,30 @@ pub fn beam_search_ensemble(
     Ok(finished.into_iter().map(|f| search.ranked(f)).collect())
 }
 
-/// Target prefixes fit their sentences: none at all, or one per sentence of at most its maximum length
-/// (`limits`), without EOS.
-fn check_prefixes(prefixes: &[Vec<u32>], limits: &[(usize, usize)], eos: u32) -> Result<()> {
-    if !prefixes.is_empty() && prefixes.len() != limits.len() {
+/// The steering fits its sentences: none at all, or one per sentence whose target prefix has at most its
+/// maximum length (`limits`), whose phrases are not empty, and none of them with EOS.
+fn check_steering(steering: &[Steering], limits: &[(usize, usize)], eos: u32) -> Result<()> {
+    if !steering.is_empty() && steering.len() != limits.len() {
         candle_core::bail!(
-            "{} target prefixes for {} sentences",
-            prefixes.len(),
+            "steering for {} sentences, but {} sentences",
+            steering.len(),
             limits.len()
         );
     }
-    for (k, (p, l)) in prefixes.iter().zip(limits).enumerate() {
-        if p.len() > l.1 || p.contains(&eos) {
+    for (k, (st, l)) in steering.iter().zip(limits).enumerate() {
+        let p = &st.prefix;
+        if p.len() > l.1
+            || st.words().any(|w| w == eos)
+            || st.avoid.iter().flatten().any(|&w| w == eos)
+        {
             candle_core::bail!(
-                "sentence {k}: a target prefix of {} words (at most {} for its source, and no EOS)",
+                "sentence {k}: a target prefix of {} words (at most {} for its source), or EOS in a prefix or phrase",
                 p.len(),
                 l.1
             );
+        }
+        if st.include.iter().chain(&st.avoid).any(Vec::is_empty) {
+            candle_core::bail!("sentence {k}: an empty constraint phrase");
         }
     }
     Ok(())
@@ -980,7 +1061,7 @@ pub fn greedy(
 pub fn beam_search_batches(
     models: &[&Model],
     batches: &[Vec<Vec<u32>>],
-    prefixes: Option<&[Vec<Vec<u32>>]>,
+    steering: Option<&[Vec<Steering>]>,
     eos: u32,
     opts: &DecodeOptions,
     done: impl Fn(usize) + Sync,
@@ -1015,8 +1096,8 @@ pub fn beam_search_batches(
             table: t.as_ref(),
         })
         .collect();
-    if prefixes.is_some_and(|p| p.len() != batches.len()) {
-        candle_core::bail!("target prefixes for another number of batches");
+    if steering.is_some_and(|p| p.len() != batches.len()) {
+        candle_core::bail!("steering for another number of batches");
     }
     batches
         .par_iter()
@@ -1029,8 +1110,8 @@ pub fn beam_search_batches(
             {
                 candle_core::bail!("decoding stopped");
             }
-            let prefix = prefixes.map_or(&[][..], |p| &p[i][..]);
-            let h = beam_search_ensemble(&members, b, prefix, eos, opts)?;
+            let steer = steering.map_or(&[][..], |p| &p[i][..]);
+            let h = beam_search_ensemble(&members, b, steer, eos, opts)?;
             done(b.len());
             Ok(h)
         })

@@ -15,6 +15,14 @@ use crate::decode::alignment::{AlignmentMode, WordLevel};
 use crate::decode::translate::{LongInput, Translation};
 use crate::decode::translator::{TranslateOptions, Translator};
 
+/// The input's name in messages.
+fn input_name(files: &OutputFiles) -> String {
+    files
+        .input
+        .as_ref()
+        .map_or("<stdin>".to_string(), |p| p.display().to_string())
+}
+
 /// Where the translations go.
 #[derive(Debug, Clone, Default)]
 pub struct OutputFiles {
@@ -93,32 +101,26 @@ pub fn translate_into(
     let total = all_lines.len();
     let mine = cluster.share(total);
     let sharded = cluster.size() > 1;
-    // Prefixes checked before anything is decoded, an error naming the line among all of them.
-    if !opts.target_prefix.is_empty() {
-        tr.pipeline().check_prefixes(
-            &all_lines,
-            &opts.target_prefix,
-            opts.pretokenized,
-            opts.input_limit,
-        )?;
+    // Prefixes and constraints checked before anything is decoded, an error naming the line among all.
+    if !opts.steering().is_empty() {
+        tr.pipeline()
+            .check_steering(
+                &all_lines,
+                opts.steering(),
+                opts.pretokenized,
+                opts.input_limit,
+            )
+            .map_err(|e| anyhow::anyhow!("{}: {e}", input_name(files)))?;
     }
     let lines: Vec<String> = if sharded {
         mine.iter().map(|&i| all_lines[i].clone()).collect()
     } else {
         all_lines
     };
-    // This rank's lines' prefixes.
-    let prefixes: Vec<String> = match (opts.target_prefix.is_empty(), sharded) {
-        (true, _) => vec![],
-        (false, true) => mine
-            .iter()
-            .map(|&i| opts.target_prefix[i].clone())
-            .collect(),
-        (false, false) => opts.target_prefix.clone(),
-    };
-    let mut part_opts = TranslateOptions {
-        target_prefix: vec![],
-        ..opts.clone()
+    // This rank's lines' steering.
+    let my_opts = match sharded {
+        true => opts.for_lines(mine.iter().copied()),
+        false => opts.clone(),
     };
     let pb = if files.quiet || lines.len() < 50 || cluster.rank() > 0 {
         indicatif::ProgressBar::hidden()
@@ -137,9 +139,7 @@ pub fn translate_into(
         crate::decode::beam_search::DECODER_ROWS.load(std::sync::atomic::Ordering::Relaxed);
     let mut base = 0;
     for part in lines.chunks(chunk) {
-        if !prefixes.is_empty() {
-            part_opts.target_prefix = prefixes[base..base + part.len()].to_vec();
-        }
+        let part_opts = my_opts.for_lines(base..base + part.len());
         let (out, long) =
             tr.translate_with(part, &part_opts, |d| pb.set_position((base + d) as u64))?;
         // (A line over the limit is named even when quiet: its output is not the whole line's.)
@@ -159,6 +159,22 @@ pub fn translate_into(
                 eprintln!(
                     "warning: {at}line {line}: {} tokens, more than --max-input-words {limit}: {what}",
                     l.words
+                )
+            });
+        }
+        // (A line whose output missed a constraint is named even when quiet.)
+        for (k, t) in out.iter().enumerate() {
+            let Some(best) = t.hyps.first().filter(|h| h.unmet_constraints > 0) else {
+                continue;
+            };
+            let line = global(base + k) + 1;
+            let at = input_name(files);
+            pb.suspend(|| {
+                eprintln!(
+                    "warning: {at}: line {line}: {} of its {} constraints could not be met within the length limit; the output that met most of them: {}",
+                    best.unmet_constraints,
+                    part_opts.constraints.get(k).map_or(0, Vec::len),
+                    t.text
                 )
             });
         }

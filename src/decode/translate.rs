@@ -5,6 +5,7 @@ use cgnmt_data::preprocess::Preprocessor;
 use cgnmt_data::vocab::Vocab;
 
 use crate::decode::beam_search::{beam_search_batches, length_limits, DecodeOptions, Hypothesis};
+use crate::decode::constraints::Steering;
 use crate::error::Result;
 use crate::model::Model;
 
@@ -39,6 +40,26 @@ pub struct LongLine {
     pub words: usize,
     /// Pieces it was translated in (1 when truncated).
     pub pieces: usize,
+}
+
+/// What steers each line's output, as text the target side is written in (tokens with `pretokenized`):
+/// each list empty (nothing) or one entry per line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LineSteering<'a> {
+    /// Target prefixes (an empty one for none): the output starts with the prefix's words and the search
+    /// goes on from them.
+    pub prefixes: &'a [String],
+    /// Phrases the output must contain, each once, in any order (positive constraints).
+    pub constraints: &'a [Vec<String>],
+    /// Phrases the output must never contain (negative constraints).
+    pub avoid: &'a [Vec<String>],
+}
+
+impl LineSteering<'_> {
+    /// Nothing steers any line.
+    pub fn is_empty(&self) -> bool {
+        self.prefixes.is_empty() && self.constraints.is_empty() && self.avoid.is_empty()
+    }
 }
 
 /// One translated sentence.
@@ -105,7 +126,7 @@ impl<'a> Pipeline<'a> {
         Ok(self
             .translate_within(
                 lines,
-                &[],
+                LineSteering::default(),
                 opts,
                 batch,
                 pretokenized,
@@ -120,14 +141,15 @@ impl<'a> Pipeline<'a> {
     /// caller can say which. A split line's n-best list holds one hypothesis, its pieces' best ones joined
     /// (scores added, attention rows placed over each piece's source positions).
     ///
-    /// `prefixes` (empty, or one per line) are target prefixes, text as the target side is written (tokens
-    /// with `pretokenized`): each line's output starts with its prefix's words and the search goes on from
-    /// them (a split line's first piece takes it). An empty source line stays empty.
+    /// `steer` steers the lines ([`LineSteering`]): a split line's first piece takes its target prefix,
+    /// every piece its avoided phrases, and its positive constraints are shared out over the pieces in
+    /// order (of m constraints over P pieces, the j-th goes to piece ⌊j·P/m⌋). An empty source line stays
+    /// empty.
     #[allow(clippy::too_many_arguments)]
     pub fn translate_within(
         &self,
         lines: &[String],
-        prefixes: &[String],
+        steer: LineSteering<'_>,
         opts: &DecodeOptions,
         batch: usize,
         pretokenized: bool,
@@ -158,16 +180,20 @@ impl<'a> Pipeline<'a> {
             .iter()
             .map(|(i, r)| self.src_vocab.encode(&toks[*i][r.clone()]))
             .collect();
-        let prefix_ids = self.prefix_ids(prefixes, lines.len(), pretokenized)?;
-        // A unit's prefix: its line's, for the line's first piece.
-        let unit_prefix = |u: usize| -> Vec<u32> {
-            match prefix_ids.get(units[u].0) {
-                Some(p) if units[u].1.start == 0 => p.clone(),
-                _ => vec![],
+        let steer_ids = self.steering_ids(steer, lines.len(), pretokenized)?;
+        // A unit's steering: its line's, shared out over the line's pieces.
+        let mut unit_steering: Vec<Steering> = Vec::with_capacity(units.len());
+        if !steer_ids.is_empty() {
+            let mut u = 0;
+            while u < units.len() {
+                let i = units[u].0;
+                let pieces = units[u..].iter().take_while(|x| x.0 == i).count();
+                unit_steering.extend(split_steering(&steer_ids[i], pieces));
+                u += pieces;
             }
-        };
-        for (u, (i, _)) in units.iter().enumerate() {
-            prefix_fits(*i, unit_prefix(u).len(), ids[u].len())?;
+            for (u, (i, _)) in units.iter().enumerate() {
+                steering_fits(*i, &unit_steering[u], ids[u].len())?;
+            }
         }
         let mut order: Vec<usize> = (0..units.len()).filter(|&u| !ids[u].is_empty()).collect();
         order.sort_by_key(|&u| std::cmp::Reverse(ids[u].len()));
@@ -191,19 +217,22 @@ impl<'a> Pipeline<'a> {
             .iter()
             .map(|c| c.iter().map(|&u| ids[u].clone()).collect())
             .collect();
-        let prefix_batches: Vec<Vec<Vec<u32>>> = chunks
-            .iter()
-            .map(|c| c.iter().map(|&u| unit_prefix(u)).collect())
-            .collect();
-        let prefix_batches = (!prefix_ids.is_empty()).then_some(&prefix_batches[..]);
+        let steer_batches: Vec<Vec<Steering>> = match unit_steering.is_empty() {
+            true => vec![],
+            false => chunks
+                .iter()
+                .map(|c| c.iter().map(|&u| unit_steering[u].clone()).collect())
+                .collect(),
+        };
+        let steer_batches = (!unit_steering.is_empty()).then_some(&steer_batches[..]);
         let split = !long.is_empty() && limit.long_input == LongInput::Split;
         // With split lines, progress is reported per batch as whole lines finish below; otherwise per unit.
         let mut models = vec![self.model];
         models.extend(self.others.iter().copied());
         let hyps = if split {
-            beam_search_batches(&models, &batches, prefix_batches, eos, opts, |_| {})?
+            beam_search_batches(&models, &batches, steer_batches, eos, opts, |_| {})?
         } else {
-            beam_search_batches(&models, &batches, prefix_batches, eos, opts, &report)?
+            beam_search_batches(&models, &batches, steer_batches, eos, opts, &report)?
         };
         let mut unit_hyps: Vec<Vec<Hypothesis>> = vec![vec![]; units.len()];
         for (chunk, hyps) in chunks.iter().zip(hyps) {
@@ -249,17 +278,44 @@ impl<'a> Pipeline<'a> {
     }
 }
 
-/// An error naming line `line` (0-based) when a target prefix of `p` tokens is longer than an output of a
-/// source of `n` tokens may be.
-fn prefix_fits(line: usize, p: usize, n: usize) -> Result<()> {
+/// An error naming line `line` (0-based) when its piece's steering cannot fit the output of a source of
+/// `n` tokens: a target prefix or a positive constraint longer than that output may be. (Constraints that
+/// fit one by one but not together are decoded, and the output that met most of them is warned about.)
+fn steering_fits(line: usize, st: &Steering, n: usize) -> Result<()> {
     let max = length_limits(n).1;
-    if p > max && n > 0 {
+    if n == 0 {
+        return Ok(());
+    }
+    if st.prefix.len() > max {
         return Err(crate::error::NmtError::Options(format!(
-            "line {}: a target prefix of {p} tokens, more than the {max} that the output of its {n} source tokens may have",
-            line + 1
+            "line {}: a target prefix of {} tokens, more than the {max} that the output of its {n} source tokens may have",
+            line + 1,
+            st.prefix.len()
+        )));
+    }
+    if let Some(p) = st.include.iter().find(|p| p.len() > max) {
+        return Err(crate::error::NmtError::Options(format!(
+            "line {}: a constraint of {} tokens, more than the {max} that the output of its {n} source tokens may have",
+            line + 1,
+            p.len()
         )));
     }
     Ok(())
+}
+
+/// A line's steering shared out over its `pieces` (see [`Pipeline::translate_within`]).
+fn split_steering(st: &Steering, pieces: usize) -> Vec<Steering> {
+    let m = st.include.len();
+    (0..pieces)
+        .map(|q| Steering {
+            prefix: if q == 0 { st.prefix.clone() } else { vec![] },
+            include: (0..m)
+                .filter(|j| j * pieces / m.max(1) == q)
+                .map(|j| st.include[j].clone())
+                .collect(),
+            avoid: st.avoid.clone(),
+        })
+        .collect()
 }
 
 impl InputLimit {
@@ -284,59 +340,102 @@ impl InputLimit {
 }
 
 impl Pipeline<'_> {
-    /// Check target prefixes for `lines` before decoding them (as [`Pipeline::translate_within`] would), so
-    /// that an error names the line among all of them: a token outside the target vocabulary, a prefix
-    /// longer than the output of its line (its first piece) may be, or a count other than the lines'.
-    pub fn check_prefixes(
+    /// Check the steering of `lines` before decoding them (as [`Pipeline::translate_within`] would), so
+    /// that an error names the line among all of them: a token outside the target vocabulary, an empty
+    /// phrase, a prefix or constraint longer than the output of its line (its piece) may be, or a count
+    /// other than the lines'.
+    pub fn check_steering(
         &self,
         lines: &[String],
-        prefixes: &[String],
+        steer: LineSteering<'_>,
         pretokenized: bool,
         limit: InputLimit,
     ) -> Result<()> {
-        let ids = self.prefix_ids(prefixes, lines.len(), pretokenized)?;
-        for (i, (l, p)) in lines.iter().zip(&ids).enumerate() {
+        let ids = self.steering_ids(steer, lines.len(), pretokenized)?;
+        for (i, (l, st)) in lines.iter().zip(&ids).enumerate() {
             let n = self.source_tokens(l, pretokenized).len();
-            prefix_fits(i, p.len(), limit.pieces(n)[0].len())?;
+            let pieces = limit.pieces(n);
+            for (piece, range) in split_steering(st, pieces.len()).iter().zip(&pieces) {
+                steering_fits(i, piece, range.len())?;
+            }
         }
         Ok(())
     }
 
-    /// The target prefixes as target ids (none when `prefixes` is empty); an error names a line whose
-    /// prefix has a token outside the target vocabulary, or a count other than the lines'.
-    fn prefix_ids(
+    /// The lines' steering as target ids (none when nothing steers them); an error names a line whose
+    /// prefix or phrase has a token outside the target vocabulary, an empty phrase, a phrase both required
+    /// and avoided, or a list whose count is not the lines'.
+    fn steering_ids(
         &self,
-        prefixes: &[String],
+        steer: LineSteering<'_>,
         lines: usize,
         pretokenized: bool,
-    ) -> Result<Vec<Vec<u32>>> {
-        if prefixes.is_empty() {
+    ) -> Result<Vec<Steering>> {
+        if steer.is_empty() {
             return Ok(vec![]);
         }
-        if prefixes.len() != lines {
-            return Err(crate::error::NmtError::Options(format!(
-                "{} target prefixes for {lines} lines: give one per line (an empty one for none)",
-                prefixes.len()
-            )));
+        for (n, what) in [
+            (steer.prefixes.len(), "target prefixes"),
+            (steer.constraints.len(), "constraint lists"),
+            (steer.avoid.len(), "avoid lists"),
+        ] {
+            if n != 0 && n != lines {
+                return Err(crate::error::NmtError::Options(format!(
+                    "{n} {what} for {lines} lines: give one per line (an empty one for none)"
+                )));
+            }
         }
-        let mut out = Vec::with_capacity(lines);
-        for (i, p) in prefixes.iter().enumerate() {
+        let ids = |i: usize, text: &str, what: &str| -> Result<Vec<u32>> {
             let toks: Vec<String> = if pretokenized {
-                p.split_whitespace().map(str::to_string).collect()
+                text.split_whitespace().map(str::to_string).collect()
             } else {
-                self.preprocess.tgt_tokens(p)
+                self.preprocess.tgt_tokens(text)
             };
             let ids = self.tgt_vocab.encode(&toks);
             if let Some(k) = ids.iter().position(|&w| w == self.tgt_vocab.unk()) {
                 return Err(crate::error::NmtError::Options(format!(
-                    "line {}: the target prefix's token {:?} is not in the model's target vocabulary",
+                    "line {}: the {what}'s token {:?} is not in the model's target vocabulary",
                     i + 1,
                     toks[k]
                 )));
             }
-            out.push(ids);
-        }
-        Ok(out)
+            Ok(ids)
+        };
+        let phrases = |i: usize, list: Option<&Vec<String>>, what: &str| -> Result<Vec<Vec<u32>>> {
+            list.map_or(&[][..], |l| &l[..])
+                .iter()
+                .map(|p| {
+                    let v = ids(i, p, what)?;
+                    if v.is_empty() {
+                        return Err(crate::error::NmtError::Options(format!(
+                            "line {}: an empty {what} ({p:?})",
+                            i + 1
+                        )));
+                    }
+                    Ok(v)
+                })
+                .collect()
+        };
+        (0..lines)
+            .map(|i| {
+                let st = Steering {
+                    prefix: match steer.prefixes.get(i) {
+                        Some(p) => ids(i, p, "target prefix")?,
+                        None => vec![],
+                    },
+                    include: phrases(i, steer.constraints.get(i), "constraint")?,
+                    avoid: phrases(i, steer.avoid.get(i), "avoided phrase")?,
+                };
+                if let Some(p) = st.include.iter().find(|p| st.avoid.contains(p)) {
+                    return Err(crate::error::NmtError::Options(format!(
+                        "line {}: the phrase {:?} is both a constraint and avoided",
+                        i + 1,
+                        self.tgt_vocab.decode(p).join(" ")
+                    )));
+                }
+                Ok(st)
+            })
+            .collect()
     }
 }
 
@@ -353,6 +452,7 @@ fn join_pieces(parts: &[(usize, Option<&Hypothesis>)]) -> Hypothesis {
         coverage: vec![],
         attention_mass: vec![],
         word_scores: vec![],
+        unmet_constraints: 0,
     };
     let mut offset = 0;
     let last = parts.len() - 1;
@@ -360,6 +460,7 @@ fn join_pieces(parts: &[(usize, Option<&Hypothesis>)]) -> Hypothesis {
         if let Some(h) = h {
             j.tokens.extend_from_slice(&h.tokens);
             j.score += h.score;
+            j.unmet_constraints += h.unmet_constraints;
             let rows = if k == last {
                 h.attention.len()
             } else {

@@ -83,6 +83,11 @@ pub struct TranslateOptions {
     /// Target prefixes, one per line (empty: none): each output starts with its line's prefix, text as the
     /// target side is written (tokens when `pretokenized`), and the search goes on from it.
     pub target_prefix: Vec<String>,
+    /// Positive constraints, one list per line (empty: none): phrases each line's output must contain,
+    /// each once, in any order ([`crate::decode::constraints`]; text as the target side is written).
+    pub constraints: Vec<Vec<String>>,
+    /// Negative constraints, one list per line (empty: none): phrases each line's output must not contain.
+    pub avoid: Vec<Vec<String>>,
     /// Decode until the beam has shrunk to nothing (same output, more steps).
     pub full_beam: bool,
     /// Gather the words' products from a table formed once per call (same output, faster).
@@ -132,6 +137,35 @@ pub struct Score {
     pub score: f64,
 }
 
+impl TranslateOptions {
+    /// The per-line steering these options carry (prefixes, constraints, avoided phrases).
+    pub fn steering(&self) -> crate::decode::translate::LineSteering<'_> {
+        crate::decode::translate::LineSteering {
+            prefixes: &self.target_prefix,
+            constraints: &self.constraints,
+            avoid: &self.avoid,
+        }
+    }
+
+    /// These options for the lines `pick` (indices into the lines they were made for): the per-line lists
+    /// cut to those lines, in that order.
+    pub fn for_lines(&self, pick: impl Iterator<Item = usize> + Clone) -> TranslateOptions {
+        fn cut<T: Clone>(v: &[T], pick: impl Iterator<Item = usize>) -> Vec<T> {
+            if v.is_empty() {
+                vec![]
+            } else {
+                pick.map(|i| v[i].clone()).collect()
+            }
+        }
+        TranslateOptions {
+            target_prefix: cut(&self.target_prefix, pick.clone()),
+            constraints: cut(&self.constraints, pick.clone()),
+            avoid: cut(&self.avoid, pick),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for TranslateOptions {
     fn default() -> Self {
         TranslateOptions {
@@ -145,6 +179,8 @@ impl Default for TranslateOptions {
             word_scores: false,
             alignment: None,
             target_prefix: vec![],
+            constraints: vec![],
+            avoid: vec![],
             full_beam: false,
             word_table: true,
             batch: 32,
@@ -179,6 +215,7 @@ pub struct Translator {
     shortlist: Option<Arc<Shortlist>>,
     int8: bool,
     notes: Vec<String>,
+    settings: Option<crate::decode::settings::DecodingSettings>,
 }
 
 impl Translator {
@@ -225,13 +262,32 @@ impl Translator {
                 Some(Arc::new(sl))
             }
         };
+        let settings = crate::decode::settings::DecodingSettings::read(&members[0].dir)?;
         Ok(Translator {
             members,
             frozen,
             shortlist,
             int8: opts.int8,
             notes,
+            settings,
         })
+    }
+
+    /// The decoding settings chosen on dev that the first model's directory keeps (`decoding.toml`, see
+    /// [`crate::decode::settings`]), if any.
+    pub fn settings(&self) -> Option<&crate::decode::settings::DecodingSettings> {
+        self.settings.as_ref()
+    }
+
+    /// This model's default options: [`TranslateOptions::default`] with the length and coverage penalties
+    /// chosen on dev where the model keeps them ([`Translator::settings`]).
+    pub fn options(&self) -> TranslateOptions {
+        let mut o = TranslateOptions::default();
+        if let Some(s) = &self.settings {
+            o.length_penalty = s.length_penalty;
+            o.coverage_penalty = s.coverage_penalty;
+        }
+        o
     }
 
     /// The first (or only) model: its directory, configuration, vocabularies and preprocessing.
@@ -311,7 +367,7 @@ impl Translator {
         let opts = self.decode_options(o, str::to_string)?;
         self.pipeline().translate_within(
             lines,
-            &o.target_prefix,
+            o.steering(),
             &opts,
             o.batch,
             o.pretokenized,

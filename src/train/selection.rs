@@ -473,6 +473,23 @@ pub fn choose_for_run(
         );
     }
     crate::atomic_file::write_atomic(record, serde_json::to_string_pretty(&sel)?.as_bytes())?;
+    if tune {
+        // The penalties travel with the chosen model: every front end decodes it with them by default.
+        crate::decode::settings::DecodingSettings {
+            length_penalty: sel.length_penalty,
+            coverage_penalty: sel.coverage_penalty,
+            beam: sel.beam,
+            dev_bleu: sel.dev_bleu(),
+            dev_sentences: sel.dev_sentences,
+        }
+        .write(sel.model(), "cgnmt select --tune")?;
+        eprintln!(
+            "   written to {}",
+            sel.model()
+                .join(crate::decode::settings::SETTINGS_FILE)
+                .display()
+        );
+    }
     Ok(sel)
 }
 

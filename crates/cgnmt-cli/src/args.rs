@@ -87,7 +87,7 @@ impl ShortlistArgs {
     }
 }
 
-/// `translate`'s word-level outputs and target prefixes.
+/// `translate`'s word-level outputs, target prefixes and constraints.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SteerArgs {
     /// After each translation (each n-best line), write ` ||| ` and its word alignment from attention: `hard`
@@ -106,22 +106,89 @@ pub struct SteerArgs {
     /// line's prefix (raw text, or tokens with --pretokenized) and the search goes on from it.
     #[arg(long, value_name = "FILE")]
     pub prefix: Option<std::path::PathBuf>,
+    /// Positive constraints, one line per input line, its phrases separated by tabs (an empty line for
+    /// none): each output contains every phrase of its line once, in any order (dynamic beam allocation,
+    /// the beam fixed). A line whose constraints cannot all be met within the length limit is warned about.
+    #[arg(long, value_name = "FILE")]
+    pub constraints: Option<std::path::PathBuf>,
+    /// Negative constraints, one line per input line, its phrases separated by tabs: no output contains a
+    /// phrase of its line.
+    #[arg(long, value_name = "FILE")]
+    pub avoid: Option<std::path::PathBuf>,
+    /// Each input line is a JSON object: `{"text": …}` with, optionally, `"target_prefix": "…"`,
+    /// `"constraints": ["…", …]` and `"avoid": ["…", …]`.
+    #[arg(long, conflicts_with_all = ["prefix", "constraints", "avoid"])]
+    pub json_input: bool,
+}
+
+/// One line of `translate --json-input`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonLine {
+    text: String,
+    #[serde(default)]
+    target_prefix: String,
+    #[serde(default)]
+    constraints: Vec<String>,
+    #[serde(default)]
+    avoid: Vec<String>,
 }
 
 impl SteerArgs {
-    /// Set these in `opts` for an input of `lines` lines (the prefixes read, one per line).
-    pub fn apply(&self, opts: &mut cgnmt::TranslateOptions, lines: usize) -> anyhow::Result<()> {
+    /// Set these in `opts` for the input `lines` (read from `input`, named in messages): the prefixes and
+    /// constraints read, one per line; with --json-input the lines become their texts.
+    pub fn apply(
+        &self,
+        opts: &mut cgnmt::TranslateOptions,
+        lines: &mut [String],
+        input: Option<&std::path::Path>,
+    ) -> anyhow::Result<()> {
         opts.word_scores = self.word_scores;
         opts.alignment = self.alignment;
-        if let Some(p) = &self.prefix {
-            opts.target_prefix = cgnmt::decode::output::read_input(Some(p))?;
-            if opts.target_prefix.len() != lines {
+        let per_line = |p: &std::path::Path| -> anyhow::Result<Vec<String>> {
+            let v = cgnmt::decode::output::read_input(Some(p))?;
+            if v.len() != lines.len() {
                 anyhow::bail!(
-                    "{}: {} lines, but the input has {lines}: give one prefix per input line (an empty line for none)",
+                    "{}: {} lines, but the input has {}: give one line per input line (an empty line for none)",
                     p.display(),
-                    opts.target_prefix.len()
+                    v.len(),
+                    lines.len()
                 );
             }
+            Ok(v)
+        };
+        let phrases = |v: Vec<String>| -> Vec<Vec<String>> {
+            v.iter()
+                .map(|l| match l.is_empty() {
+                    true => vec![],
+                    false => l.split('\t').map(str::to_string).collect(),
+                })
+                .collect()
+        };
+        if let Some(p) = &self.prefix {
+            opts.target_prefix = per_line(p)?;
+        }
+        if let Some(p) = &self.constraints {
+            opts.constraints = phrases(per_line(p)?);
+        }
+        if let Some(p) = &self.avoid {
+            opts.avoid = phrases(per_line(p)?);
+        }
+        if self.json_input {
+            let name = input.map_or("<stdin>".to_string(), |p| p.display().to_string());
+            let (mut pre, mut inc, mut avo) = (vec![], vec![], vec![]);
+            for (i, l) in lines.iter_mut().enumerate() {
+                let j: JsonLine = serde_json::from_str(l).map_err(|e| {
+                    anyhow::anyhow!("{name}: line {}: not a JSON input line ({e}); expected {{\"text\": …, \"constraints\": [...], \"avoid\": [...]}}", i + 1)
+                })?;
+                *l = j.text;
+                pre.push(j.target_prefix);
+                inc.push(j.constraints);
+                avo.push(j.avoid);
+            }
+            opts.target_prefix = pre;
+            opts.constraints = inc;
+            opts.avoid = avo;
         }
         Ok(())
     }

@@ -160,6 +160,10 @@ fn translation_dict<'py>(
         hyps.append((tr.hypothesis_text(h), tokens, h.score))?;
     }
     d.set_item("hypotheses", hyps)?;
+    d.set_item(
+        "unmet_constraints",
+        t.hyps.first().map_or(0, |h| h.unmet_constraints),
+    )?;
     if record {
         let best = t.hyps.first();
         let rows = best.map_or(0, |b| b.attention.len());
@@ -234,6 +238,21 @@ impl Translator {
         })
     }
 
+    /// The decoding settings chosen on dev that the first model keeps (its decoding.toml), as a dict, or
+    /// `None`.
+    fn decoding_settings<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(s) = self.inner.settings() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("length_penalty", s.length_penalty)?;
+        d.set_item("coverage_penalty", s.coverage_penalty)?;
+        d.set_item("beam", s.beam)?;
+        d.set_item("dev_bleu", s.dev_bleu)?;
+        d.set_item("dev_sentences", s.dev_sentences)?;
+        Ok(Some(d))
+    }
+
     /// What opening noticed (int8 unavailable, a shortlist that matches nothing).
     fn notes(&self) -> Vec<String> {
         self.inner.notes().to_vec()
@@ -245,9 +264,9 @@ impl Translator {
     }
 
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (sentences, beam=10, nbest=1, length_norm=false, length_penalty=0.0, coverage_penalty=0.0,
+    #[pyo3(signature = (sentences, beam=10, nbest=1, length_norm=false, length_penalty=None, coverage_penalty=None,
         context_scale=(1.0, 1.0), pretokenized=false, record=false, batch=32, max_input_words=200,
-        truncate_long=false, word_scores=false, alignment=None, target_prefix=None))]
+        truncate_long=false, word_scores=false, alignment=None, target_prefix=None, constraints=None, avoid=None))]
     fn translate<'py>(
         &self,
         py: Python<'py>,
@@ -255,8 +274,8 @@ impl Translator {
         beam: usize,
         nbest: usize,
         length_norm: bool,
-        length_penalty: f64,
-        coverage_penalty: f64,
+        length_penalty: Option<f64>,
+        coverage_penalty: Option<f64>,
         context_scale: (f64, f64),
         pretokenized: bool,
         record: bool,
@@ -266,6 +285,8 @@ impl Translator {
         word_scores: bool,
         alignment: Option<String>,
         target_prefix: Option<Vec<String>>,
+        constraints: Option<Vec<Vec<String>>>,
+        avoid: Option<Vec<Vec<String>>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let stop = Arc::new(AtomicBool::new(false));
         let alignment = match alignment {
@@ -275,18 +296,21 @@ impl Translator {
             ),
             None => None,
         };
-        let target_prefix = target_prefix.unwrap_or_default();
+        // The model's penalties chosen on dev, unless given.
+        let model = self.inner.options();
         let opts = TranslateOptions {
             beam,
             nbest,
             length_norm,
-            length_penalty,
-            coverage_penalty,
+            length_penalty: length_penalty.unwrap_or(model.length_penalty),
+            coverage_penalty: coverage_penalty.unwrap_or(model.coverage_penalty),
             context_scale,
             record,
             word_scores,
             alignment,
-            target_prefix: vec![],
+            target_prefix: target_prefix.unwrap_or_default(),
+            constraints: constraints.unwrap_or_default(),
+            avoid: avoid.unwrap_or_default(),
             full_beam: false,
             word_table: true,
             batch,
@@ -304,10 +328,10 @@ impl Translator {
         self.inner
             .decode_options(&opts, str::to_string)
             .map_err(py_err)?;
-        if !target_prefix.is_empty() {
+        if !opts.steering().is_empty() {
             self.inner
                 .pipeline()
-                .check_prefixes(&sentences, &target_prefix, pretokenized, opts.input_limit)
+                .check_steering(&sentences, opts.steering(), pretokenized, opts.input_limit)
                 .map_err(py_err)?;
         }
         let tr = self.inner.clone();
@@ -315,11 +339,8 @@ impl Translator {
             // In chunks as `cgnmt translate` decodes a file: the same batches, the same outputs.
             let chunk = 1024usize.max(4 * batch);
             let mut out = Vec::with_capacity(sentences.len());
-            let mut o = opts.clone();
             for (k, part) in sentences.chunks(chunk).enumerate() {
-                if !target_prefix.is_empty() {
-                    o.target_prefix = target_prefix[k * chunk..k * chunk + part.len()].to_vec();
-                }
+                let o = opts.for_lines(k * chunk..k * chunk + part.len());
                 out.extend(tr.translate(part, &o).map_err(py_err)?);
             }
             Ok(out)

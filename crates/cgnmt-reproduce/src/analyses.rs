@@ -595,6 +595,11 @@ impl<'a> Finished<'a> {
                                 s.plan.decode.beam.to_string(),
                                 "--context-scale".into(),
                                 format!("{x},{y}"),
+                                // Without penalties, whatever the model keeps (its decoding.toml).
+                                "--length-penalty".into(),
+                                "0".into(),
+                                "--coverage-penalty".into(),
+                                "0".into(),
                                 "-i".into(),
                                 s.test_src.display().to_string(),
                                 "-o".into(),

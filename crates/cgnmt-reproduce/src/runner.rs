@@ -448,6 +448,17 @@ pub(super) fn run_task(
             targs.push(d.display().to_string());
         }
         targs.extend(decode_args.iter().cloned());
+        // A penalty the row does not set is 0, as the plan says, not the model's own chosen on dev (its
+        // decoding.toml, which another row's selection may have written).
+        if !targs
+            .iter()
+            .any(|a| a == "--length-penalty" || a == "--length-norm")
+        {
+            targs.extend(["--length-penalty".into(), "0".into()]);
+        }
+        if !targs.iter().any(|a| a == "--coverage-penalty") {
+            targs.extend(["--coverage-penalty".into(), "0".into()]);
+        }
         run_child(&s.exe, &targs, &log, s.threads, clock, || {})
     };
     translate(

@@ -6,10 +6,10 @@
 //! decoding thread whose calls decode their batches concurrently).
 //!
 //! API: `POST /v1/translate` `{"sentences": [...], "model"?, "beam"?, "nbest"?, "length_norm"?, "length_penalty"?, "coverage_penalty"?,
-//! "context_scale"?: [a, b], "return_attention"?, "word_scores"?, "alignment"?}` → `{"model", "translations":
-//! [{"translation", "tokens", "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?,
-//! "word_scores"?, "token_scores"?, "word_gates"?, "alignment"?, "alignment_soft"?}]}` in the order of the
-//! sentences;
+//! "context_scale"?: [a, b], "return_attention"?, "word_scores"?, "alignment"?, "target_prefix"?: [...],
+//! "constraints"?: [[...]], "avoid"?: [[...]]}` → `{"model", "translations": [{"translation", "tokens",
+//! "src_tokens", "score", "nbest"?, "attention"?, "gates"?, "coverage"?, "word_scores"?, "token_scores"?,
+//! "word_gates"?, "alignment"?, "alignment_soft"?, "unmet_constraints"?}]}` in the order of the sentences;
 //! `GET /v1/models`; `GET /healthz`.
 
 use std::net::SocketAddr;
@@ -105,6 +105,23 @@ struct TranslateRequest {
     /// `hard`, `soft` or a probability: the word alignment, as `translate --alignment`.
     #[serde(default)]
     alignment: Option<String>,
+    /// One target prefix per sentence (empty for none), as `translate --prefix`.
+    #[serde(default)]
+    target_prefix: Option<Vec<String>>,
+    /// One list of phrases per sentence that its output must contain, as `translate --constraints`.
+    #[serde(default)]
+    constraints: Option<Vec<Vec<String>>>,
+    /// One list of phrases per sentence that its output must not contain, as `translate --avoid`.
+    #[serde(default)]
+    avoid: Option<Vec<Vec<String>>>,
+}
+
+/// A request's per-sentence steering (each list empty, or one entry per sentence).
+#[derive(Default)]
+struct Steer {
+    target_prefix: Vec<String>,
+    constraints: Vec<Vec<String>>,
+    avoid: Vec<Vec<String>>,
 }
 
 #[derive(Serialize)]
@@ -142,6 +159,10 @@ struct TranslationOut {
     /// With `alignment` soft: each output word's attention over the source words.
     #[serde(skip_serializing_if = "Option::is_none")]
     alignment_soft: Option<Vec<Vec<f64>>>,
+    /// With `constraints`: how many of the sentence's constraints its output does not contain (0 unless
+    /// they could not all be met within the length limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unmet_constraints: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -310,6 +331,8 @@ async fn list_models(State(st): State<Arc<AppState>>) -> impl IntoResponse {
                 "layer_norm": m.tr.model().config.model.layer_norm,
                 "src_vocab": m.tr.model().src_vocab.len(),
                 "tgt_vocab": m.tr.model().tgt_vocab.len(),
+                // The decoding settings chosen on dev that the model keeps: a request's defaults.
+                "decoding": m.tr.settings(),
             })
         })
         .collect();
@@ -393,8 +416,10 @@ async fn translate_admitted(
     let beam = req.beam.unwrap_or(10);
     let nbest = req.nbest.unwrap_or(1);
     let vocab = st.models[k].tr.model().tgt_vocab.len();
-    let length_penalty = req.length_penalty.unwrap_or(0.0);
-    let coverage_penalty = req.coverage_penalty.unwrap_or(0.0);
+    // The model's penalties chosen on dev, unless the request gives them.
+    let defaults = st.models[k].tr.options();
+    let length_penalty = req.length_penalty.unwrap_or(defaults.length_penalty);
+    let coverage_penalty = req.coverage_penalty.unwrap_or(defaults.coverage_penalty);
     DecodeOptions {
         beam,
         nbest,
@@ -405,6 +430,12 @@ async fn translate_admitted(
     }
     .validate(vocab, a.max_beam, |k| k.to_string())
     .map_err(bad)?;
+    let steer = Steer {
+        target_prefix: req.target_prefix.unwrap_or_default(),
+        constraints: req.constraints.unwrap_or_default(),
+        avoid: req.avoid.unwrap_or_default(),
+    };
+    let with_constraints = !steer.constraints.is_empty();
     {
         let tr = st.models[k].tr.pipeline();
         for (i, s) in req.sentences.iter().enumerate() {
@@ -415,6 +446,19 @@ async fn translate_admitted(
                     a.max_input_words
                 )));
             }
+        }
+        let lines = cgnmt::decode::translate::LineSteering {
+            prefixes: &steer.target_prefix,
+            constraints: &steer.constraints,
+            avoid: &steer.avoid,
+        };
+        if !lines.is_empty() {
+            tr.check_steering(&req.sentences, lines, false, cgnmt::InputLimit::NONE)
+                .map_err(|e| {
+                    bad(format!(
+                        "target_prefix, constraints or avoid (lines count sentences from 1): {e}"
+                    ))
+                })?;
         }
     }
     let key = OptionsKey {
@@ -438,6 +482,7 @@ async fn translate_admitted(
             k,
             key,
             sentences: req.sentences,
+            steer,
             reply,
         })
         .map_err(|_| {
@@ -465,6 +510,7 @@ async fn translate_admitted(
         attention: req.return_attention,
         word_scores: req.word_scores,
         alignment,
+        constraints: with_constraints,
     };
     let out = respond(&st.models[k], translated, &asked);
     Ok(Json(out))
@@ -520,6 +566,7 @@ struct Job {
     k: usize,
     key: OptionsKey,
     sentences: Vec<String>,
+    steer: Steer,
     reply: tokio::sync::oneshot::Sender<std::result::Result<Vec<Translation>, String>>,
 }
 
@@ -578,7 +625,27 @@ fn batcher(
             if let Some(d) = delay {
                 std::thread::sleep(d);
             }
-            match tr.translate(&all, &key.options(max_batch)) {
+            // The requests' steering, a request without any taking empty entries.
+            let mut opts = key.options(max_batch);
+            if jobs.iter().any(|j| !j.steer.target_prefix.is_empty()) {
+                opts.target_prefix = jobs
+                    .iter()
+                    .flat_map(|j| padded(&j.steer.target_prefix, j.sentences.len()))
+                    .collect();
+            }
+            if jobs.iter().any(|j| !j.steer.constraints.is_empty()) {
+                opts.constraints = jobs
+                    .iter()
+                    .flat_map(|j| padded(&j.steer.constraints, j.sentences.len()))
+                    .collect();
+            }
+            if jobs.iter().any(|j| !j.steer.avoid.is_empty()) {
+                opts.avoid = jobs
+                    .iter()
+                    .flat_map(|j| padded(&j.steer.avoid, j.sentences.len()))
+                    .collect();
+            }
+            match tr.translate(&all, &opts) {
                 Ok(out) => {
                     let mut it = out.into_iter();
                     for j in jobs {
@@ -596,13 +663,22 @@ fn batcher(
     }
 }
 
-/// A request's answer from its translations.
+/// A request's per-sentence list, or `n` empty entries when it has none.
+fn padded<T: Clone + Default>(v: &[T], n: usize) -> Vec<T> {
+    if v.is_empty() {
+        vec![T::default(); n]
+    } else {
+        v.to_vec()
+    }
+}
+
 /// What a request asked for beside the translations.
 struct Asked {
     nbest: usize,
     attention: bool,
     word_scores: bool,
     alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
+    constraints: bool,
 }
 
 fn respond(m: &Served, out: Vec<Translation>, asked: &Asked) -> TranslateResponse {
@@ -639,6 +715,9 @@ fn respond(m: &Served, out: Vec<Translation>, asked: &Asked) -> TranslateRespons
                     (Some(w), Some(AlignmentMode::Soft)) => Some(w.attention.clone()),
                     _ => None,
                 },
+                unmet_constraints: asked
+                    .constraints
+                    .then(|| best.map_or(0, |h| h.unmet_constraints)),
                 score: best.map(|h| h.score),
                 nbest: (nbest > 1).then(|| {
                     t.hyps
@@ -679,7 +758,7 @@ fn openapi() -> serde_json::Value {
         },
         "paths": {
             "/healthz": {"get": {"summary": "liveness", "responses": {"200": {"description": "{\"status\": \"ok\"}"}}}},
-            "/v1/models": {"get": {"summary": "the models served (the first is the default)", "responses": {"200": {"description": "{\"default\", \"models\": [{\"name\", \"dir\", \"decoder\", \"context_gate\", \"encoder_layers\", \"decoder_transition_depth\", \"layer_norm\", \"src_vocab\", \"tgt_vocab\"}]}"}}}},
+            "/v1/models": {"get": {"summary": "the models served (the first is the default)", "responses": {"200": {"description": "{\"default\", \"models\": [{\"name\", \"dir\", \"decoder\", \"context_gate\", \"encoder_layers\", \"decoder_transition_depth\", \"layer_norm\", \"src_vocab\", \"tgt_vocab\", \"decoding\": {\"length_penalty\", \"coverage_penalty\", \"beam\", \"dev_bleu\", \"dev_sentences\"} or null}]}"}}}},
             "/v1/translate": {"post": {
                 "summary": "translate sentences (answers in the same order)",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TranslateRequest"}}}},
@@ -698,12 +777,15 @@ fn openapi() -> serde_json::Value {
                 "beam": {"type": "integer", "minimum": 1, "default": 10},
                 "nbest": {"type": "integer", "minimum": 1, "default": 1},
                 "length_norm": {"type": "boolean", "default": false},
-                "length_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's length penalty α"},
-                "coverage_penalty": {"type": "number", "minimum": 0, "default": 0, "description": "GNMT's coverage penalty β"},
+                "length_penalty": {"type": "number", "minimum": 0, "description": "GNMT's length penalty α (default: the model's, chosen on dev; else 0)"},
+                "coverage_penalty": {"type": "number", "minimum": 0, "description": "GNMT's coverage penalty β (default: the model's, chosen on dev; else 0)"},
                 "context_scale": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 4}, "minItems": 2, "maxItems": 2},
                 "return_attention": {"type": "boolean", "default": false},
                 "word_scores": {"type": "boolean", "default": false, "description": "each output word's log-probability and mean gate value"},
-                "alignment": {"type": "string", "description": "hard, soft, or a probability in (0, 1]: the word alignment from attention"}
+                "alignment": {"type": "string", "description": "hard, soft, or a probability in (0, 1]: the word alignment from attention"},
+                "target_prefix": {"type": "array", "items": {"type": "string"}, "description": "one per sentence (empty for none): the words its output starts with"},
+                "constraints": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}, "description": "one list per sentence: phrases its output must contain, each once, in any order"},
+                "avoid": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}, "description": "one list per sentence: phrases its output must not contain"}
             }},
             "TranslateResponse": {"type": "object", "properties": {
                 "model": {"type": "string"},
@@ -720,7 +802,8 @@ fn openapi() -> serde_json::Value {
                     "token_scores": {"type": "array", "items": {"type": "number"}},
                     "word_gates": {"type": "array", "items": {"type": "number"}},
                     "alignment": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}},
-                    "alignment_soft": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+                    "alignment_soft": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+                    "unmet_constraints": {"type": "integer", "minimum": 0}
                 }}}
             }}
         }}

@@ -27,18 +27,15 @@ pub struct TranslateArgs {
     #[arg(long)]
     length_norm: bool,
     /// GNMT's length penalty α: rank hypotheses by log-probability / ((5 + length) / 6)^α (0: the total,
-    /// GroundHog's; 0.6 to 1 lengthens short outputs).
-    #[arg(
-        long,
-        value_name = "ALPHA",
-        default_value_t = 0.0,
-        conflicts_with = "length_norm"
-    )]
-    length_penalty: f64,
+    /// GroundHog's; 0.6 to 1 lengthens short outputs). Default: the α chosen on dev that the model keeps
+    /// (its decoding.toml, from `cgnmt select --tune`), else 0.
+    #[arg(long, value_name = "ALPHA", conflicts_with = "length_norm")]
+    length_penalty: Option<f64>,
     /// GNMT's coverage penalty β: add β Σ_j log(min(attention received by source word j, 1)) to each
-    /// hypothesis's rank (0: none; 0.2 to 0.4 favours outputs that translate every source word).
-    #[arg(long, value_name = "BETA", default_value_t = 0.0)]
-    coverage_penalty: f64,
+    /// hypothesis's rank (0: none; 0.2 to 0.4 favours outputs that translate every source word). Default:
+    /// the β chosen on dev that the model keeps, else 0.
+    #[arg(long, value_name = "BETA")]
+    coverage_penalty: Option<f64>,
     /// Decode every sentence until its beam has shrunk to nothing, as GroundHog does, instead of stopping
     /// once no live hypothesis can enter the N best (same output, more hypothesis steps).
     #[arg(long)]
@@ -98,13 +95,26 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         for note in tr.notes() {
             eprintln!("warning: {note}");
         }
+        if let (Some(s), false) = (
+            tr.settings(),
+            a.length_penalty.is_some() && a.coverage_penalty.is_some(),
+        ) {
+            eprintln!(
+                "decoding with the model's penalties chosen on dev (its {}): α = {}, β = {}, unless given",
+                cgnmt::decode::settings::SETTINGS_FILE,
+                s.length_penalty,
+                s.coverage_penalty
+            );
+        }
     }
+    // The model's penalties chosen on dev, unless given.
+    let model = tr.options();
     let mut opts = TranslateOptions {
         beam: a.beam,
         nbest: a.nbest,
         length_norm: a.length_norm,
-        length_penalty: a.length_penalty,
-        coverage_penalty: a.coverage_penalty,
+        length_penalty: a.length_penalty.unwrap_or(model.length_penalty),
+        coverage_penalty: a.coverage_penalty.unwrap_or(model.coverage_penalty),
         context_scale: a.context_scale.unwrap_or((1.0, 1.0)),
         record: a.dump.is_some(),
         full_beam: a.full_beam,
@@ -115,12 +125,12 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
             max_words: a.max_input_words,
             long_input: a.long_input,
         },
-        ..Default::default()
+        ..model
     };
     // The options checked before the input is read, named as the command line names them.
     tr.decode_options(&opts, |k| format!("--{}", k.replace('_', "-")))?;
-    let lines = read_input(a.input.as_deref())?;
-    a.steer.apply(&mut opts, lines.len())?;
+    let mut lines = read_input(a.input.as_deref())?;
+    a.steer.apply(&mut opts, &mut lines, a.input.as_deref())?;
     let files = OutputFiles {
         input: a.input.clone(),
         output: a.output.clone(),

@@ -9,6 +9,7 @@ mod bench_cli;
 mod bundled_data;
 mod cli_errors;
 mod common;
+mod constraints;
 mod data_get;
 mod deep;
 mod divergence;

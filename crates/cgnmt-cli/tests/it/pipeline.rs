@@ -590,7 +590,15 @@ fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
         long_input,
     };
     let (split, which) = tr
-        .translate_within(&input, &[], &opts, 4, true, lim(LongInput::Split), |_| {})
+        .translate_within(
+            &input,
+            Default::default(),
+            &opts,
+            4,
+            true,
+            lim(LongInput::Split),
+            |_| {},
+        )
         .unwrap();
     let pieces = n.div_ceil(8);
     let size = n.div_ceil(pieces);
@@ -624,7 +632,7 @@ fn long_inputs_are_split_or_truncated_and_the_beam_is_bounded() {
     let (cut, _) = tr
         .translate_within(
             &input,
-            &[],
+            Default::default(),
             &opts,
             4,
             true,

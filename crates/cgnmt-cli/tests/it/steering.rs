@@ -8,7 +8,9 @@ use cgnmt::{ScoreOptions, TranslateOptions, Translator, TranslatorOptions};
 use cgnmt_data::bpe::merge_subwords;
 
 /// A small gated model trained on 400 Tatoeba pairs, and 40 dev sentences (raw text).
-fn trained(tmp: &std::path::Path) -> (std::path::PathBuf, Vec<String>, std::path::PathBuf) {
+pub(crate) fn trained(
+    tmp: &std::path::Path,
+) -> (std::path::PathBuf, Vec<String>, std::path::PathBuf) {
     let prepared = tmp.join("prep");
     prepare(&prepared, 400);
     let run = tmp.join("run");

@@ -61,6 +61,14 @@ def _sentences(name: str, xs: Sequence[str]) -> List[str]:
     return out
 
 
+def _phrase_lists(name: str, xs: Optional[Sequence[Sequence[str]]]) -> Optional[List[List[str]]]:
+    if xs is None:
+        return None
+    if isinstance(xs, (str, bytes)):
+        raise TypeError(f"{name} must be one list of phrases per sentence, not a single string")
+    return [_sentences(f"{name}[{i}]", x) for i, x in enumerate(xs)]
+
+
 def _alignment(r: Mapping[str, Any], mode: Optional[str]) -> Any:
     """A native translation's word alignment as :class:`Translation` holds it (``None`` when not asked)."""
     if mode is None:
@@ -102,6 +110,9 @@ class Translation:
     ``word_gates``, float32, each word's mean gate value (``None`` for an ungated model); with
     ``alignment="hard"`` or a probability, ``alignment``, ``(source word, output word)`` links; with
     ``alignment="soft"``, ``alignment`` is the float64 ``[output words, source words]`` matrix.
+
+    ``unmet_constraints``: how many of the sentence's positive constraints its output does not contain (0
+    unless they could not all be met within the length limit).
     """
 
     text: str
@@ -115,6 +126,7 @@ class Translation:
     word_scores: Optional[np.ndarray] = None
     word_gates: Optional[np.ndarray] = None
     alignment: Optional[Union[List[Tuple[int, int]], np.ndarray]] = None
+    unmet_constraints: int = 0
 
 
 @dataclass(frozen=True)
@@ -182,6 +194,14 @@ class Translator:
         return [fspath(d) for d in self._inner.model_dirs()]
 
     @property
+    def decoding_settings(self) -> Optional[Dict[str, Any]]:
+        """The decoding settings chosen on dev that the (first) model keeps (``decoding.toml``, written by
+        ``cgnmt select --tune`` and the demo): ``length_penalty``, ``coverage_penalty``, ``beam``,
+        ``dev_bleu``, ``dev_sentences``; ``None`` when it keeps none. :meth:`translate` decodes with its
+        penalties unless given others."""
+        return self._inner.decoding_settings()
+
+    @property
     def notes(self) -> List[str]:
         """What opening noticed: int8 unavailable on this CPU, a shortlist that matches nothing."""
         return list(self._inner.notes())
@@ -205,13 +225,16 @@ class Translator:
         return_word_scores: bool = False,
         alignment: Optional[str] = None,
         target_prefix: Optional[Sequence[str]] = None,
+        constraints: Optional[Sequence[Sequence[str]]] = None,
+        avoid: Optional[Sequence[Sequence[str]]] = None,
     ) -> List[Translation]:
         """Translate ``sentences`` (raw text, or whitespace-tokenised with ``pretokenized``): one
         :class:`Translation` per sentence, in order; an empty sentence gives an empty translation.
 
         ``beam``: the beam size (1: greedy). ``nbest``: hypotheses per sentence (at most ``beam``).
-        ``length_penalty``: GNMT's α (``None`` or 0: rank by total log-probability, GroundHog's way);
-        ``coverage_penalty``: GNMT's β; ``length_norm``: rank by log-probability per word instead.
+        ``length_penalty``: GNMT's α (0: rank by total log-probability, GroundHog's way);
+        ``coverage_penalty``: GNMT's β; ``None`` (the default) takes the value chosen on dev that the model
+        keeps (:attr:`decoding_settings`), else 0. ``length_norm``: rank by log-probability per word instead.
         ``context_scale``: ``(a, b)`` scales the source-context terms by ``a`` and the target-side terms by
         ``b`` at every step (the paper's Figure 2). ``batch``: sentences decoded together.
         ``max_input_words``: a longer input (in model tokens) is translated in pieces (``long_input =
@@ -220,6 +243,10 @@ class Translator:
         ``"hard"``, ``"soft"`` or a probability (e.g. ``"0.2"``), the word alignment from attention (see
         :class:`Translation`). ``target_prefix``: one string per sentence (empty for none), the words each
         output must start with (raw text, or tokens with ``pretokenized``); the search goes on from them.
+        ``constraints``: one list of phrases per sentence (empty for none) that its output must contain, each
+        once, in any order (lexically constrained decoding by dynamic beam allocation, the beam fixed);
+        ``avoid``: one list of phrases per sentence that its output must never contain. An output that could
+        not meet all its constraints within the length limit has ``unmet_constraints`` > 0.
 
         Raises ``ValueError`` for an option out of its range (a beam of 0, a negative penalty, a context scale
         outside [0, 4]).
@@ -232,8 +259,8 @@ class Translator:
             beam,
             nbest,
             length_norm,
-            0.0 if length_penalty is None else float(length_penalty),
-            0.0 if coverage_penalty is None else float(coverage_penalty),
+            None if length_penalty is None else float(length_penalty),
+            None if coverage_penalty is None else float(coverage_penalty),
             (float(context_scale[0]), float(context_scale[1])),
             pretokenized,
             record,
@@ -243,6 +270,8 @@ class Translator:
             return_word_scores,
             None if alignment is None else str(alignment),
             None if target_prefix is None else _sentences("target_prefix", target_prefix),
+            _phrase_lists("constraints", constraints),
+            _phrase_lists("avoid", avoid),
         )
         out = []
         for r in raw:
@@ -266,6 +295,7 @@ class Translator:
                     if not return_word_scores or r["word_gates"] is None
                     else np.asarray(r["word_gates"], dtype=np.float32),
                     alignment=_alignment(r, alignment),
+                    unmet_constraints=int(r["unmet_constraints"]),
                 )
             )
         return out

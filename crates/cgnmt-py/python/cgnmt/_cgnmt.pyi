@@ -14,6 +14,7 @@ class Translator:
         shortlist_per_word: int = 50,
     ) -> None: ...
     def notes(self) -> List[str]: ...
+    def decoding_settings(self) -> Optional[Dict[str, Any]]: ...
     def model_dirs(self) -> List[str]: ...
     def translate(
         self,
@@ -21,8 +22,8 @@ class Translator:
         beam: int = 10,
         nbest: int = 1,
         length_norm: bool = False,
-        length_penalty: float = 0.0,
-        coverage_penalty: float = 0.0,
+        length_penalty: Optional[float] = None,
+        coverage_penalty: Optional[float] = None,
         context_scale: Tuple[float, float] = (1.0, 1.0),
         pretokenized: bool = False,
         record: bool = False,
@@ -32,6 +33,8 @@ class Translator:
         word_scores: bool = False,
         alignment: Optional[str] = None,
         target_prefix: Optional[Sequence[str]] = None,
+        constraints: Optional[Sequence[Sequence[str]]] = None,
+        avoid: Optional[Sequence[Sequence[str]]] = None,
     ) -> List[Dict[str, Any]]: ...
     def align(
         self, sources: Sequence[str], targets: Sequence[str], batch: int = 32
