@@ -5,6 +5,8 @@
 //!   [`tokenize`];
 //! - [`chrf`]: chrF / chrF++ as sacreBLEU computes them;
 //! - [`significance`]: sign test, paired bootstrap resampling and approximate randomization;
+//! - [`seeds`]: tests across training runs (Welch's t, a permutation of the runs' labels, a bootstrap
+//!   over runs and sentences) with MultEval's s_opt and s_sel;
 //! - [`aer`]: alignment error rate on `.talp` files and soft AER on attention matrices;
 //! - [`analysis`]: the paper's analyses — BLEU and output length by source-length group,
 //!   gate values against sentence-BLEU improvement (Pearson), context scaling — and readers of
@@ -25,6 +27,7 @@ mod error;
 pub mod io;
 pub mod plot;
 pub mod report;
+pub mod seeds;
 pub mod significance;
 pub mod tokenize;
 

@@ -749,6 +749,63 @@ fn compare(
     Ok(serde_json::Value::from(report).to_string())
 }
 
+/// The seed-level comparison of a system's runs against a baseline's (each a list of outputs, one per seed),
+/// as `cgnmt compare --json` prints it for comma-separated runs (JSON text).
+#[pyfunction]
+#[pyo3(signature = (baseline_runs, system_runs, refs, metric, mteval, lowercase, tokenize, seed, bs_samples))]
+#[allow(clippy::too_many_arguments)]
+fn compare_runs(
+    py: Python<'_>,
+    baseline_runs: Vec<Vec<String>>,
+    system_runs: Vec<Vec<String>>,
+    refs: Vec<Vec<String>>,
+    metric: &str,
+    mteval: bool,
+    lowercase: bool,
+    tokenize: Option<String>,
+    seed: u64,
+    bs_samples: usize,
+) -> PyResult<String> {
+    use cgnmt_eval::report::{CompareOptions, MetricArg, TestArg};
+    use clap::ValueEnum;
+    if baseline_runs.is_empty() || system_runs.is_empty() {
+        return Err(PyValueError::new_err("each system needs at least one run"));
+    }
+    for r in baseline_runs.iter().chain(&system_runs) {
+        check_refs(r, &refs)?;
+    }
+    let metric = MetricArg::from_str(metric, false).map_err(|_| {
+        PyValueError::new_err(format!(
+            "metric {metric:?}: one of \"bleu\", \"chrf\", \"chrf++\""
+        ))
+    })?;
+    let opts = CompareOptions {
+        baseline: PathBuf::from("baseline"),
+        systems: vec![PathBuf::from("system")],
+        refs: vec![],
+        test: TestArg::Bs,
+        seed,
+        metrics: vec![metric],
+        opts: metric_options(tokenize.as_deref(), lowercase, None, None, mteval, false)?,
+        bs_samples,
+        ar_trials: 1,
+        json: true,
+    };
+    let report = py.allow_threads(|| {
+        guarded(|| {
+            cgnmt_eval::report::compare_system_runs(
+                &opts,
+                &("baseline".to_string(), baseline_runs),
+                &[("system".to_string(), system_runs)],
+                &refs,
+            )
+            .map(|r| r.0)
+            .map_err(py_err_any)
+        })
+    })?;
+    Ok(serde_json::Value::from(report).to_string())
+}
+
 /// Alignment error rate of predicted links against gold ones (`.talp` lines: `i-j` sure, `i?j` possible),
 /// and soft AER of attention matrices, as `cgnmt aer --json` prints them (JSON text).
 #[pyfunction]
@@ -807,6 +864,7 @@ fn _cgnmt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(bleu, m)?)?;
     m.add_function(wrap_pyfunction!(chrf, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(compare_runs, m)?)?;
     m.add_function(wrap_pyfunction!(aer, m)?)?;
     m.add_function(wrap_pyfunction!(set_threads, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_test, m)?)?;

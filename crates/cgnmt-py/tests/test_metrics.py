@@ -93,3 +93,26 @@ def test_aer_equals_the_cli_and_the_independent_scorer(fixtures_dir, cgnmt_bin):
     assert abs(s.saer - toy["corpus"]["saer"]) < 1e-12
     assert abs(s.saer_macro - toy["corpus"]["saer_macro_mean_of_sentences"]) < 1e-12
     assert abs(s.aer - toy["corpus"]["hard_argmax"]["aer"]) < 1e-12
+
+
+def test_compare_runs_counts_the_seeds_as_the_cli_does(tatoeba, cgnmt_bin):
+    # The deep plan's committed per-seed outputs: GRU and GRU + both gates, 3 seeds each.
+    from conftest import REPO
+
+    d = REPO / "results" / "deep" / "systems"
+    runs = {s: [d / s / f"seed-{k}" / "test.hyp" for k in (1, 2, 3)] for s in ("gru-chosen-on-dev", "gru-both-chosen-on-dev")}
+    ref = tatoeba / "test.en"
+    cli = json.loads(run(cgnmt_bin, "compare", ",".join(map(str, runs["gru-chosen-on-dev"])),
+                         ",".join(map(str, runs["gru-both-chosen-on-dev"])), "-r", ref, "--test", "bs", "--json").stdout)
+    rec = cli["results"][0]
+    c = metrics.compare_runs([lines(p) for p in runs["gru-chosen-on-dev"]],
+                             [lines(p) for p in runs["gru-both-chosen-on-dev"]], [lines(ref)])
+    assert c.record["runs"] == rec["runs"] and c.significant == rec["significant"]
+    assert len(c.base_scores) == len(c.sys_scores) == 3
+    # The pooled bootstrap calls +1.2 BLEU significant; over three seeds a side Welch's test does not.
+    assert c.sys_mean - c.base_mean > 1.0 and c.pooled_p < 0.01
+    assert c.welch["p_value"] > 0.05 and not c.significant
+    assert c.permutation["splits"] == 20 and c.permutation["p_value"] >= 0.1
+    assert c.runs_needed > 3
+    with pytest.raises(TypeError, match="one per seed"):
+        metrics.compare_runs("a", [["b"]], [["c"]])

@@ -279,3 +279,43 @@ def test_word_scores_alignments_and_prefixes_as_the_command_line_writes_them(mod
         tr.translate(src, target_prefix=["a"])
     with pytest.raises(ValueError, match="alignment"):
         tr.translate(src, alignment="sometimes")
+
+
+def test_constraints_avoided_phrases_and_the_penalties_the_model_keeps(models, dev_lines, cgnmt_bin, tmp_path):
+    lines = [l for l in dev_lines if l.strip()][:20]
+    tr = cgnmt.Translator(models[1])
+    assert tr.decoding_settings is None
+    out = tr.translate(lines, beam=4)
+    src = [" ".join(t.source_tokens) for t in out]
+    plain = tr.translate(src, beam=4, pretokenized=True)
+    # Require the next sentence's last output token, avoid the sentence's own first one.
+    cons = [[plain[(k + 1) % 20].tokens[-1]] if plain[(k + 1) % 20].tokens else [] for k in range(20)]
+    avoid = [[t.tokens[0]] if t.tokens and [t.tokens[0]] != c else [] for t, c in zip(plain, cons)]
+    got = tr.translate(src, beam=4, nbest=2, pretokenized=True, constraints=cons, avoid=avoid)
+    for t, c, a in zip(got, cons, avoid):
+        assert t.unmet_constraints == 0
+        for h in t.hypotheses:
+            assert all(w in h.tokens for w in c), (h.tokens, c)
+            assert not any(w in h.tokens for w in a), (h.tokens, a)
+    # The command line's --json-input gives the same translations.
+    jl = tmp_path / "in.jsonl"
+    jl.write_text("".join(json.dumps({"text": s, "constraints": c, "avoid": a}) + "\n"
+                          for s, c, a in zip(src, cons, avoid)), encoding="utf-8")
+    p = run(cgnmt_bin, "translate", "-q", "-m", models[1], "-i", jl, "--json-input", "--pretokenized", "--beam", "4")
+    assert p.stdout.decode("utf-8").splitlines() == [t.text for t in tr.translate(
+        src, beam=4, pretokenized=True, constraints=cons, avoid=avoid)]
+    with pytest.raises(ValueError, match="line 3: an empty constraint"):
+        tr.translate(src, constraints=[[]] * 2 + [[""]] + [[]] * 17)
+    with pytest.raises(TypeError, match="one list of phrases per sentence"):
+        tr.translate(src, constraints="a")
+    # Penalties chosen on dev, kept in the model directory (decoding.toml): the default, an explicit one wins.
+    copy = tmp_path / "model"
+    shutil.copytree(models[1], copy)
+    (copy / "decoding.toml").write_text("length_penalty = 2.5\ncoverage_penalty = 0.6\nbeam = 4\n"
+                                        "dev_bleu = 10.0\ndev_sentences = 20\n", encoding="utf-8")
+    kept = cgnmt.Translator(copy)
+    assert kept.decoding_settings["length_penalty"] == 2.5
+    want = [t.text for t in tr.translate(lines, beam=4, length_penalty=2.5, coverage_penalty=0.6)]
+    assert [t.text for t in kept.translate(lines, beam=4)] == want
+    assert [t.text for t in kept.translate(lines, beam=4, length_penalty=0, coverage_penalty=0)] == \
+        [t.text for t in out]

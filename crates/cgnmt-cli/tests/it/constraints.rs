@@ -387,3 +387,164 @@ fn translate_reads_constraints_from_files_or_json_lines_and_warns_about_unmet_on
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
 }
+
+#[test]
+fn serve_steers_like_translate_and_every_front_end_decodes_with_the_penalties_the_model_keeps() {
+    use crate::serve::{post, start, translations};
+    let tmp = tempfile::tempdir().unwrap();
+    let (model, srcs, input) = crate::steering::trained(tmp.path());
+    let m = model.to_str().unwrap();
+    let i = input.to_str().unwrap();
+    let cli = |extra: &[&str]| -> Vec<String> {
+        run_ok(&[&["translate", "-q", "-m", m, "-i", i][..], extra].concat())
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    let zero = cli(&[]);
+    let (a, b) = ("2.5", "0.6");
+    let penalised = cli(&["--length-penalty", a, "--coverage-penalty", b]);
+    assert_ne!(zero, penalised, "the penalties change nothing here");
+    // The penalties chosen on dev, kept in the model directory: every front end's default.
+    cgnmt::decode::settings::DecodingSettings {
+        length_penalty: 2.5,
+        coverage_penalty: 0.6,
+        beam: 10,
+        dev_bleu: 12.5,
+        dev_sentences: 40,
+    }
+    .write(&model, "a test")
+    .unwrap();
+    assert_eq!(cli(&[]), penalised);
+    // An explicit option still wins.
+    assert_eq!(
+        cli(&["--length-penalty", "0", "--coverage-penalty", "0"]),
+        zero
+    );
+    let tr = Translator::open(&[&model], &TranslatorOptions::default()).unwrap();
+    assert_eq!(tr.settings().unwrap().length_penalty, 2.5);
+    let lib: Vec<String> = tr
+        .translate(&srcs, &tr.options())
+        .unwrap()
+        .into_iter()
+        .map(|t| t.text)
+        .collect();
+    assert_eq!(lib, penalised);
+
+    let s = start(&model, &[]);
+    let models: serde_json::Value = serde_json::from_str(
+        &ureq::get(&format!("{}/v1/models", s.base))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(models["models"][0]["decoding"]["coverage_penalty"], 0.6);
+    let (code, v) = post(&s.base, &serde_json::json!({"sentences": srcs}).to_string());
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(translations(&v), penalised);
+    let (_, v) = post(
+        &s.base,
+        &serde_json::json!({"sentences": srcs, "length_penalty": 0.0, "coverage_penalty": 0.0})
+            .to_string(),
+    );
+    assert_eq!(translations(&v), zero);
+
+    // Steering over the API: what `translate --json-input` writes for the same lines.
+    let lm = tr.model();
+    let first_word = |t: &str| t.split_whitespace().next().unwrap_or("").to_string();
+    let prefixes: Vec<String> = (0..srcs.len())
+        .map(|k| {
+            if k % 3 == 0 {
+                first_word(&zero[(k + 1) % srcs.len()])
+            } else {
+                String::new()
+            }
+        })
+        .collect();
+    let cons: Vec<Vec<String>> = (0..srcs.len())
+        .map(|k| {
+            let w = first_word(&zero[(k + 2) % srcs.len()]);
+            if k % 2 == 0
+                && !w.is_empty()
+                && lm
+                    .preprocess
+                    .tgt_tokens(&w)
+                    .iter()
+                    .all(|p| lm.tgt_vocab.contains(p))
+            {
+                vec![w]
+            } else {
+                vec![]
+            }
+        })
+        .collect();
+    let avoid: Vec<Vec<String>> = (0..srcs.len())
+        .map(|k| {
+            let w = first_word(&zero[k]);
+            if k % 5 == 1 && !w.is_empty() && !cons[k].contains(&w) {
+                vec![w]
+            } else {
+                vec![]
+            }
+        })
+        .collect();
+    let lines: Vec<String> = (0..srcs.len())
+        .map(|k| {
+            serde_json::json!({"text": srcs[k], "target_prefix": prefixes[k], "constraints": cons[k], "avoid": avoid[k]})
+                .to_string()
+        })
+        .collect();
+    let jfile = tmp.path().join("in.jsonl");
+    std::fs::write(&jfile, lines.join("\n") + "\n").unwrap();
+    let want: Vec<String> = run_ok(&[
+        "translate",
+        "-q",
+        "-m",
+        m,
+        "-i",
+        jfile.to_str().unwrap(),
+        "--json-input",
+    ])
+    .lines()
+    .map(String::from)
+    .collect();
+    assert_ne!(want, penalised);
+    let ask = serde_json::json!({"sentences": srcs, "target_prefix": prefixes, "constraints": cons, "avoid": avoid});
+    // Two clients at once, one steered and one not: the batcher decodes them together, each gets its own.
+    let steered = std::thread::scope(|sc| {
+        let plain = sc.spawn(|| post(&s.base, &serde_json::json!({"sentences": srcs}).to_string()));
+        let steered = post(&s.base, &ask.to_string());
+        assert_eq!(translations(&plain.join().unwrap().1), penalised);
+        steered
+    });
+    assert_eq!(steered.0, 200, "{}", steered.1);
+    assert_eq!(translations(&steered.1), want);
+    let unmet = steered.1["translations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["unmet_constraints"].as_u64().unwrap())
+        .sum::<u64>();
+    assert_eq!(unmet, 0);
+    // Bad steering: 400 naming the problem.
+    for (body, says) in [
+        (
+            serde_json::json!({"sentences": srcs, "constraints": [["x"]]}),
+            "1 constraint lists for 40 lines",
+        ),
+        (
+            serde_json::json!({"sentences": [srcs[0]], "avoid": [["☃"]]}),
+            "not in the model's target vocabulary",
+        ),
+        (
+            serde_json::json!({"sentences": [srcs[0]], "constraints": [[""]]}),
+            "empty constraint",
+        ),
+    ] {
+        let (code, v) = post(&s.base, &body.to_string());
+        assert_eq!(code, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{v}");
+    }
+}

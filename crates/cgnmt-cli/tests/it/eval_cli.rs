@@ -451,3 +451,72 @@ fn aer_json_and_soft() {
     .to_string();
     assert!(e.contains("bad.jsonl:2"), "{e}");
 }
+
+#[test]
+fn compare_with_several_runs_a_side_adds_the_seed_level_tests() {
+    // The deep plan's committed outputs: GRU and GRU + both gates, three seeds each.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../results/deep/systems");
+    let runs = |s: &str| -> String {
+        (1..=3)
+            .map(|k| {
+                root.join(s)
+                    .join(format!("seed-{k}/test.hyp"))
+                    .display()
+                    .to_string()
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let refs = crate::common::data_dir().join("tatoeba-zh-en/test.en");
+    let (a, b) = (runs("gru-chosen-on-dev"), runs("gru-both-chosen-on-dev"));
+    let r = refs.to_str().unwrap();
+    let v: Value = serde_json::from_str(
+        &run(&["compare", &a, &b, "-r", r, "--test", "bs", "--json"]).unwrap(),
+    )
+    .unwrap();
+    let rec = &v["results"][0];
+    let c = &rec["runs"];
+    assert_eq!(c["base_scores"].as_array().unwrap().len(), 3);
+    // Each run's score is what `score` gives its file alone.
+    let first = run(&["score", "-r", r, "-i", a.split(',').next().unwrap()]).unwrap();
+    let s: f64 = first
+        .split(" = ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (c["base_scores"][0].as_f64().unwrap() - s).abs() < 0.005,
+        "{first} {c}"
+    );
+    // The pooled test says yes, Welch over three seeds says no: not significant.
+    assert!(
+        rec["pooled"]["systems"][0]["bootstrap"]["p_value"]
+            .as_f64()
+            .unwrap()
+            < 0.01
+    );
+    assert!(c["welch"]["p_value"].as_f64().unwrap() > 0.05);
+    assert_eq!(rec["significant"], false);
+    let text = run(&["compare", &a, &b, "-r", r, "--test", "bs"]).unwrap();
+    assert!(
+        text.contains("seed level") && text.contains("not significant at the seed level"),
+        "{text}"
+    );
+    // A run of another length is named.
+    let short = std::env::temp_dir().join(format!("cgnmt-short-{}.hyp", std::process::id()));
+    std::fs::write(&short, "a\nb\n").unwrap();
+    let err = run(&[
+        "compare",
+        &a,
+        &format!("{},{}", b.split(',').next().unwrap(), short.display()),
+        "-r",
+        r,
+    ])
+    .unwrap_err();
+    assert!(err.contains(&short.display().to_string()), "{err}");
+    let _ = std::fs::remove_file(short);
+}

@@ -11,9 +11,9 @@ use std::process::{Child, Command, Stdio};
 
 use common::{prepare, run_ok};
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Drop for Server {
@@ -23,7 +23,7 @@ impl Drop for Server {
     }
 }
 
-fn start(model: &Path, extra: &[&str]) -> Server {
+pub(crate) fn start(model: &Path, extra: &[&str]) -> Server {
     start_with(model, extra, &[])
 }
 
@@ -64,7 +64,7 @@ fn json(r: ureq::Response) -> serde_json::Value {
 }
 
 /// POST a JSON body; (status, parsed answer).
-fn post(base: &str, body: &str) -> (u16, serde_json::Value) {
+pub(crate) fn post(base: &str, body: &str) -> (u16, serde_json::Value) {
     match ureq::post(&format!("{base}/v1/translate"))
         .set("Content-Type", "application/json")
         .send_string(body)
@@ -75,7 +75,7 @@ fn post(base: &str, body: &str) -> (u16, serde_json::Value) {
     }
 }
 
-fn translations(v: &serde_json::Value) -> Vec<String> {
+pub(crate) fn translations(v: &serde_json::Value) -> Vec<String> {
     v["translations"]
         .as_array()
         .unwrap()
@@ -963,6 +963,23 @@ fn browser_explorer_translates_and_the_evaluation_page_stores_a_judgement() {
         .as_str()
         .unwrap()
         .contains("a=0"));
+    // The penalty controls: empty, their placeholders give the model's own (none kept: 0); a length
+    // penalty typed in re-decodes with it, as the API does.
+    assert_eq!(
+        b.script("return document.getElementById('lp').placeholder;"),
+        serde_json::json!("model's: 0")
+    );
+    let done = b.script("return document.body.dataset.done;");
+    b.script("const p = document.getElementById('lp'); p.value = '3'; p.dispatchEvent(new Event('change'));");
+    b.wait(&format!("document.body.dataset.done !== {done}"));
+    let (_, api3) = post(&s.base, &serde_json::json!({"sentences": [sentence], "beam": 10, "nbest": 5, "context_scale": [0.0, 1.0], "length_penalty": 3.0}).to_string());
+    let shown3 = b.script("return document.querySelector('.panel .translation').textContent;");
+    assert_eq!(shown3, api3["translations"][0]["translation"]);
+    assert!(b
+        .script("return location.search;")
+        .as_str()
+        .unwrap()
+        .contains("lp=3"));
 
     // The evaluation page: a rater signs in, scores both outputs, prefers one, submits.
     b.goto(&format!("{}/eval", s.base));

@@ -170,24 +170,169 @@ pub fn compare_systems(
     Ok((report, table))
 }
 
+/// A system's runs: its outputs, one per training run (seed), named by their files.
+pub type Runs = (String, Vec<Vec<String>>);
+
+/// The files of one system's runs: a path, or several joined by commas (one per seed).
+fn run_files(p: &Path) -> Vec<PathBuf> {
+    let s = p.display().to_string();
+    if s.contains(',') && !p.exists() {
+        s.split(',').map(PathBuf::from).collect()
+    } else {
+        vec![p.to_path_buf()]
+    }
+}
+
+/// The tests of `systems` against `baseline` when each is given as several runs (seeds): the paired tests
+/// over the runs' pooled sentences (the i-th run of a system paired with the i-th of the baseline, as many as
+/// both have), then per metric the seed-level tests of [`crate::seeds::compare_runs`]: a difference is
+/// called significant only when the pooled bootstrap and Welch's test over the runs both say so.
+pub fn compare_system_runs(
+    args: &CompareOptions,
+    baseline: &Runs,
+    systems: &[Runs],
+    refs: &[Vec<String>],
+) -> anyhow::Result<(Vec<serde_json::Value>, Vec<String>)> {
+    let pool = |runs: &[Vec<String>], k: usize| -> Vec<String> { runs[..k].concat() };
+    let mut report = vec![];
+    let mut table = vec![];
+    for (name, runs) in systems {
+        let k = runs.len().min(baseline.1.len());
+        let pooled_refs: Vec<Vec<String>> = refs
+            .iter()
+            .map(|r| r.iter().cycle().take(r.len() * k).cloned().collect())
+            .collect();
+        let (pooled, lines) = compare_systems(
+            args,
+            &(
+                format!("{} ({k} runs pooled)", baseline.0),
+                pool(&baseline.1, k),
+            ),
+            &[(format!("{name} ({k} runs pooled)"), pool(runs, k))],
+            &pooled_refs,
+        )?;
+        if table.is_empty() {
+            table.extend(lines);
+        } else {
+            table.extend(lines.into_iter().skip(1));
+        }
+        for (m, pooled) in args.metrics.iter().zip(pooled) {
+            let metric = args.opts.metric(*m)?;
+            let stats = |rs: &[Vec<String>]| -> anyhow::Result<Vec<Vec<Vec<f64>>>> {
+                rs.iter()
+                    .map(|h| Ok(metric.segment_stats(h, refs)?))
+                    .collect()
+            };
+            let c = crate::seeds::compare_runs(
+                &metric,
+                &stats(&baseline.1)?,
+                &stats(runs)?,
+                args.bs_samples,
+                args.seed,
+            )?;
+            let pooled_p = pooled["systems"][0]["bootstrap"]["p_value"].as_f64();
+            let welch_p = c.welch.map(|w| w.p_value);
+            let significant =
+                matches!((pooled_p, welch_p), (Some(a), Some(b)) if a < 0.05 && b < 0.05);
+            table.push(format!(
+                "  seed level, {} {name}: {} runs {:.2} (s_opt {:.2}, s_sel {:.2}) against {} runs {:.2} (s_opt {:.2}, s_sel {:.2}): Δ {:+.2}; Welch p {}; label permutation p {:.3} ({} splits); run bootstrap p {:.3}, 95% CI [{:+.2}, {:+.2}]; {}",
+                metric.name(),
+                c.sys_scores.len(),
+                c.sys_mean,
+                c.sys_s_opt,
+                c.sys_s_sel,
+                c.base_scores.len(),
+                c.base_mean,
+                c.base_s_opt,
+                c.base_s_sel,
+                c.sys_mean - c.base_mean,
+                welch_p.map_or("- (one run a side)".into(), |p| format!("{p:.3}")),
+                c.permutation.p_value,
+                c.permutation.splits,
+                c.bootstrap.p_value,
+                c.bootstrap.ci_low,
+                c.bootstrap.ci_high,
+                match (significant, c.runs_needed) {
+                    (true, _) => "significant at 0.05 (pooled bootstrap and Welch agree)".to_string(),
+                    (false, Some(n)) => format!("not significant at the seed level; about {n} runs a side would detect a difference this large (power 0.8)"),
+                    (false, None) => "no difference".to_string(),
+                }
+            ));
+            report.push(json!({
+                "metric": metric.name(),
+                "system": name,
+                "baseline": baseline.0,
+                "pooled": pooled,
+                "runs": c,
+                "significant": significant,
+                "rule": "significant when the paired bootstrap over the pooled runs and Welch's t-test over the runs' scores both give p < 0.05",
+            }));
+        }
+    }
+    Ok((report, table))
+}
+
 /// Like [`run_compare`] but writes to `o`.
 pub fn run_compare_to(args: &CompareOptions, o: &mut dyn Write) -> anyhow::Result<()> {
-    let (base, refs) = read_inputs(&args.refs, Some(&args.baseline))?;
-    let mut systems = Vec::with_capacity(args.systems.len());
-    for s in &args.systems {
-        let lines = read_nonempty_lines(s)?;
-        if lines.len() != base.len() {
+    let base_files = run_files(&args.baseline);
+    let (base, refs) = read_inputs(&args.refs, Some(&base_files[0]))?;
+    let n_lines = base.len();
+    let read_run = |p: &Path| -> anyhow::Result<Vec<String>> {
+        let lines = read_nonempty_lines(p)?;
+        if lines.len() != n_lines {
             return Err(EvalError::LineCountMismatch {
-                a: args.baseline.clone(),
-                a_lines: base.len(),
-                b: s.clone(),
+                a: base_files[0].clone(),
+                a_lines: n_lines,
+                b: p.to_path_buf(),
                 b_lines: lines.len(),
             }
             .into());
         }
-        systems.push((s.display().to_string(), lines));
+        Ok(lines)
+    };
+    let mut systems: Vec<Runs> = Vec::with_capacity(args.systems.len());
+    for s in &args.systems {
+        let runs = run_files(s)
+            .iter()
+            .map(|p| read_run(p))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        systems.push((s.display().to_string(), runs));
     }
-    let baseline = (args.baseline.display().to_string(), base);
+    let mut base_runs = vec![base];
+    for p in &base_files[1..] {
+        base_runs.push(read_run(p)?);
+    }
+    let baseline: Runs = (args.baseline.display().to_string(), base_runs);
+    if baseline.1.len() > 1 || systems.iter().any(|s| s.1.len() > 1) {
+        let (report, table) = compare_system_runs(args, &baseline, &systems, &refs)?;
+        if args.json {
+            writeln!(
+                o,
+                "{}",
+                serde_json::to_string_pretty(&json!({ "results": report }))?
+            )?;
+        } else {
+            for l in &table {
+                writeln!(o, "{l}")?;
+            }
+            writeln!(
+                o,
+                "* p < 0.05 (two-sided), over the runs' pooled sentences. bs: {} resamples, ar: {} trials, seed {}.\n\
+                 s_opt: the standard deviation of a system's score across its runs; s_sel: within the test set (bootstrap), averaged over the runs (Clark et al. 2011).",
+                args.bs_samples, args.ar_trials, args.seed
+            )?;
+        }
+        o.flush()?;
+        return Ok(());
+    }
+    let systems: Vec<(String, Vec<String>)> = systems
+        .into_iter()
+        .map(|(n, mut r)| (n, r.remove(0)))
+        .collect();
+    let baseline = (
+        baseline.0,
+        baseline.1.into_iter().next().unwrap_or_default(),
+    );
     let (report, table) = compare_systems(args, &baseline, &systems, &refs)?;
     if args.json {
         writeln!(

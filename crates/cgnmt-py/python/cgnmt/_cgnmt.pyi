@@ -98,6 +98,17 @@ def compare(
     bs_samples: int = ...,
     ar_trials: int = ...,
 ) -> str: ...
+def compare_runs(
+    baseline_runs: Sequence[Sequence[str]],
+    system_runs: Sequence[Sequence[str]],
+    refs: Sequence[Sequence[str]],
+    metric: str,
+    mteval: bool,
+    lowercase: bool,
+    tokenize: Optional[str],
+    seed: int,
+    bs_samples: int,
+) -> str: ...
 def aer(
     gold: Sequence[str],
     pred: Optional[Sequence[str]] = None,

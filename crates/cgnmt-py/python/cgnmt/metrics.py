@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _cgnmt
 
-__all__ = ["AERScore", "BLEUScore", "CHRFScore", "Comparison", "aer", "bleu", "chrf", "compare"]
+__all__ = ["AERScore", "BLEUScore", "CHRFScore", "Comparison", "RunsComparison", "aer", "bleu", "chrf",
+           "compare", "compare_runs"]
 
 Refs = Union[Sequence[str], Sequence[Sequence[str]]]
 
@@ -201,6 +202,85 @@ def compare(
         ar=row["ar"],
         sign=row["sign"],
         seed=r["seed"],
+        record=r,
+    )
+
+
+@dataclass(frozen=True)
+class RunsComparison:
+    """A system trained with several seeds against a baseline trained with several (Clark et al. 2011):
+    each run's corpus score (``base_scores``, ``sys_scores``), their means, MultEval's ``s_opt`` (standard
+    deviation across runs) and ``s_sel`` (within the test set) per system, Welch's t-test over the runs
+    (``welch``: ``delta``, ``t``, ``df``, ``p_value``; ``None`` with one run a side), the permutation of the
+    runs' labels (``permutation``), the bootstrap over runs and sentences (``run_bootstrap``: ``delta``, 95%
+    ``ci_low``/``ci_high``, ``p_value``), the paired bootstrap over the runs' pooled sentences
+    (``pooled_p``), the runs a side that would detect the difference (``runs_needed``), and ``significant``:
+    both the pooled bootstrap and Welch's test below 0.05."""
+
+    metric: str
+    base_scores: List[float]
+    sys_scores: List[float]
+    base_mean: float
+    sys_mean: float
+    base_s_opt: float
+    sys_s_opt: float
+    base_s_sel: float
+    sys_s_sel: float
+    welch: Optional[Dict[str, Any]]
+    permutation: Dict[str, Any]
+    run_bootstrap: Dict[str, Any]
+    pooled_p: float
+    runs_needed: Optional[int]
+    significant: bool
+    record: Dict[str, Any]
+
+
+def compare_runs(
+    baseline_runs: Sequence[Sequence[str]],
+    system_runs: Sequence[Sequence[str]],
+    refs: Refs,
+    metric: str = "bleu",
+    mteval: bool = False,
+    lowercase: bool = False,
+    seed: Optional[int] = None,
+    bs_samples: Optional[int] = None,
+) -> RunsComparison:
+    """Significance that counts training variance: ``system_runs`` (one output per seed) against
+    ``baseline_runs`` on ``metric``, as ``cgnmt compare A1,A2,A3 B1,B2,B3`` reports it. A difference is called
+    significant only when the paired bootstrap over the pooled runs and Welch's t-test over the runs' scores
+    both give p < 0.05."""
+    if isinstance(baseline_runs, (str, bytes)) or isinstance(system_runs, (str, bytes)):
+        raise TypeError("baseline_runs and system_runs are lists of outputs, one per seed")
+    r = json.loads(
+        _cgnmt.compare_runs(
+            [_lines(f"baseline_runs[{i}]", x) for i, x in enumerate(baseline_runs)],
+            [_lines(f"system_runs[{i}]", x) for i, x in enumerate(system_runs)],
+            _streams(refs),
+            metric,
+            mteval,
+            lowercase and not mteval,
+            None,
+            12345 if seed is None else seed,
+            1000 if bs_samples is None else bs_samples,
+        )
+    )[0]
+    c = r["runs"]
+    return RunsComparison(
+        metric=r["metric"],
+        base_scores=c["base_scores"],
+        sys_scores=c["sys_scores"],
+        base_mean=c["base_mean"],
+        sys_mean=c["sys_mean"],
+        base_s_opt=c["base_s_opt"],
+        sys_s_opt=c["sys_s_opt"],
+        base_s_sel=c["base_s_sel"],
+        sys_s_sel=c["sys_s_sel"],
+        welch=c["welch"],
+        permutation=c["permutation"],
+        run_bootstrap=c["bootstrap"],
+        pooled_p=r["pooled"]["systems"][0]["bootstrap"]["p_value"],
+        runs_needed=c["runs_needed"],
+        significant=r["significant"],
         record=r,
     )
 
