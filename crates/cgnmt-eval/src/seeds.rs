@@ -18,8 +18,8 @@
 //!   centred resamples as large as the observed difference.
 //! - MultEval's **s_opt** (the standard deviation of a system's corpus score across its runs) and **s_sel**
 //!   (the bootstrap standard deviation of one run's score over resampled test sets, averaged over the runs).
-//! - the **runs a side** a difference needs to be detected (Welch, α = 0.05, power 0.8; normal
-//!   approximation from the measured s_opt).
+//! - the **runs a side** a difference needs to be detected (Welch, α = 0.05, power 0.8; from the measured
+//!   s_opt with t quantiles).
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -376,16 +376,36 @@ pub fn s_sel(
     Ok(total / runs.len() as f64)
 }
 
+/// The quantile t with P(T ≤ t) = `q` (q > 0.5) of Student's t with `df` degrees of freedom (bisection).
+pub fn t_quantile(q: f64, df: f64) -> f64 {
+    let tail = 2.0 * (1.0 - q);
+    let (mut lo, mut hi) = (0.0f64, 1e3f64);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if t_two_sided(mid, df) > tail {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
 /// Runs a side that Welch's test needs to detect a true difference `delta` with power 0.8 at α = 0.05
-/// (two-sided), from the systems' standard deviations across runs (normal approximation:
-/// n = (z₀.₉₇₅ + z₀.₈)² (s_a² + s_b²) / δ², at least 2); `None` when `delta` is 0.
+/// (two-sided), from the systems' standard deviations across runs: the smallest n ≥ 2 with
+/// n ≥ (t₀.₉₇₅ + t₀.₈)² (s_a² + s_b²) / δ², the t quantiles at 2n − 2 degrees of freedom (the normal
+/// approximation with the t distribution's heavier tails, which matter at a few runs); `None` when
+/// `delta` is 0 or the standard deviations are both 0 (any difference is then exact).
 pub fn runs_needed(delta: f64, s_a: f64, s_b: f64) -> Option<usize> {
-    if delta == 0.0 {
+    let var = s_a * s_a + s_b * s_b;
+    if delta == 0.0 || var == 0.0 {
         return None;
     }
-    let z = 1.959_963_984_540_054 + 0.841_621_233_572_914_2;
-    let n = z * z * (s_a * s_a + s_b * s_b) / (delta * delta);
-    Some((n.ceil() as usize).max(2))
+    (2..=1_000_000usize).find(|&n| {
+        let df = (2 * n - 2) as f64;
+        let z = t_quantile(0.975, df) + t_quantile(0.8, df);
+        n as f64 >= z * z * var / (delta * delta)
+    })
 }
 
 /// Everything [`compare_runs`] says about two systems trained with several seeds.
@@ -471,10 +491,16 @@ mod tests {
     }
 
     #[test]
-    fn runs_needed_follows_the_normal_approximation() {
-        // δ = s: 2 × 7.849 = 15.7 → 16 runs a side.
-        assert_eq!(runs_needed(1.0, 1.0, 1.0), Some(16));
-        assert_eq!(runs_needed(10.0, 0.1, 0.1), Some(2));
+    fn runs_needed_follows_the_t_approximation() {
+        // t quantiles: t(0.975, 1) = 12.706, t(0.975, 30) = 2.042, t(0.8, 4) = 0.941.
+        assert!((t_quantile(0.975, 1.0) - 12.706_204_736).abs() < 1e-6);
+        assert!((t_quantile(0.975, 30.0) - 2.042_272_456).abs() < 1e-6);
+        assert!((t_quantile(0.8, 4.0) - 0.940_965_04).abs() < 1e-6);
+        // δ = s: about 2 × 7.85 = 15.7 with normal quantiles; the t quantiles at 2n − 2 = 30 ask for 17.
+        assert_eq!(runs_needed(1.0, 1.0, 1.0), Some(17));
+        // δ = 3 s: 4 runs (the normal quantiles would say 2).
+        assert_eq!(runs_needed(3.0, 1.0, 1.0), Some(4));
+        assert_eq!(runs_needed(10.0, 1.0, 1.0), Some(2));
         assert_eq!(runs_needed(0.0, 1.0, 1.0), None);
     }
 }

@@ -415,7 +415,9 @@ impl<'a> Finished<'a> {
             .unwrap_or_default();
         let base_mean = mean(&base_rows.iter().map(|r| r.bleu).collect::<Vec<_>>());
         let tests = match &sys.baseline {
-            Some(_) => self.significance(&paired_by_seed(&rs, &base_rows), metric)?,
+            Some(_) => {
+                self.significance(&paired_by_seed(&rs, &base_rows), (&rs, &base_rows), metric)?
+            }
             None => None,
         };
         let paper_delta = match (&sys.baseline, sys.paper) {
@@ -458,11 +460,12 @@ impl<'a> Finished<'a> {
     }
 
     /// Paired bootstrap, approximate randomisation and the sign test of a system against its baseline over
-    /// the seeds both have (each seed's test sentences are segments of one pooled test); `None` without such
-    /// seeds.
+    /// the seeds both have (each seed's test sentences are segments of one pooled test), and the seed-level
+    /// tests over every seed of each (`all`: the system's runs, the baseline's); `None` without paired seeds.
     fn significance(
         &self,
         paired: &[(&RunResult, &RunResult)],
+        all: (&[&RunResult], &[&RunResult]),
         metric: &Metric,
     ) -> Result<Option<Tests>> {
         if paired.is_empty() {
@@ -488,6 +491,22 @@ impl<'a> Finished<'a> {
             significance::DEFAULT_SEED,
         )?;
         let sign = significance::sign_test(metric, &base_stats, &sys_stats)?;
+        let runs = |rs: &[&RunResult]| -> Result<Vec<Vec<Vec<f64>>>> {
+            rs.iter()
+                .map(|r| Ok(metric.segment_stats(&self.hyps_of(r)?, &self.refs)?))
+                .collect()
+        };
+        let seed_level = if all.0.len() >= 2 && all.1.len() >= 2 {
+            Some(cgnmt_eval::seeds::compare_runs(
+                metric,
+                &runs(all.1)?,
+                &runs(all.0)?,
+                BOOTSTRAP_SAMPLES,
+                significance::DEFAULT_SEED,
+            )?)
+        } else {
+            None
+        };
         // Equal corpus scores are no difference; the resampling tests' strict comparison would give them
         // their smallest p-value.
         let same = bs.sys_score == bs.base_score;
@@ -499,6 +518,7 @@ impl<'a> Finished<'a> {
             bootstrap_p: if same { 1.0 } else { bs.p_value },
             ar_p: if same { 1.0 } else { ar.p_value },
             sign,
+            seed_level,
         }))
     }
 

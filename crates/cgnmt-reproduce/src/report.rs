@@ -193,6 +193,26 @@ fn row_cells(r: &Row) -> Vec<String> {
         ),
         None => ("–".into(), "–".into(), "–".into()),
     };
+    let (welch, spread, verdict) = match &r.tests {
+        Some(t) => (
+            t.welch_p().map_or("– (one seed)".into(), pval),
+            t.seed_level.as_ref().map_or("–".into(), |c| {
+                format!("{:.2} / {:.2}", c.sys_s_opt, c.sys_s_sel)
+            }),
+            match (
+                t.significant(),
+                t.seed_level.as_ref().and_then(|c| c.runs_needed),
+            ) {
+                (true, _) => "yes".to_string(),
+                (false, Some(n)) if t.bootstrap_p < 0.05 => {
+                    format!("no (pooled only; ~{n} seeds a side)")
+                }
+                (false, Some(n)) => format!("no (~{n} seeds a side)"),
+                (false, None) => "no".to_string(),
+            },
+        ),
+        None => ("–".into(), "–".into(), "–".into()),
+    };
     vec![
         r.system.clone(),
         r.params
@@ -208,6 +228,9 @@ fn row_cells(r: &Row) -> Vec<String> {
         bs,
         ar,
         sign,
+        welch,
+        spread,
+        verdict,
         f2(r.paper),
         signed(r.paper_delta),
         r.train_seconds_mean.map_or("–".into(), fmt_duration),
@@ -250,7 +273,7 @@ fn title(r: &Results, suffix: &str, b: &mut Vec<Block>) {
         format!("BLEU is NIST mteval-v11b, case-insensitive (the paper's metric), of each run's best-dev-BLEU model; sacreBLEU (13a, cased) and chrF are shown beside it; the length ratios are the output's words over the reference's, and sacreBLEU's (13a tokens). Every number below is read from the run files (`results{suffix}.json`)."),
     ]));
     b.push(P(format!(
-        "Significance against the row's baseline is computed on the pooled outputs: the system's seed s paired with the baseline's seed s, sentence by sentence, over every seed both have: paired bootstrap ({} resamples) and approximate randomisation ({} trials) p-values, and the sign test (sentences better/worse/equal, two-sided binomial p). The paper's BLEU is the NIST MT05/06/08 average (4 references, model-spec §9): compare its differences (paper Δ), not its level.",
+        "Significance against the row's baseline is computed on the pooled outputs: the system's seed s paired with the baseline's seed s, sentence by sentence, over every seed both have: paired bootstrap ({} resamples) and approximate randomisation ({} trials) p-values, and the sign test (sentences better/worse/equal, two-sided binomial p). These measure the test set's sampling only, not the variance between training runs, so a difference is called **significant** only when the seed-level test agrees: Welch's t-test over the seeds' BLEU (each seed one draw of the system, every seed of each side; Clark et al. 2011) must also give p < 0.05. Beside it, s_opt / s_sel: the system's standard deviation across seeds and within the test set (bootstrap, averaged over seeds), and where a difference is not significant, about how many seeds a side would detect one of its size (power 0.8 at 0.05, from the measured s_opt with t quantiles). On synthetic systems that differ only by seed, the pooled bootstrap's false-positive rate at 0.05 was 0.80 and Welch's 0.04 (`crates/cgnmt-eval/tests/seeds_fixtures.rs`). The paper's BLEU is the NIST MT05/06/08 average (4 references, model-spec §9): compare its differences (paper Δ), not its level.",
         super::analyses::BOOTSTRAP_SAMPLES, super::analyses::AR_TRIALS
     )));
 }
@@ -272,6 +295,9 @@ fn main_tables(r: &Results, b: &mut Vec<Block>) {
         "p bootstrap",
         "p AR",
         "sign test b/w/e p",
+        "p Welch (seeds)",
+        "s_opt / s_sel",
+        "significant",
         "paper BLEU",
         "paper Δ",
         "train time",

@@ -79,6 +79,25 @@ pub struct Tests {
     pub bootstrap_p: f64,
     pub ar_p: f64,
     pub sign: SignTestResult,
+    /// The tests across training runs (Welch's t over the seeds' BLEU, the label permutation, the bootstrap
+    /// over seeds and sentences, s_opt and s_sel), over every seed of each system (`None` with one seed).
+    pub seed_level: Option<cgnmt_eval::seeds::RunComparison>,
+}
+
+impl Tests {
+    /// Welch's p over the seeds, where there are at least two a side.
+    pub fn welch_p(&self) -> Option<f64> {
+        self.seed_level
+            .as_ref()
+            .and_then(|c| c.welch)
+            .map(|w| w.p_value)
+    }
+
+    /// The difference is significant at 0.05: the paired bootstrap over the pooled outputs and Welch's test
+    /// over the seeds both say so (with one seed a side there is no seed-level test, and no claim).
+    pub fn significant(&self) -> bool {
+        self.bootstrap_p < 0.05 && self.welch_p().is_some_and(|p| p < 0.05)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
