@@ -16,6 +16,21 @@ mkdir -p runs
 cp "$MODEL/decoding.toml" runs/model-decoding.toml 2>/dev/null || echo "(the model keeps no decoding.toml)" > runs/model-decoding.toml
 # The constraint files: phrases of the reference whose words all occur in the training targets.
 python3 draw_constraints.py "$T/train.en" "$T/test.en" runs
+# A phrase the model cannot spell (a subword piece outside its target vocabulary) is refused by translate,
+# naming its line: that line's phrases are dropped (listed in runs/dropped-K.txt) and the check runs again.
+for k in 1 2; do
+  : > "runs/dropped-$k.txt"
+  while true; do
+    if "$BIN" translate -q -m "$MODEL" -i "$T/test.zh" --constraints "runs/constraints-$k.tsv" --max-input-words 0 -o /dev/null --beam 1 2> runs/check.err; then
+      break
+    fi
+    line=$(grep -o 'line [0-9]*' runs/check.err | head -1 | cut -d' ' -f2)
+    grep -q "not in the model's target vocabulary" runs/check.err || { cat runs/check.err; exit 1; }
+    echo "$line $(sed -n "${line}p" "runs/constraints-$k.tsv")" >> "runs/dropped-$k.txt"
+    sed -i "${line}s/.*//" "runs/constraints-$k.tsv"
+  done
+done
+rm -f runs/check.err
 for k in 0 1 2; do
   args=()
   [ "$k" -gt 0 ] && args=(--constraints "runs/constraints-$k.tsv")

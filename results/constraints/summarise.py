@@ -20,7 +20,7 @@ for row in (runs / "times.tsv").read_text().splitlines():
     _, k, t = row.split("\t")
     times.setdefault(k, []).append(float(t))
 base = statistics.median(times["0"])
-print("| constraints per sentence | sentences with constraints | phrases | met | lines warned | BLEU | median time (s) | × unconstrained |")
+print("| constraints per sentence | sentences with constraints | phrases | in the output as whole words | lines warned (a constraint missed) | BLEU (sacreBLEU 13a) | median time (s) | × unconstrained |")
 print("|---|---|---|---|---|---|---|---|")
 for k in ("0", "1", "2"):
     hyp = (runs / f"test-{k}.hyp").read_text(encoding="utf-8").splitlines()
