@@ -311,7 +311,9 @@ def test_constraints_avoided_phrases_and_the_penalties_the_model_keeps(models, d
     # Penalties chosen on dev, kept in the model directory (decoding.toml): the default, an explicit one wins.
     copy = tmp_path / "model"
     shutil.copytree(models[1], copy)
-    (copy / "decoding.toml").write_text("length_penalty = 2.5\ncoverage_penalty = 0.6\nbeam = 4\n"
+    # (In the model directory the run directory resolves to.)
+    resolved = Path(cgnmt.Translator(copy).model_dirs[0])
+    (resolved / "decoding.toml").write_text("length_penalty = 2.5\ncoverage_penalty = 0.6\nbeam = 4\n"
                                         "dev_bleu = 10.0\ndev_sentences = 20\n", encoding="utf-8")
     kept = cgnmt.Translator(copy)
     assert kept.decoding_settings["length_penalty"] == 2.5
