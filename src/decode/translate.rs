@@ -385,22 +385,27 @@ impl Pipeline<'_> {
                 )));
             }
         }
-        let ids = |i: usize, text: &str, what: &str| -> Result<Vec<u32>> {
-            let toks: Vec<String> = if pretokenized {
-                text.split_whitespace().map(str::to_string).collect()
-            } else {
-                self.preprocess.tgt_tokens(text)
+        let ids =
+            |i: usize, text: &str, what: &str| -> Result<Vec<u32>> {
+                let toks: Vec<String> = if pretokenized {
+                    text.split_whitespace().map(str::to_string).collect()
+                } else {
+                    self.preprocess.tgt_tokens(text)
+                };
+                let ids = self.tgt_vocab.encode(&toks);
+                // (The unknown-word symbol itself, `<unk>`, is a token like any other: a reference forced as a
+                // prefix may write its unknown words so.)
+                if let Some(k) = ids.iter().zip(&toks).position(|(&w, t)| {
+                    w == self.tgt_vocab.unk() && t != cgnmt_data::vocab::UNK_TOKEN
+                }) {
+                    return Err(crate::error::NmtError::Options(format!(
+                        "line {}: the {what}'s token {:?} is not in the model's target vocabulary",
+                        i + 1,
+                        toks[k]
+                    )));
+                }
+                Ok(ids)
             };
-            let ids = self.tgt_vocab.encode(&toks);
-            if let Some(k) = ids.iter().position(|&w| w == self.tgt_vocab.unk()) {
-                return Err(crate::error::NmtError::Options(format!(
-                    "line {}: the {what}'s token {:?} is not in the model's target vocabulary",
-                    i + 1,
-                    toks[k]
-                )));
-            }
-            Ok(ids)
-        };
         let phrases = |i: usize, list: Option<&Vec<String>>, what: &str| -> Result<Vec<Vec<u32>>> {
             list.map_or(&[][..], |l| &l[..])
                 .iter()

@@ -13,6 +13,7 @@ pub mod evaluation;
 pub mod optim;
 pub mod schedule;
 pub mod selection;
+pub mod word_aligner;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

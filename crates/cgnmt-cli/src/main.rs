@@ -36,6 +36,9 @@ enum Cmd {
     /// Learn a lexicon p(target | source) from a tokenised training corpus (IBM Model 1) for
     /// `translate --shortlist`.
     Shortlist(commands::shortlist::ShortlistArgs),
+    /// Word alignments of a whole parallel corpus by a statistical aligner (IBM Model 2 with fast_align's
+    /// diagonal prior, both directions, symmetrised): for guided alignment, or an AER baseline
+    AlignCorpus(commands::align_corpus::AlignCorpusArgs),
     /// Training and decoding throughput, peak memory and FLOP rate for a named size (prints a JSON line last).
     Bench(commands::bench::BenchArgs),
     /// Train a small context-gated model on Tatoeba zh-en, translate its test set and print BLEU.
@@ -104,6 +107,7 @@ fn main() {
         Cmd::Info(a) => commands::info::run(a),
         Cmd::Align(a) => commands::align::run(a, &cluster),
         Cmd::Shortlist(a) => commands::shortlist::run(a),
+        Cmd::AlignCorpus(a) => commands::align_corpus::run(a),
         Cmd::Bench(a) => commands::bench::run(a, &cluster),
         Cmd::Demo(a) => commands::demo::run(a),
         Cmd::Reproduce(a) => commands::reproduce::run(a),

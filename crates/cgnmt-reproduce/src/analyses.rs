@@ -106,102 +106,8 @@ pub fn read_refs(s: &Setup) -> Result<Vec<Vec<String>>> {
         .collect()
 }
 
-/// Every row's scores on each extra test set, with the paired bootstrap against its baseline (as the main
-/// table's).
-fn extra_tables(s: &Setup, runs: &[RunResult], metric: &Metric) -> Result<Vec<ExtraTable>> {
-    let mut tables = vec![];
-    for (k, x) in s.extra_tests.iter().enumerate() {
-        let refs = x
-            .refs
-            .iter()
-            .map(|p| Ok(cgnmt_data::corpus::read_lines(p)?))
-            .collect::<Result<Vec<_>>>()?;
-        let of = |name: &str| -> Vec<&RunResult> {
-            let mut v: Vec<&RunResult> = runs
-                .iter()
-                .filter(|r| r.system == name && r.extra.get(k).is_some_and(|e| e.name == x.name))
-                .collect();
-            v.sort_by_key(|r| r.seed);
-            v
-        };
-        let stats = |r: &RunResult| -> Result<Vec<_>> {
-            let hyps = cgnmt_data::corpus::read_lines(
-                &s.out.join(&r.dir).join(format!("test-{}.hyp", x.name)),
-            )?;
-            Ok(metric.segment_stats(&hyps, &refs)?)
-        };
-        let mut rows = vec![];
-        for sys in &s.plan.systems {
-            let rs = of(&sys.name);
-            let bleu: Vec<f64> = rs.iter().map(|r| r.extra[k].bleu).collect();
-            let m = mean(&bleu);
-            let base = sys.baseline.as_deref().map(of).unwrap_or_default();
-            let base_mean = mean(&base.iter().map(|r| r.extra[k].bleu).collect::<Vec<_>>());
-            let mut bootstrap_p = None;
-            let paired = paired_by_seed(&rs, &base);
-            if !paired.is_empty() {
-                let (mut sys_stats, mut base_stats) = (vec![], vec![]);
-                for (r, b) in &paired {
-                    sys_stats.extend(stats(r)?);
-                    base_stats.extend(stats(b)?);
-                }
-                let bs = significance::paired_bootstrap(
-                    metric,
-                    &base_stats,
-                    &sys_stats,
-                    BOOTSTRAP_SAMPLES,
-                    significance::DEFAULT_SEED,
-                )?;
-                bootstrap_p = Some(if bs.sys_score == bs.base_score {
-                    1.0
-                } else {
-                    bs.p_value
-                });
-            }
-            rows.push(ExtraRow {
-                system: sys.name.clone(),
-                baseline: sys.baseline.clone(),
-                seeds: rs.iter().map(|r| r.seed).collect(),
-                mean: m,
-                sd: sd(&bleu),
-                bleu,
-                sacrebleu_mean: mean(&rs.iter().map(|r| r.extra[k].sacrebleu).collect::<Vec<_>>()),
-                chrf_mean: mean(&rs.iter().map(|r| r.extra[k].chrf).collect::<Vec<_>>()),
-                length_ratio: mean(
-                    &rs.iter()
-                        .map(|r| r.extra[k].hyp_words as f64 / r.extra[k].ref_words.max(1.0))
-                        .collect::<Vec<_>>(),
-                ),
-                bleu_length_ratio: mean(
-                    &rs.iter()
-                        .map(|r| {
-                            let hyps = cgnmt_data::corpus::read_lines(
-                                &s.out.join(&r.dir).join(format!("test-{}.hyp", x.name)),
-                            )?;
-                            bleu_ratio(&hyps, &refs)
-                        })
-                        .collect::<Result<Vec<_>>>()?,
-                ),
-                delta: match (m, base_mean) {
-                    (Some(a), Some(b)) => Some(a - b),
-                    _ => None,
-                },
-                bootstrap_p,
-            });
-        }
-        tables.push(ExtraTable {
-            name: x.name.clone(),
-            description: x.description.clone(),
-            sentences: x.sentences,
-            min_ref_words: x.min_ref_words,
-            rows,
-        });
-    }
-    Ok(tables)
-}
-
 /// A row's runs paired with its baseline's of the same seed (seeds both have).
-fn paired_by_seed<'a>(
+pub(crate) fn paired_by_seed<'a>(
     rs: &[&'a RunResult],
     base: &[&'a RunResult],
 ) -> Vec<(&'a RunResult, &'a RunResult)> {
@@ -211,16 +117,16 @@ fn paired_by_seed<'a>(
 }
 
 /// sacreBLEU's length ratio (13a): the output's tokens over the (closest) reference length.
-fn bleu_ratio(hyps: &[String], refs: &[Vec<String>]) -> Result<f64> {
+pub(crate) fn bleu_ratio(hyps: &[String], refs: &[Vec<String>]) -> Result<f64> {
     let b = corpus_bleu(hyps, refs, &BleuOptions::sacrebleu())?;
     Ok(b.sys_len as f64 / (b.ref_len as f64).max(1.0))
 }
 
-fn mean(v: &[f64]) -> Option<f64> {
+pub(crate) fn mean(v: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
-fn sd(v: &[f64]) -> Option<f64> {
+pub(crate) fn sd(v: &[f64]) -> Option<f64> {
     if v.len() < 2 {
         return None;
     }
@@ -255,7 +161,7 @@ pub fn collect(s: &Setup, tasks: &[Task], clock: &Clock) -> Result<Results> {
         .iter()
         .map(|sys| c.row(sys, &metric))
         .collect::<Result<Vec<_>>>()?;
-    let extra_tests = extra_tables(s, &runs, &metric)?;
+    let extra_tests = super::extra_tests::extra_tables(s, &runs, &metric)?;
     let mut stability = vec![];
     for table in plan.table_ids() {
         // Rows that decode another row's models share its training, hence its dev BLEU: only the rows that

@@ -13,6 +13,7 @@
 pub mod analyses;
 mod data;
 pub mod demo;
+mod extra_tests;
 pub mod plan;
 mod records;
 pub mod report;

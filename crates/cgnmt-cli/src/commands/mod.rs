@@ -4,6 +4,7 @@
 
 pub mod aer;
 pub mod align;
+pub mod align_corpus;
 pub mod analyze;
 pub mod average;
 pub mod bench;

@@ -31,3 +31,4 @@ mod steering;
 mod tied;
 mod training;
 mod variants;
+mod word_aligner;

@@ -186,7 +186,8 @@ fn sharded_translate_is_byte_identical_to_one_process() {
     }
 }
 
-/// With word scores, alignments and target prefixes, sharded `translate` writes what one process writes.
+/// With word scores, alignments, target prefixes and constraints, sharded `translate` writes what one process
+/// writes.
 #[test]
 fn sharded_translate_with_word_scores_alignments_and_prefixes_is_byte_identical() {
     let tmp = tempfile::tempdir().unwrap();
@@ -195,14 +196,29 @@ fn sharded_translate_with_word_scores_alignments_and_prefixes_is_byte_identical(
     let lines = std::fs::read_to_string(&src).unwrap().lines().count();
     // Every third line starts with the most frequent target word (the vocabulary's first after EOS, UNK).
     let vocab = std::fs::read_to_string(tmp.path().join("prep/vocab.tgt")).unwrap();
-    let word = vocab
-        .lines()
-        .nth(2)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
+    let nth = |k: usize| -> String {
+        vocab
+            .lines()
+            .nth(k)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let word = nth(2);
+    // Every fourth line must contain the next most frequent word; every fifth must avoid the one after.
+    let (must, never) = (nth(3), nth(4));
+    let per_line = |k: usize, w: &str| -> String {
+        (0..lines)
+            .map(|i| if i % k == 0 { w } else { "" })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    };
+    let (cons, avoid) = (tmp.path().join("cons.txt"), tmp.path().join("avoid.txt"));
+    std::fs::write(&cons, per_line(4, &must)).unwrap();
+    std::fs::write(&avoid, per_line(5, &never)).unwrap();
     let prefixes: Vec<&str> = (0..lines)
         .map(|i| if i % 3 == 0 { word.as_str() } else { "" })
         .collect();
@@ -221,6 +237,10 @@ fn sharded_translate_with_word_scores_alignments_and_prefixes_is_byte_identical(
             "hard",
             "--prefix",
             &s(&prefix),
+            "--constraints",
+            &s(&cons),
+            "--avoid",
+            &s(&avoid),
             "-m",
             &s(&model),
             "-i",
