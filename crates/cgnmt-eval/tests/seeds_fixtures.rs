@@ -86,7 +86,7 @@ fn two_seeds_of_one_recipe_fool_the_pooled_bootstrap_but_not_the_seed_level_test
         // One test set (its sentences' difficulty), two systems of the same recipe: 3 seeds each, whose
         // quality varies across seeds (s_opt) more than the test set's sampling shows.
         let sentence: Vec<f64> = (0..300).map(|_| rng.random::<f64>() * 0.3 - 0.15).collect();
-        let mut side = |rng: &mut StdRng| -> Vec<Vec<Vec<f64>>> {
+        let side = |rng: &mut StdRng| -> Vec<Vec<Vec<f64>>> {
             (0..3)
                 .map(|_| {
                     let seed_offset = (rng.random::<f64>() - 0.5) * 0.12;
