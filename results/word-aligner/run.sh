@@ -20,8 +20,8 @@ if [ ! -f "runs/corpus-$tag.fr" ]; then
     { zcat "$H/train.fr.gz"; cat "$G/test.fr"; } > "runs/corpus-$tag.fr"
     { zcat "$H/train.en.gz"; cat "$G/test.en"; } > "runs/corpus-$tag.en"
   else
-    { zcat "$H/train.fr.gz" | head -n "$N"; cat "$G/test.fr"; } > "runs/corpus-$tag.fr"
-    { zcat "$H/train.en.gz" | head -n "$N"; cat "$G/test.en"; } > "runs/corpus-$tag.en"
+    { (zcat "$H/train.fr.gz" || true) | head -n "$N"; cat "$G/test.fr"; } > "runs/corpus-$tag.fr"
+    { (zcat "$H/train.en.gz" || true) | head -n "$N"; cat "$G/test.en"; } > "runs/corpus-$tag.en"
   fi
 fi
 total=$(wc -l < "runs/corpus-$tag.fr")
