@@ -3,7 +3,7 @@
 # directions, symmetrised) on Hansards fr-en, the 447 gold-aligned NAACL 2003 test pairs appended to the
 # training pairs (as statistical aligners are run), its AER on those 447 against the gold Sure/Possible links,
 # for each way of combining the directions. Resumable: an alignment that exists is not computed again.
-# Usage: results/word-aligner/run.sh CGNMT_BIN [TRAIN_PAIRS]   (CGNMT_DATA as for cgnmt; default: all 834k)
+# Usage: [HOWS=...] results/word-aligner/run.sh CGNMT_BIN [TRAIN_PAIRS]   (CGNMT_DATA as for cgnmt; default: all 834k)
 set -euo pipefail
 cd "$(dirname "$0")"
 BIN=${1:?usage: run.sh CGNMT_BIN [TRAIN_PAIRS]}
@@ -25,7 +25,8 @@ if [ ! -f "runs/corpus-$tag.fr" ]; then
   fi
 fi
 total=$(wc -l < "runs/corpus-$tag.fr")
-for how in grow-diag-final-and intersection union; do
+# HOWS: the combinations to run (default all three; `HOWS=intersection` for one).
+for how in ${HOWS:-grow-diag-final-and intersection union}; do
   out="runs/links-$tag-$how.talp"
   if [ ! -s "$out" ]; then
     /usr/bin/time -v timeout 7200 "$BIN" align-corpus --src "runs/corpus-$tag.fr" --tgt "runs/corpus-$tag.en" \
@@ -41,7 +42,10 @@ tag, total = sys.argv[1], int(sys.argv[2])
 print(f"Training pairs: {total} ({tag}: the first training pairs, and the 447 test pairs)\n")
 print("| combined by | AER | precision | recall | wall time |")
 print("|---|---|---|---|---|")
+import os
 for how in ("grow-diag-final-and", "intersection", "union"):
+    if not os.path.exists(f"runs/aer-{tag}-{how}.json"):
+        continue
     r = json.load(open(f"runs/aer-{tag}-{how}.json"))
     t = open(f"runs/time-{tag}-{how}.txt").read()
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", t)
