@@ -702,8 +702,7 @@ fn compare(
     bs_samples: usize,
     ar_trials: usize,
 ) -> PyResult<String> {
-    use cgnmt_eval::report::{CompareOptions, MetricArg, TestArg};
-    use clap::ValueEnum;
+    use cgnmt_eval::report::TestArg;
     check_refs(&baseline, &refs)?;
     check_refs(&system, &refs)?;
     let test = match test {
@@ -717,23 +716,13 @@ fn compare(
             )))
         }
     };
-    let metric = MetricArg::from_str(metric, false).map_err(|_| {
-        PyValueError::new_err(format!(
-            "metric {metric:?}: one of \"bleu\", \"chrf\", \"chrf++\""
-        ))
-    })?;
-    let opts = CompareOptions {
-        baseline: PathBuf::from("baseline"),
-        systems: vec![PathBuf::from("system")],
-        refs: vec![],
+    let opts = compare_options(
+        metric,
+        (mteval, lowercase, tokenize.as_deref()),
         test,
         seed,
-        metrics: vec![metric],
-        opts: metric_options(tokenize.as_deref(), lowercase, None, None, mteval, false)?,
-        bs_samples,
-        ar_trials,
-        json: true,
-    };
+        (bs_samples, ar_trials),
+    )?;
     let report = py.allow_threads(|| {
         guarded(|| {
             cgnmt_eval::report::compare_systems(
@@ -747,6 +736,35 @@ fn compare(
         })
     })?;
     Ok(serde_json::Value::from(report).to_string())
+}
+
+/// `compare`'s options over in-memory texts (JSON out) for `metric` (`bleu`, `chrf`, `chrf++`) with its
+/// configuration `(mteval, lowercase, tokenize)`, the tests, seed and `(resamples, trials)`.
+fn compare_options(
+    metric: &str,
+    (mteval, lowercase, tokenize): (bool, bool, Option<&str>),
+    test: cgnmt_eval::report::TestArg,
+    seed: u64,
+    (bs_samples, ar_trials): (usize, usize),
+) -> PyResult<cgnmt_eval::report::CompareOptions> {
+    use clap::ValueEnum;
+    let metric = cgnmt_eval::report::MetricArg::from_str(metric, false).map_err(|_| {
+        PyValueError::new_err(format!(
+            "metric {metric:?}: one of \"bleu\", \"chrf\", \"chrf++\""
+        ))
+    })?;
+    Ok(cgnmt_eval::report::CompareOptions {
+        baseline: PathBuf::from("baseline"),
+        systems: vec![PathBuf::from("system")],
+        refs: vec![],
+        test,
+        seed,
+        metrics: vec![metric],
+        opts: metric_options(tokenize, lowercase, None, None, mteval, false)?,
+        bs_samples,
+        ar_trials,
+        json: true,
+    })
 }
 
 /// The seed-level comparison of a system's runs against a baseline's (each a list of outputs, one per seed),
@@ -766,31 +784,20 @@ fn compare_runs(
     seed: u64,
     bs_samples: usize,
 ) -> PyResult<String> {
-    use cgnmt_eval::report::{CompareOptions, MetricArg, TestArg};
-    use clap::ValueEnum;
+    use cgnmt_eval::report::TestArg;
     if baseline_runs.is_empty() || system_runs.is_empty() {
         return Err(PyValueError::new_err("each system needs at least one run"));
     }
     for r in baseline_runs.iter().chain(&system_runs) {
         check_refs(r, &refs)?;
     }
-    let metric = MetricArg::from_str(metric, false).map_err(|_| {
-        PyValueError::new_err(format!(
-            "metric {metric:?}: one of \"bleu\", \"chrf\", \"chrf++\""
-        ))
-    })?;
-    let opts = CompareOptions {
-        baseline: PathBuf::from("baseline"),
-        systems: vec![PathBuf::from("system")],
-        refs: vec![],
-        test: TestArg::Bs,
+    let opts = compare_options(
+        metric,
+        (mteval, lowercase, tokenize.as_deref()),
+        TestArg::Bs,
         seed,
-        metrics: vec![metric],
-        opts: metric_options(tokenize.as_deref(), lowercase, None, None, mteval, false)?,
-        bs_samples,
-        ar_trials: 1,
-        json: true,
-    };
+        (bs_samples, 1),
+    )?;
     let report = py.allow_threads(|| {
         guarded(|| {
             cgnmt_eval::report::compare_system_runs(
