@@ -282,6 +282,19 @@ pub struct TrainConfig {
     /// dropped with this probability, per sentence and side, seeded by the update (both sides with BPE
     /// subwords; 0: none). The vocabulary then takes every subword the BPE models can produce.
     pub bpe_dropout: f64,
+    /// Guided alignment (Chen et al. 2016; model-spec §6b): teach attention the word alignment. A file of links
+    /// in Pharaoh form (`i-j`: source word `i`, target word `j`, 0-based), one line per line of the prepared
+    /// `train.src` / `train.tgt`, over their words (subword pieces joined; `cgnmt prepare --alignment FILE`
+    /// writes such a `train.align` for a corpus's own links), or `"builtin"`: the prepared pairs aligned by
+    /// the built-in statistical aligner (`cgnmt align-corpus`, grow-diag-final-and) when training starts,
+    /// kept in the run directory as `guided-alignment.txt`. Every piece of a linked word is linked, and the
+    /// target's EOS to the source's. None (the paper's recipe): no guidance.
+    pub guided_alignment: Option<String>,
+    /// Guided alignment's cost between a target piece's attention row and its normalised links: `ce`
+    /// (cross-entropy) or `mse` (half the squared error).
+    pub guided_alignment_cost: AlignmentCost,
+    /// Guided alignment's weight λ: the loss adds `λ · Σ_rows cost / B`.
+    pub guided_alignment_weight: f64,
     /// Fine-tuning: start from this model directory's parameters (a fresh optimiser state and data
     /// position), with its vocabularies; its architecture (`[model]`) must be this configuration's, and
     /// `data.prepared` must have been prepared with its preprocessing (`cgnmt prepare --like DIR`).
@@ -297,6 +310,17 @@ pub enum LrDecay {
     None,
     InvSqrt,
     Stalled,
+}
+
+/// Guided alignment's cost (see [`TrainConfig::guided_alignment_cost`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AlignmentCost {
+    /// Cross-entropy `−Σ_j A_ij log α_ij`.
+    #[default]
+    Ce,
+    /// Half the squared error `½ Σ_j (α_ij − A_ij)²`.
+    Mse,
 }
 
 /// Whether training computes the target side's padded positions (see [`TrainConfig::target_padding`]).
@@ -367,6 +391,9 @@ impl Default for TrainConfig {
             source_word_dropout: 0.0,
             target_word_dropout: 0.0,
             bpe_dropout: 0.0,
+            guided_alignment: None,
+            guided_alignment_cost: AlignmentCost::Ce,
+            guided_alignment_weight: 0.1,
             init: None,
         }
     }
@@ -566,6 +593,25 @@ impl Config {
             if !(0.0..1.0).contains(&p) {
                 return bad(key, "must be in [0, 1) (0: none)");
             }
+        }
+        if !(t.guided_alignment_weight >= 0.0 && t.guided_alignment_weight.is_finite()) {
+            return bad(
+                "train.guided_alignment_weight",
+                "must be a finite number ≥ 0",
+            );
+        }
+        if t.guided_alignment.as_deref().is_some_and(|g| g.trim().is_empty()) {
+            return bad(
+                "train.guided_alignment",
+                "give a file of links or \"builtin\" (leave the key out for no guidance)",
+            );
+        }
+        if t.guided_alignment.is_some() && t.bpe_dropout > 0.0 {
+            return bad(
+                "train.guided_alignment",
+                "guided alignment follows the prepared segmentation, which train.bpe_dropout changes at every \
+                 update: use one or the other",
+            );
         }
         if t.accumulate == 0 {
             return bad(

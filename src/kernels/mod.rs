@@ -35,6 +35,7 @@ pub mod gate;
 mod gemm;
 mod gemm_common;
 pub mod gru;
+pub mod guided_alignment;
 pub mod layer_norm;
 mod ops;
 pub mod packed_gemm;

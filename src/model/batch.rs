@@ -19,6 +19,9 @@ pub struct Batch {
     /// The words the decoder reads as its previous words when they differ from `tgt` (target-side word
     /// dropout: some replaced by `<unk>`); `None`: `tgt` itself.
     pub tgt_in: Option<Tensor>,
+    /// Guided alignment's targets `[B, T, S]` (model dtype): row `(b, i)` is target position `i`'s links over
+    /// the source positions, normalised (a row of zeros: no link); `None`: no guidance.
+    pub alignment: Option<Tensor>,
 }
 
 impl Batch {
@@ -46,15 +49,19 @@ impl Batch {
         dtype: DType,
         dev: &Device,
     ) -> Result<Batch> {
-        Self::keyed_with_inputs(src, tgt, None, keys, eos, dtype, dev)
+        Self::keyed_with_inputs(src, tgt, None, None, keys, eos, dtype, dev)
     }
 
     /// [`Batch::keyed`] whose decoder reads `inputs` as its previous words (each as long as its target:
-    /// target-side word dropout) while the loss scores `tgt`.
+    /// target-side word dropout) while the loss scores `tgt`, and whose attention is guided by `links` (each
+    /// pair's `(source position, target position)` links, positions of its pieces, EOS being the position
+    /// after the last: see [`Batch::alignment`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn keyed_with_inputs(
         src: &[Vec<u32>],
         tgt: &[Vec<u32>],
         inputs: Option<&[Vec<u32>]>,
+        links: Option<&[Vec<(u32, u32)>]>,
         keys: &[u64],
         eos: u32,
         dtype: DType,
@@ -75,6 +82,11 @@ impl Batch {
                 );
             }
         }
+        if let Some(l) = links {
+            if l.len() != tgt.len() {
+                candle_core::bail!("batch: {} link lists for {} pairs", l.len(), tgt.len());
+            }
+        }
         let mut order: Vec<usize> = (0..tgt.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(tgt[i].len()));
         let src: Vec<Vec<u32>> = order.iter().map(|&i| src[i].clone()).collect();
@@ -90,6 +102,14 @@ impl Batch {
             None => None,
         };
         let tgt_tokens = tgt.iter().map(|x| x.len() + 1).sum();
+        let alignment = match links {
+            Some(l) => {
+                let (sl, tl) = (s.dim(1)?, t.dim(1)?);
+                let rows: Vec<&[(u32, u32)]> = order.iter().map(|&i| &l[i][..]).collect();
+                Some(alignment_targets(&rows, (sl, tl), dtype, dev)?)
+            }
+            None => None,
+        };
         Ok(Batch {
             src: s,
             src_mask: sm,
@@ -98,8 +118,36 @@ impl Batch {
             tgt_tokens,
             keys,
             tgt_in,
+            alignment,
         })
     }
+}
+
+/// Guided alignment's targets `[B, T, S]` from each row's links `(j, i)` (source position `j`, target position
+/// `i`): each target position's row normalised over its links, zero where it has none.
+fn alignment_targets(
+    links: &[&[(u32, u32)]],
+    (s, t): (usize, usize),
+    dtype: DType,
+    dev: &Device,
+) -> Result<Tensor> {
+    let mut a = vec![0f64; links.len() * t * s];
+    for (b, row) in links.iter().enumerate() {
+        for &(j, i) in row.iter() {
+            let (j, i) = (j as usize, i as usize);
+            if j >= s || i >= t {
+                candle_core::bail!("batch: link {j}-{i} outside a {s} × {t} pair");
+            }
+            a[(b * t + i) * s + j] = 1.0;
+        }
+    }
+    for r in a.chunks_mut(s) {
+        let n: f64 = r.iter().sum();
+        if n > 0.0 {
+            r.iter_mut().for_each(|x| *x /= n);
+        }
+    }
+    Tensor::from_vec(a, (links.len(), t, s), dev)?.to_dtype(dtype)
 }
 
 /// Each sentence's length from a 0/1 mask `[B, L]` whose every row is words then padding (at least one word):

@@ -30,6 +30,7 @@ use crate::model::batch::word_rows;
 pub use crate::model::batch::{mask_lengths, pad, Batch};
 use crate::model::coverage::{CovKeys, Coverage};
 use crate::model::decoder_cell::DecoderCell;
+use crate::model::decoder_sequence::Targets;
 use crate::model::dropout::Site;
 use crate::model::encoder::Encoder;
 use crate::model::gate::{Gate, Scales};
@@ -742,16 +743,40 @@ impl Model {
         } else {
             None
         };
+        // Guided alignment: its targets and cell (the fused op computes the cost in its passes), and the cost
+        // as a graph node.
+        let guidance = match (opts.guided, &batch.alignment) {
+            (Some((cost, weight)), Some(a)) if fused => {
+                Some(crate::kernels::guided_alignment::Guidance {
+                    targets: a.clone(),
+                    cost,
+                    scale: weight / b as f64,
+                    cell: Default::default(),
+                })
+            }
+            _ => None,
+        };
+        let mut guided: Option<Tensor> = None;
         let hid = match path {
             DecoderPath::Fused { gate } => {
                 let rows = self.decoder_sequence(
                     &src,
                     &e_all,
                     e_prev.as_ref(),
-                    lengths.as_deref(),
+                    Targets {
+                        positions: t_len,
+                        lengths: lengths.as_deref(),
+                        guidance: guidance.as_ref(),
+                    },
                     gate,
                     dec_drop.as_ref(),
                 )?;
+                if let Some(g) = &guidance {
+                    guided = Some(crate::kernels::guided_alignment::loss_node(
+                        &rows.token,
+                        g.cell.clone(),
+                    )?);
+                }
                 crate::kernels::readout::hidden_rows_fused(
                     self.readout.rows_weights(),
                     rows,
@@ -761,7 +786,14 @@ impl Model {
                 )?
             }
             DecoderPath::Composed => {
-                let (states, ctxs) = self.decoder_steps(&src, &e_all, b, dec_drop.as_ref())?;
+                let (states, ctxs, alphas) =
+                    self.decoder_steps(&src, &e_all, b, dec_drop.as_ref())?;
+                if let (Some((cost, weight)), Some(a)) = (opts.guided, &batch.alignment) {
+                    // The composed reference of the fused op's guided-alignment cost.
+                    let alphas = Tensor::stack(&alphas, 1)?;
+                    let c = crate::kernels::guided_alignment::cost_reference(&alphas, a, cost)?;
+                    guided = Some(c.affine(weight / b as f64, 0.0)?);
+                }
                 let e_prev = e_prev.as_ref().expect("formed for the step-by-step path");
                 self.readout
                     .hidden(self.kernels, &(&ctxs).into(), &states, e_prev)?
@@ -779,7 +811,11 @@ impl Model {
             }
             _ => drop.apply(&hid, Site::Readout, p_readout)?,
         };
-        self.output_nll(&hid, batch, lengths.as_deref(), opts.label_smoothing)
+        let nll = self.output_nll(&hid, batch, lengths.as_deref(), opts.label_smoothing)?;
+        match guided {
+            Some(g) => nll + g.reshape(())?,
+            None => Ok(nll),
+        }
     }
 
     /// The whole decoder recurrence as one fused op (see `decoder_sequence`) over the target words'
@@ -790,10 +826,11 @@ impl Model {
         src: &Source,
         e_all: &Tensor,
         e_prev: Option<&Tensor>,
-        lengths: Option<&[usize]>,
+        targets: Targets,
         gate: Option<GateKinds>,
         drop: Option<&Tensor>,
     ) -> Result<crate::kernels::Shared> {
+        let lengths = targets.lengths;
         let (ah, ann) = src
             .keys
             .shared
@@ -830,10 +867,7 @@ impl Model {
             ah,
             ann,
             &src.keys.mask_bias,
-            crate::model::decoder_sequence::Targets {
-                positions: t_len,
-                lengths,
-            },
+            targets,
             &w,
             gate,
             cov,
@@ -894,7 +928,7 @@ impl Model {
         e_all: &Tensor,
         b: usize,
         drop: Option<&Tensor>,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Tensor, Vec<Tensor>)> {
         let t_len = e_all.dim(0)? / b;
         // Batch-major rows `(b, i)`; the steps take time-major copies.
         let wp = self.cell.project_words(self.kernels, e_all)?;
@@ -930,10 +964,12 @@ impl Model {
         let mut state = self.start(src, false)?;
         let mut states = Vec::with_capacity(t_len);
         let mut ctxs = Vec::with_capacity(t_len);
+        let mut alphas = Vec::with_capacity(t_len);
         for i in 0..t_len {
             let step = self.step(view, &state, (1.0, 1.0), drop)?;
             states.push(step.t.clone());
             ctxs.push(step.ctx.clone());
+            alphas.push(step.alpha.clone());
             if i + 1 < t_len {
                 // The word `y_i`'s terms: the transition's projection, and the gate's word term (read by this
                 // transition, or by the conditional GRU's next context step).
@@ -953,6 +989,7 @@ impl Model {
         Ok((
             Tensor::stack(&states, 1)?.reshape((b * t_len, ()))?,
             Tensor::stack(&ctxs, 1)?.reshape((b * t_len, ()))?,
+            alphas,
         ))
     }
 
@@ -1009,6 +1046,9 @@ pub struct LossOptions {
     pub label_smoothing: f64,
     /// Dropout's rates and this pass's mask seed (`None`: nothing dropped).
     pub dropout: Option<crate::model::dropout::Dropout>,
+    /// Guided alignment's cost and weight (`train.guided_alignment_cost`, `train.guided_alignment_weight`),
+    /// applied to a batch with alignment targets ([`Batch::alignment`]); `None`: no guidance.
+    pub guided: Option<(crate::config::AlignmentCost, f64)>,
 }
 
 impl LossOptions {
@@ -1025,6 +1065,10 @@ impl LossOptions {
             target_padding: t.target_padding,
             label_smoothing: t.label_smoothing,
             dropout: d.is_active().then_some(d),
+            guided: t
+                .guided_alignment
+                .is_some()
+                .then_some((t.guided_alignment_cost, t.guided_alignment_weight)),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod data_parallel;
 pub mod evaluation;
+pub mod guided_alignment;
 pub mod optim;
 pub mod schedule;
 pub mod selection;
@@ -120,6 +121,8 @@ pub fn train_on(
     let vars = sorted_vars(&varmap);
     // Every rank has passed its checks of the run directory before rank 0 writes anything.
     data_parallel::start_from_rank_0(&vars, cluster)?;
+    // Guided alignment's links (the built-in aligner's made by rank 0 now, in the run directory).
+    let guide = guided_alignment::load(&cfg, run_dir, data.corpus.len(), cluster, quiet)?;
     let mut exchange = data_parallel::Exchange::new(&vars, &model.row_sparse_parameters());
     let params = crate::model::init::count(&varmap);
     if !quiet {
@@ -195,6 +198,7 @@ pub fn train_on(
                 model: &model,
                 cfg: &cfg,
                 data: &data,
+                guide: guide.as_ref(),
                 vars: &vars,
                 cluster,
                 dtype,
@@ -583,6 +587,8 @@ struct Step<'a> {
     model: &'a Model,
     cfg: &'a Config,
     data: &'a TrainData,
+    /// Guided alignment's links (`train.guided_alignment`).
+    guide: Option<&'a guided_alignment::GuideLinks>,
     vars: &'a [(String, Var)],
     cluster: &'a Cluster,
     dtype: DType,
@@ -641,10 +647,14 @@ impl Step<'_> {
                 })
                 .collect()
         });
+        let links: Option<Vec<Vec<(u32, u32)>>> = self
+            .guide
+            .map(|g| idx.iter().map(|&i| g.of(i).to_vec()).collect());
         Ok(Batch::keyed_with_inputs(
             &srcs,
             &tgts,
             inputs.as_deref(),
+            links.as_deref(),
             &keys,
             data.tgt_vocab.eos(),
             self.dtype,

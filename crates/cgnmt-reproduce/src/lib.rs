@@ -421,15 +421,21 @@ pub fn append_line(p: &Path, line: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn every_key_is_written_but_the_fingerprint_leaves_out_layer_norm_when_false() {
+    fn every_key_is_written_but_the_fingerprint_leaves_out_keys_added_later_at_their_defaults() {
         let mut c = cgnmt::config::Config::default();
         // `train --print-config` and a model's config.toml write every key.
         assert!(c.to_toml().contains("\nlayer_norm = false\n"));
         let fp = crate::records::identity_toml(&c);
         assert!(!fp.contains("layer_norm"), "{fp}");
-        assert_eq!(fp.lines().count() + 1, c.to_toml().lines().count());
+        assert!(!fp.contains("guided_alignment"), "{fp}");
+        assert_eq!(fp.lines().count() + 3, c.to_toml().lines().count());
         c.model.layer_norm = true;
         assert!(crate::records::identity_toml(&c).contains("\nlayer_norm = true\n"));
+        // Guided alignment's keys count once it is on.
+        c.train.guided_alignment = Some("builtin".into());
+        let fp = crate::records::identity_toml(&c);
+        assert!(fp.contains("guided_alignment_weight = 0.1"), "{fp}");
+        assert!(fp.contains("guided_alignment_cost = \"ce\""), "{fp}");
     }
 
     #[test]

@@ -132,7 +132,18 @@ pub(super) fn identity_toml(c: &Config) -> String {
     // Its name only: `prepared`, or a row's own `prepared-HASH` of its `prepare` arguments.
     c.data.prepared = PathBuf::from(c.data.prepared.file_name().unwrap_or("prepared".as_ref()));
     // Keys added after runs were fingerprinted count only when set, so those runs keep their fingerprints.
-    c.to_toml().replace("\nlayer_norm = false\n", "\n")
+    let mut t = c.to_toml().replace("\nlayer_norm = false\n", "\n");
+    if c.train.guided_alignment.is_none() {
+        // (Guided alignment's cost and weight count only with guidance.)
+        for key in ["guided_alignment_cost", "guided_alignment_weight"] {
+            t = t
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{key} =")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+        }
+    }
+    t
 }
 
 /// The configuration a run was trained with, beside its record (a copy of its last checkpoint's).

@@ -10,6 +10,7 @@ use candle_core::{Result, Tensor};
 use super::gate_mix::{bwd_mix_row_d, MixRows, RowScales};
 use super::transition::{paper_transition_backward, vanilla_grad_row_d, NormBwd, RecNorms};
 use super::{CgruView, CovData, DecoderSequence, DeepView, Dims, LnData, RecAt, Saved, ZPreOp};
+use crate::config::AlignmentCost;
 use crate::kernels::coverage::CovRows;
 use crate::kernels::gru::GruStep;
 use crate::kernels::{rows_par, storage_slice, Mat, Oriented, Real, RowsMut, Shared};
@@ -41,6 +42,9 @@ struct Backward<'a, T: Real> {
     drop: Option<Vec<T>>,
     /// Layer normalisation's gains and biases.
     ln: Option<&'a LnData<T>>,
+    /// Guided alignment: the targets `[B, T, S]`, the cost, and `∂loss · weight / B` (see
+    /// [`super::Targets::guidance`]).
+    guide: Option<(Vec<T>, AlignmentCost, T)>,
 }
 
 /// Layer normalisation's gradients: the query's and the context product's gains and biases, and the
@@ -244,6 +248,17 @@ impl<'a, T: Real> Backward<'a, T> {
             deep: deep_v.iter().map(|v| DeepView::new(v, b, h)).collect(),
             drop: op.drop_data::<T>()?,
             ln: None,
+            guide: match &op.guidance {
+                Some(g) => {
+                    let grad = g.cell.lock().expect("guided alignment cell").grad;
+                    Some((
+                        crate::kernels::to_vec(&g.targets)?,
+                        g.cost,
+                        T::from_f64c(grad * g.scale),
+                    ))
+                }
+                None => None,
+            },
         })
     }
 
@@ -776,6 +791,7 @@ impl<'a, T: Real> Backward<'a, T> {
         let duw = RowsMut::new(&mut d.du_rows, self.dims.uw);
         let duruw = RowsMut::new(&mut d.duru_rows, self.dims.uruw);
         let (cr, cd) = (&self.cr, &self.cd);
+        let (guide, tl) = (&self.guide, self.dims.tl);
         let _t = crate::kernels::profile::Scope::new("  decoder bwd: attention rows");
         self.op.ah.with_slice::<T, _>(|ah| {
             self.op.ann.with_slice::<T, _>(|ann| {
@@ -792,6 +808,17 @@ impl<'a, T: Real> Backward<'a, T> {
                             &dctx[r * a2..(r + 1) * a2],
                             &mut de[..sr],
                         );
+                        if let Some((a, cost, g)) = guide {
+                            // Guided alignment's cost of this row, through the softmax.
+                            let row = (r * tl + i) * s;
+                            crate::kernels::guided_alignment::cost_grad_row(
+                                &alpha[..sr],
+                                &a[row..row + sr],
+                                *cost,
+                                *g,
+                                &mut de[..sr],
+                            );
+                        }
                         let dq_row = dqw.row(r);
                         let ah_r = &ah[koff[r] * ad..(koff[r] + sr) * ad];
                         let q_r = &q_i[r * wq..r * wq + ad];

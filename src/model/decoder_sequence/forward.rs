@@ -137,10 +137,40 @@ impl DecoderSequence {
         }
         let out = x.readout_input(&a);
         drop(x);
+        self.guided_alignment_cost(&a.s.actx, dims)?;
         let mut saved = a.s;
         (saved.tw, saved.wq, saved.cw, saved.wc) = (tw_v, wq, cw_v, wc);
         *self.saved.lock().expect("saved activations") = Some(Box::new(saved));
         Ok((T::to_cpu_storage_owned(out), Shape::from((b * tl, 3 * h))))
+    }
+}
+
+impl DecoderSequence {
+    /// Guided alignment's scaled cost of the attention rows `actx` (see [`super::Targets::guidance`]), left
+    /// in the guidance's cell with its gradient cleared for the backward pass.
+    fn guided_alignment_cost<T: Real>(&self, actx: &[T], dims: Dims) -> Result<()> {
+        let Some(g) = &self.guidance else {
+            return Ok(());
+        };
+        let Dims { tl, s, w_ac, .. } = dims;
+        let a: Vec<T> = crate::kernels::to_vec(&g.targets)?;
+        let mut total = 0.0;
+        for i in 0..tl {
+            for r in 0..self.active[i] {
+                let n = self.src_lens[r];
+                let at = (self.off[i] + r) * w_ac;
+                let row = (r * tl + i) * s;
+                total += crate::kernels::guided_alignment::cost_row(
+                    &actx[at..at + n],
+                    &a[row..row + n],
+                    g.cost,
+                );
+            }
+        }
+        let mut cell = g.cell.lock().expect("guided alignment cell");
+        cell.loss = g.scale * total;
+        cell.grad = 0.0;
+        Ok(())
     }
 }
 

@@ -21,6 +21,7 @@
 use candle_core::{CpuStorage, Result, Shape, Tensor};
 
 use crate::kernels::gate::GateKinds;
+use crate::kernels::guided_alignment::Guidance;
 use crate::kernels::{storage_slice, Input, Oriented, Real, Shared};
 use crate::model::attention::AttentionWeights;
 use crate::model::coverage::CoverageInputs;
@@ -58,13 +59,17 @@ pub struct LnWeights<'a> {
 }
 
 /// The target side of a batch for [`decoder_sequence_fused`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Targets<'a> {
     /// `T`, the target positions of each sentence: the output's rows are `(b, i)` for `i < T`.
     pub positions: usize,
     /// The sentences' lengths (EOS included) when only the words' positions are to be computed (see
     /// [`target_rows`]; the other output rows are then zero).
     pub lengths: Option<&'a [usize]>,
+    /// Guided alignment (`train.guided_alignment`): the attention rows' targets `[B, T, S]`, whose cost the
+    /// forward pass leaves in the guidance's cell and whose gradient the backward pass adds to the scores'
+    /// (see [`crate::kernels::guided_alignment`]).
+    pub guidance: Option<&'a Guidance>,
 }
 
 /// Run the decoder over `T` target steps: word projections `wp` `[N, kH]` (`W e + b`), the gate's word term
@@ -152,6 +157,12 @@ pub fn decoder_sequence_fused<'a>(
         };
     if !ok || drop.is_some_and(|d| d.dims() != [b, h]) {
         candle_core::bail!("fused decoder sequence: shape mismatch");
+    }
+    if targets
+        .guidance
+        .is_some_and(|g| g.targets.dims() != [b, tl, s])
+    {
+        candle_core::bail!("fused decoder sequence: guided alignment's targets are not [B, T, S]");
     }
     let sh = |x: &Tensor| Shared::new(x);
     let cov = match coverage {
@@ -246,6 +257,7 @@ pub fn decoder_sequence_fused<'a>(
         deep: DeepOp::all(deep, h)?,
         ln: LnOp::checked(ln.as_ref(), (k, cgru.is_some()), deep.len(), (h, ad))?,
         drop: drop.map(|d| d.contiguous()).transpose()?,
+        guidance: targets.guidance.cloned(),
         saved: Default::default(),
     };
     // One graph input for all: the backward pass reaches every token through the concatenation.
@@ -308,6 +320,8 @@ struct DecoderSequence {
     ln: Option<LnOp>,
     /// Recurrent dropout's masks `[B, H]` (see [`decoder_sequence_fused`]).
     drop: Option<Tensor>,
+    /// Guided alignment (see [`Targets::guidance`]).
+    guidance: Option<Guidance>,
     saved: crate::kernels::SavedSlot,
 }
 

@@ -529,3 +529,91 @@ fn dropout_fused_and_reference_agree_with(
         }
     }
 }
+
+/// Guided alignment (`train.guided_alignment`, model-spec §6b): its cost inside the fused decoder sequence,
+/// with the hand-derived gradient through the attention softmax, checked by finite differences (f64) with
+/// both costs, over the GRU with both gates, coverage, the vanilla unit, the cGRU and layer normalisation
+/// (whose decoder runs step by step: the composed cost); and the fused loss and gradients equal the composed
+/// reference's. The guidance changes the loss by its weighted cost, and a zero weight changes nothing.
+#[test]
+fn guided_alignment_gradients_match_finite_differences() {
+    use cgnmt::config::AlignmentCost;
+    let batch = tiny_guided_batch(61, DType::F64);
+    let cases: [(&[&str], AlignmentCost); 6] = [
+        (&["model.context_gate=both"], AlignmentCost::Ce),
+        (&["model.context_gate=both"], AlignmentCost::Mse),
+        (
+            &["model.coverage=neural", "model.context_gate=source"],
+            AlignmentCost::Ce,
+        ),
+        (
+            &["model.decoder=vanilla", "model.context_gate=target"],
+            AlignmentCost::Mse,
+        ),
+        (&["model.decoder=cgru", "model.context_gate=both"], AlignmentCost::Ce),
+        (&["model.layer_norm=true", "model.context_gate=both"], AlignmentCost::Ce),
+    ];
+    for (sets, cost) in cases {
+        let cfg = tiny_model_config(sets);
+        let opts = cgnmt::model::LossOptions {
+            guided: Some((cost, 0.7)),
+            ..Default::default()
+        };
+        let worst = grad_check_on(&cfg, 62, 40, &opts, &batch);
+        assert!(worst < 1e-5, "{sets:?} {cost:?}: {worst}");
+        guided_fused_and_reference_agree(&cfg, &opts, &batch);
+    }
+    // The weighted cost is in the loss, and without a weight the loss is the plain one.
+    let cfg = tiny_model_config(&["model.context_gate=both"]);
+    let (model, varmap) = Model::build(&cfg, 7, 6, 63, DType::F64, &Device::Cpu).unwrap();
+    randomize(&varmap, 64, 0.5);
+    let loss = |w: Option<f64>| {
+        let opts = cgnmt::model::LossOptions {
+            guided: w.map(|w| (AlignmentCost::Ce, w)),
+            ..Default::default()
+        };
+        model
+            .loss_with(&batch, &opts)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
+    let (plain, zero, one, two) = (loss(None), loss(Some(0.0)), loss(Some(1.0)), loss(Some(2.0)));
+    assert_eq!(plain, zero);
+    assert!(one > plain + 0.1, "{one} vs {plain}");
+    assert!(((two - plain) - 2.0 * (one - plain)).abs() < 1e-9);
+}
+
+fn guided_fused_and_reference_agree(
+    cfg: &cgnmt::config::ModelConfig,
+    opts: &cgnmt::model::LossOptions,
+    batch: &cgnmt::model::Batch,
+) {
+    use cgnmt::kernels::Kernels;
+    let run = |k: Kernels| {
+        let (mut model, varmap) = Model::build(cfg, 7, 6, 65, DType::F64, &Device::Cpu).unwrap();
+        model.set_kernels(k);
+        randomize(&varmap, 66, 0.5);
+        let loss = model.loss_with(batch, opts).unwrap();
+        let g = model.backward(&loss).unwrap();
+        let grads: Vec<(String, Vec<f64>)> = sorted_vars(&varmap)
+            .into_iter()
+            .map(|(n, v)| {
+                let t = g.get(v.as_tensor()).unwrap_or_else(|| panic!("{n}: no gradient"));
+                (n, t.flatten_all().unwrap().to_vec1::<f64>().unwrap())
+            })
+            .collect();
+        (loss.to_scalar::<f64>().unwrap(), grads)
+    };
+    let (lf, gf) = run(Kernels::Fused);
+    let (lr, gr) = run(Kernels::Reference);
+    assert!((lf - lr).abs() < 1e-9 * lr.abs(), "loss {lf} (fused) vs {lr}");
+    for ((n, a), (_, b)) in gf.iter().zip(&gr) {
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-8 * (1.0 + x.abs().max(y.abs())),
+                "{n}: {x} (fused) vs {y} (reference)"
+            );
+        }
+    }
+}

@@ -136,11 +136,46 @@ pub fn grad_check_with(
     per_param: usize,
     opts: &cgnmt::model::LossOptions,
 ) -> f64 {
+    let batch = tiny_batch(seed + 2, 7, 6, DType::F64);
+    grad_check_on(cfg, seed, per_param, opts, &batch)
+}
+
+/// A tiny batch (source vocabulary 7, target 6) whose pairs carry random guided-alignment links: about half
+/// the target pieces linked to one or two source pieces, and EOS to EOS.
+pub fn tiny_guided_batch(seed: u64, dtype: DType) -> Batch {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let src = random_seqs(&mut rng, 3, 7, 1, 4);
+    let tgt = random_seqs(&mut rng, 3, 6, 1, 4);
+    let links: Vec<Vec<(u32, u32)>> = src
+        .iter()
+        .zip(&tgt)
+        .map(|(s, t)| {
+            let mut l = vec![];
+            for i in 0..t.len() as u32 {
+                for _ in 0..rng.random_range(0..3) {
+                    l.push((rng.random_range(0..s.len() as u32), i));
+                }
+            }
+            l.push((s.len() as u32, t.len() as u32));
+            l
+        })
+        .collect();
+    let keys: Vec<u64> = (0..3).collect();
+    Batch::keyed_with_inputs(&src, &tgt, None, Some(&links), &keys, 0, dtype, &Device::Cpu).unwrap()
+}
+
+/// [`grad_check_with`] on `batch` (made for vocabularies of 7 source and 6 target words).
+pub fn grad_check_on(
+    cfg: &ModelConfig,
+    seed: u64,
+    per_param: usize,
+    opts: &cgnmt::model::LossOptions,
+    batch: &Batch,
+) -> f64 {
     let (vs, vt) = (7, 6);
     let (model, varmap) = Model::build(cfg, vs, vt, seed, DType::F64, &Device::Cpu).unwrap();
     randomize(&varmap, seed + 1, 0.5);
-    let batch = tiny_batch(seed + 2, vs, vt, DType::F64);
-    let loss = model.loss_with(&batch, opts).unwrap();
+    let loss = model.loss_with(batch, opts).unwrap();
     let grads = model.backward(&loss).unwrap();
     let mut worst: f64 = 0.0;
     let eps = 1e-5;
@@ -172,7 +207,7 @@ pub fn grad_check_with(
                 var.set(&Tensor::from_vec(v, var.shape().clone(), &Device::Cpu).unwrap())
                     .unwrap();
                 model
-                    .loss_with(&batch, opts)
+                    .loss_with(batch, opts)
                     .unwrap()
                     .to_scalar::<f64>()
                     .unwrap()

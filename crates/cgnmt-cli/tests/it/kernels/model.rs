@@ -63,6 +63,7 @@ fn fused_path_takes_any_row_order_and_mask() {
             tgt_tokens: sorted.tgt_tokens,
             keys: sorted.keys.iter().rev().copied().collect(),
             tgt_in: None,
+            alignment: None,
         };
         // Sentence 0's second word masked out.
         let mut m: Vec<f64> = sorted.tgt_mask.flatten_all().unwrap().to_vec1().unwrap();
@@ -75,6 +76,7 @@ fn fused_path_takes_any_row_order_and_mask() {
             tgt_tokens: sorted.tgt_tokens - 1,
             keys: sorted.keys.clone(),
             tgt_in: None,
+            alignment: None,
         };
         let (l_sorted, _) = loss_and_grads_for(&cfg, Kernels::Reference, dtype, &sorted, false);
         for (what, batch) in [
@@ -121,6 +123,7 @@ fn dropout_masks_follow_the_sentence_across_any_split_of_the_batch() {
             recurrent: 0.3,
             seed: cgnmt::model::dropout::Dropout::step_seed(1, 12),
         }),
+        guided: None,
     };
     for (sets, kernels) in [
         (vec!["model.context_gate=both"], Kernels::Fused),
