@@ -600,7 +600,10 @@ impl Config {
                 "must be a finite number ≥ 0",
             );
         }
-        if t.guided_alignment.as_deref().is_some_and(|g| g.trim().is_empty()) {
+        if t.guided_alignment
+            .as_deref()
+            .is_some_and(|g| g.trim().is_empty())
+        {
             return bad(
                 "train.guided_alignment",
                 "give a file of links or \"builtin\" (leave the key out for no guidance)",

@@ -117,12 +117,8 @@ pub fn load(
     } else {
         PathBuf::from(source)
     };
-    let text = cgnmt_data::corpus::read_lines(&path).map_err(|e| {
-        NmtError::Data(format!(
-            "train.guided_alignment = {}: {e}",
-            path.display()
-        ))
-    })?;
+    let text = cgnmt_data::corpus::read_lines(&path)
+        .map_err(|e| NmtError::Data(format!("train.guided_alignment = {}: {e}", path.display())))?;
     if text.len() != src.len() {
         return Err(NmtError::Data(format!(
             "{}: {} lines of links, but {} has {} sentence pairs (one line per line of train.src, links over \
@@ -137,8 +133,11 @@ pub fn load(
         offsets: vec![0],
         links: vec![],
     };
-    for (k, ((line, [(sw, ns), (tw, nt)]), (s, t))) in
-        text.iter().zip(&words).zip(src.iter().zip(&tgt)).enumerate()
+    for (k, ((line, [(sw, ns), (tw, nt)]), (s, t))) in text
+        .iter()
+        .zip(&words)
+        .zip(src.iter().zip(&tgt))
+        .enumerate()
     {
         let at = format!("{} line {}", path.display(), k + 1);
         let links = parse_links(line, (*ns, *nt), &at)?;
@@ -241,7 +240,9 @@ mod tests {
             vec![(0, 1), (2, 0)]
         );
         for bad in ["0-2", "3-0", "a-1", "01", "1-"] {
-            let e = parse_links(bad, (3, 2), "f line 4").unwrap_err().to_string();
+            let e = parse_links(bad, (3, 2), "f line 4")
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("f line 4") && e.contains(bad), "{e}");
         }
         assert!(parse_links("", (3, 2), "x").unwrap().is_empty());

@@ -88,6 +88,11 @@ pub struct PrepareOptions {
     /// Tokenise with the preprocessing (tokenizers, subword models) of this model or prepared directory and
     /// keep its vocabularies, instead of learning new ones: data to fine-tune that model on.
     pub like: Option<PathBuf>,
+    /// Word alignments of the training pairs (Pharaoh `i-j` links, 0-based, one line per pair, over the words
+    /// the tokenizers make; `--src-tok whitespace --tgt-tok whitespace` keeps a pre-tokenised corpus's own
+    /// words): checked, and the kept pairs' lines written to `train.align`, in step with `train.src` (for
+    /// guided alignment, `train.guided_alignment`).
+    pub alignment: Option<PathBuf>,
 }
 
 impl PrepareOptions {
@@ -117,6 +122,7 @@ impl PrepareOptions {
             limit: None,
             force: false,
             like: None,
+            alignment: None,
         }
     }
 }
@@ -230,6 +236,9 @@ pub fn prepare(args: &PrepareOptions) -> Result<PrepareSummary> {
                 d.display()
             );
         }
+    }
+    if args.like.is_some() && args.alignment.is_some() {
+        bail!("--alignment goes with a corpus prepared on its own: drop --like (or align the prepared pairs)");
     }
     if (args.bpe_src.is_some() && args.unigram_src.is_some())
         || (args.bpe_tgt.is_some() && args.unigram_tgt.is_some())
@@ -433,6 +442,14 @@ fn filter_pass(
         Lines::open(&dir.join("words.src"))?,
         Lines::open(&dir.join("words.tgt"))?,
     ];
+    // The word alignments, read in step with the pairs (see `PrepareOptions::alignment`).
+    let mut links = match &args.alignment {
+        Some(p) => Some((
+            Lines::open(p)?,
+            BufWriter::new(create(&dir.join("train.align"))?),
+        )),
+        None => None,
+    };
     let pb = pairs_bar(Some(n_read), "subwords");
     let mut line = 0usize;
     loop {
@@ -446,12 +463,21 @@ fn filter_pass(
         if chunk[0].is_empty() {
             break;
         }
+        let link_lines = match &mut links {
+            Some((lines, _)) => Some(read_links(
+                lines,
+                args.alignment.as_deref().unwrap_or(Path::new("")),
+                &chunk,
+                line,
+            )?),
+            None => None,
+        };
         for side in 0..2 {
             if let Some(m) = subwords[side] {
                 chunk[side] = par_map(&chunk[side], |w| m.apply(w));
             }
         }
-        for (a, b) in chunk[0].iter().zip(&chunk[1]) {
+        for (k, (a, b)) in chunk[0].iter().zip(&chunk[1]).enumerate() {
             line += 1;
             if a.is_empty() || b.is_empty() {
                 kept.dropped_empty += 1;
@@ -468,11 +494,27 @@ fn filter_pass(
             }
             writeln!(lines_out, "{line}")
                 .with_context(|| format!("cannot write {}", dir.display()))?;
+            if let (Some((_, w)), Some(l)) = (&mut links, &link_lines) {
+                writeln!(w, "{}", l[k])
+                    .with_context(|| format!("cannot write {}", dir.display()))?;
+            }
             kept.pairs += 1;
         }
         pb.set_position(line as u64);
     }
     pb.finish_and_clear();
+    if let Some((mut lines, mut w)) = links {
+        // One line per pair of the corpus (with --limit, at least the pairs read).
+        let path = args.alignment.as_deref().unwrap_or(Path::new(""));
+        if args.limit.is_none() && lines.next().is_some() {
+            bail!(
+                "{}: more lines of links than the corpus's {line} sentence pairs",
+                path.display()
+            );
+        }
+        w.flush()
+            .with_context(|| format!("cannot write {}", dir.display()))?;
+    }
     for w in out.iter_mut().chain(std::iter::once(&mut lines_out)) {
         w.flush()
             .with_context(|| format!("cannot write {}", dir.display()))?;
@@ -490,6 +532,52 @@ fn filter_pass(
         );
     }
     Ok(kept)
+}
+
+/// The lines of links of the pairs of `chunk` (their words, before subwords; the first is the corpus's line
+/// `before + 1`) from `lines` (the file `path`), each checked against its pair (indices within its words),
+/// normalised (`i-j` separated by single spaces).
+fn read_links(
+    lines: &mut Lines,
+    path: &Path,
+    chunk: &[Vec<Vec<String>>; 2],
+    before: usize,
+) -> Result<Vec<String>> {
+    let mut out = Vec::with_capacity(chunk[0].len());
+    for (k, (a, b)) in chunk[0].iter().zip(&chunk[1]).enumerate() {
+        let at = before + k + 1;
+        let Some(l) = lines.next() else {
+            bail!(
+                "{}: {} lines of links, but the corpus has more sentence pairs (one line per pair)",
+                path.display(),
+                at - 1
+            );
+        };
+        let l = l?;
+        let mut norm = Vec::new();
+        for tok in l.split_whitespace() {
+            let ij = tok
+                .split_once('-')
+                .and_then(|(i, j)| Some((i.parse::<usize>().ok()?, j.parse::<usize>().ok()?)));
+            match ij {
+                Some((i, j)) if i < a.len() && j < b.len() => norm.push(format!("{i}-{j}")),
+                Some(_) => bail!(
+                    "{} line {at}: link {tok:?}: the pair has {} source and {} target words after \
+                     tokenisation (indices from 0; --src-tok whitespace --tgt-tok whitespace keep a \
+                     pre-tokenised corpus's own words)",
+                    path.display(),
+                    a.len(),
+                    b.len()
+                ),
+                None => bail!(
+                    "{} line {at}: link {tok:?} is not of the form i-j (two 0-based word indices)",
+                    path.display()
+                ),
+            }
+        }
+        out.push(norm.join(" "));
+    }
+    Ok(out)
 }
 
 /// Pass 3: the side's `train.SUFFIX` as a token store, `train.SUFFIX.store` (see [`crate::store`]): each

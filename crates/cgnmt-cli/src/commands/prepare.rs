@@ -78,6 +78,10 @@ pub struct PrepareArgs {
     /// directory) and keep its vocabularies: data to fine-tune that model on (`cgnmt train --init DIR`).
     #[arg(long, value_name = "DIR")]
     pub like: Option<PathBuf>,
+    /// Word alignments of the training pairs (Pharaoh `i-j`, 0-based, one line per pair, over the tokenised
+    /// words): checked and kept in step with the pairs kept, as `train.align` (for train.guided_alignment).
+    #[arg(long, value_name = "FILE")]
+    pub alignment: Option<PathBuf>,
 }
 
 pub fn run(a: PrepareArgs) -> Result<()> {
@@ -104,5 +108,6 @@ pub fn run(a: PrepareArgs) -> Result<()> {
         limit: a.limit,
         force: a.force,
         like: a.like,
+        alignment: a.alignment,
     })
 }

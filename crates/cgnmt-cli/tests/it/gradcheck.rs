@@ -550,8 +550,14 @@ fn guided_alignment_gradients_match_finite_differences() {
             &["model.decoder=vanilla", "model.context_gate=target"],
             AlignmentCost::Mse,
         ),
-        (&["model.decoder=cgru", "model.context_gate=both"], AlignmentCost::Ce),
-        (&["model.layer_norm=true", "model.context_gate=both"], AlignmentCost::Ce),
+        (
+            &["model.decoder=cgru", "model.context_gate=both"],
+            AlignmentCost::Ce,
+        ),
+        (
+            &["model.layer_norm=true", "model.context_gate=both"],
+            AlignmentCost::Ce,
+        ),
     ];
     for (sets, cost) in cases {
         let cfg = tiny_model_config(sets);
@@ -578,7 +584,12 @@ fn guided_alignment_gradients_match_finite_differences() {
             .to_scalar::<f64>()
             .unwrap()
     };
-    let (plain, zero, one, two) = (loss(None), loss(Some(0.0)), loss(Some(1.0)), loss(Some(2.0)));
+    let (plain, zero, one, two) = (
+        loss(None),
+        loss(Some(0.0)),
+        loss(Some(1.0)),
+        loss(Some(2.0)),
+    );
     assert_eq!(plain, zero);
     assert!(one > plain + 0.1, "{one} vs {plain}");
     assert!(((two - plain) - 2.0 * (one - plain)).abs() < 1e-9);
@@ -599,7 +610,9 @@ fn guided_fused_and_reference_agree(
         let grads: Vec<(String, Vec<f64>)> = sorted_vars(&varmap)
             .into_iter()
             .map(|(n, v)| {
-                let t = g.get(v.as_tensor()).unwrap_or_else(|| panic!("{n}: no gradient"));
+                let t = g
+                    .get(v.as_tensor())
+                    .unwrap_or_else(|| panic!("{n}: no gradient"));
                 (n, t.flatten_all().unwrap().to_vec1::<f64>().unwrap())
             })
             .collect();
@@ -607,7 +620,10 @@ fn guided_fused_and_reference_agree(
     };
     let (lf, gf) = run(Kernels::Fused);
     let (lr, gr) = run(Kernels::Reference);
-    assert!((lf - lr).abs() < 1e-9 * lr.abs(), "loss {lf} (fused) vs {lr}");
+    assert!(
+        (lf - lr).abs() < 1e-9 * lr.abs(),
+        "loss {lf} (fused) vs {lr}"
+    );
     for ((n, a), (_, b)) in gf.iter().zip(&gr) {
         for (x, y) in a.iter().zip(b) {
             assert!(

@@ -18,6 +18,7 @@ mod eval_cli;
 mod faults;
 mod fuzz;
 mod gradcheck;
+mod guided_alignment;
 mod kernels;
 mod layer_norm;
 mod layout;

@@ -161,7 +161,17 @@ pub fn tiny_guided_batch(seed: u64, dtype: DType) -> Batch {
         })
         .collect();
     let keys: Vec<u64> = (0..3).collect();
-    Batch::keyed_with_inputs(&src, &tgt, None, Some(&links), &keys, 0, dtype, &Device::Cpu).unwrap()
+    Batch::keyed_with_inputs(
+        &src,
+        &tgt,
+        None,
+        Some(&links),
+        &keys,
+        0,
+        dtype,
+        &Device::Cpu,
+    )
+    .unwrap()
 }
 
 /// [`grad_check_with`] on `batch` (made for vocabularies of 7 source and 6 target words).
