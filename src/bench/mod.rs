@@ -428,7 +428,22 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
         .map(|c| {
             let s: Vec<Vec<u32>> = c.iter().map(|p| p.0.clone()).collect();
             let t: Vec<Vec<u32>> = c.iter().map(|p| p.1.clone()).collect();
-            Batch::new(&s, &t, 0, DType::F32, &dev)
+            if cfg.train.guided_alignment.is_none() {
+                return Batch::new(&s, &t, 0, DType::F32, &dev);
+            }
+            // Guided alignment: a link per target word on the diagonal (one link per word, as an aligner's),
+            // EOS to EOS.
+            let links: Vec<Vec<(u32, u32)>> = s
+                .iter()
+                .zip(&t)
+                .map(|(s, t)| {
+                    (0..=t.len())
+                        .map(|i| ((i * s.len()).div_ceil(t.len().max(1)) as u32, i as u32))
+                        .collect()
+                })
+                .collect();
+            let keys: Vec<u64> = (0..s.len() as u64).collect();
+            Batch::keyed_with_inputs(&s, &t, None, Some(&links), &keys, 0, DType::F32, &dev)
         })
         .collect::<candle_core::Result<_>>()?;
     eprintln!(
@@ -466,6 +481,7 @@ pub fn measure(cfg: &Config, data: &Path, opts: &BenchOptions) -> Result<serde_j
                    "decoder_transition_depth": cfg.model.decoder_transition_depth,
                    "optimizer": cfg.train.optimizer, "kernels": model.kernels.name(),
                    "label_smoothing": cfg.train.label_smoothing, "recurrent_dropout": cfg.train.recurrent_dropout,
+                   "guided_alignment": cfg.train.guided_alignment.is_some(),
                    "simd": crate::kernels::simd_level()},
         "params": crate::model::init::count(&varmap),
         "train_step_s_median": tr.step_s,

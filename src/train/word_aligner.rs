@@ -16,6 +16,9 @@
 
 use std::collections::HashMap;
 
+/// The E-step's chunks of sentence pairs (see `Direction::train`).
+const CHUNKS: usize = 32;
+
 /// How the two directions' links are combined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Symmetrize {
@@ -240,32 +243,33 @@ impl Direction {
             p0: o.p0,
         };
         let cond_of = if backward { &cooc.tgt_of } else { &cooc.src_of };
-        let chunk = cooc
-            .sents
-            .len()
-            .div_ceil(rayon::current_num_threads().max(1) * 4)
-            .max(1);
+        // A fixed number of chunks, summed in order: the same links at any number of threads (taken a
+        // round of `threads` at a time, so that at most that many chunks' counts are held at once).
+        let chunk = cooc.sents.len().div_ceil(CHUNKS).max(1);
+        let threads = rayon::current_num_threads().max(1);
         let mut w = Vec::new();
         for it in 0..o.iterations {
             // The first iteration is IBM Model 1 (no diagonal prior).
             let diagonal = it > 0;
-            let parts: Vec<Counts> = cooc
-                .sents
-                .par_chunks(chunk)
-                .map(|s| d.e_step(s, diagonal, cooc.src_of.len(), gen_words))
-                .collect();
             let mut all = Counts {
                 pair: vec![0.0; cooc.src_of.len()],
                 null: vec![0.0; gen_words + 1],
                 emp: 0.0,
                 cells: HashMap::new(),
             };
-            for p in parts {
-                all.pair.iter_mut().zip(&p.pair).for_each(|(a, b)| *a += b);
-                all.null.iter_mut().zip(&p.null).for_each(|(a, b)| *a += b);
-                all.emp += p.emp;
-                for (k, v) in p.cells {
-                    *all.cells.entry(k).or_insert(0.0) += v;
+            let chunks: Vec<&[_]> = cooc.sents.chunks(chunk).collect();
+            for round in chunks.chunks(threads) {
+                let parts: Vec<Counts> = round
+                    .par_iter()
+                    .map(|s| d.e_step(s, diagonal, cooc.src_of.len(), gen_words))
+                    .collect();
+                for p in parts {
+                    all.pair.iter_mut().zip(&p.pair).for_each(|(a, b)| *a += b);
+                    all.null.iter_mut().zip(&p.null).for_each(|(a, b)| *a += b);
+                    all.emp += p.emp;
+                    for (k, v) in p.cells {
+                        *all.cells.entry(k).or_insert(0.0) += v;
+                    }
                 }
             }
             // M-step: normalise over each conditioning word's pairs.
@@ -287,10 +291,13 @@ impl Direction {
             d.null = all.null;
             // The tension: Newton-like steps towards the prior whose expected feature is the posteriors'.
             if diagonal {
-                let words: f64 = all.cells.values().sum();
+                // (In a fixed order: the same tension in every process.)
+                let mut cells: Vec<((u32, u32, u32), f64)> = all.cells.into_iter().collect();
+                cells.sort_by_key(|c| c.0);
+                let words: f64 = cells.iter().map(|c| c.1).sum();
                 for _ in 0..8 {
                     let mut model = 0.0;
-                    for (&(n, m, j), &mass) in &all.cells {
+                    for &((n, m, j), mass) in &cells {
                         let z = prior(j as usize, n as usize, m as usize, d.tension, &mut w);
                         let e: f64 = w
                             .iter()

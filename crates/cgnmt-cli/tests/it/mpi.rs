@@ -1007,3 +1007,48 @@ fn bench_under_mpiexec_reports_every_ranks_phases_and_the_allreduce_by_size() {
     assert!(sizes[12]["seconds"].as_f64().unwrap() > 10.0 * sizes[0]["seconds"].as_f64().unwrap());
     assert!(r["allreduce_fit"]["beta_bytes_per_s"].as_f64().unwrap() > 0.0);
 }
+
+/// Guided alignment with the built-in aligner's links (made by rank 0, read by every rank): 2 ranks train like
+/// one process, with accumulated batches.
+#[test]
+fn ranks_train_like_one_process_with_guided_alignment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prepared = tmp.path().join("prep");
+    common::prepare(&prepared, 400);
+    let sets: Vec<&str> = vec![
+        "train.max_steps=12",
+        "train.eval_every=6",
+        "train.batch_size=16",
+        "train.accumulate=2",
+        "train.optimizer=adam",
+        "train.guided_alignment=\"builtin\"",
+        "train.guided_alignment_weight=0.5",
+        "model.context_gate=both",
+    ];
+    let one = tmp.path().join("one");
+    common::run_ok(&refs(&train_args(&prepared, &one, &sets)));
+    let p1 = load_parameters(&one);
+    let l1 = logged_losses(&one);
+    assert_eq!(l1.len(), 2);
+    let run = tmp.path().join("ranks-2");
+    let (out, _) = mpiexec(2, &refs(&train_args(&prepared, &run, &sets)), &[]);
+    assert!(
+        out.status.success(),
+        "2 ranks: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(one.join("guided-alignment.txt")).unwrap(),
+        std::fs::read(run.join("guided-alignment.txt")).unwrap()
+    );
+    for ((s1, x), (s2, y)) in l1.iter().zip(&logged_losses(&run)) {
+        assert_eq!(s1, s2);
+        assert!(
+            (x - y).abs() <= 1e-4 * x.abs(),
+            "update {s1}: {x} against {y}"
+        );
+    }
+    let worst = largest_difference(&p1, &load_parameters(&run));
+    eprintln!("guided alignment: 2 ranks against 1: {worst:e}");
+    assert!(worst < 2e-5, "{worst}");
+}
