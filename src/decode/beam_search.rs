@@ -58,6 +58,12 @@ pub struct DecodeOptions {
     /// A flag that, once set (by another thread: an interrupted caller), makes [`beam_search_batches`] start
     /// no further batch and return an error (`None`, the default: never).
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// At most this many target tokens per output (EOS not counted; `None`, the default: `3 × (n + 1)` for a
+    /// source of `n` tokens; CTranslate2's `max_decoding_length`).
+    pub max_length: Option<usize>,
+    /// EOS forbidden before this many target tokens (`None`, the default: `(n + 1) / 2`; CTranslate2's
+    /// `min_decoding_length`). Never above the maximum.
+    pub min_length: Option<usize>,
 }
 
 /// The largest word table [`beam_search_batches`] forms (see [`DecodeOptions::word_table`]): 512 MiB (a
@@ -91,6 +97,21 @@ impl DecodeOptions {
                     "the largest beam allowed".to_string()
                 }
             ));
+        }
+        if self.max_length == Some(0) {
+            return Err(format!(
+                "{} 0: it must be at least 1",
+                name("max_decoding_length")
+            ));
+        }
+        if let (Some(lo), Some(hi)) = (self.min_length, self.max_length) {
+            if lo > hi {
+                return Err(format!(
+                    "{} {lo}: it must not exceed {} {hi}",
+                    name("min_decoding_length"),
+                    name("max_decoding_length")
+                ));
+            }
         }
         if self.nbest == 0 || self.nbest > self.beam {
             return Err(format!(
@@ -148,7 +169,19 @@ impl Default for DecodeOptions {
             shortlist: None,
             int8: false,
             stop: None,
+            max_length: None,
+            min_length: None,
         }
+    }
+}
+
+impl DecodeOptions {
+    /// The length limits for a source of `n` tokens, (minimum words before EOS, maximum words): the fixed
+    /// ones where set, else [`length_limits`]'s.
+    pub fn length_limits(&self, n: usize) -> (usize, usize) {
+        let (lo, hi) = length_limits(n);
+        let hi = self.max_length.unwrap_or(hi);
+        (self.min_length.unwrap_or(lo).min(hi), hi)
     }
 }
 
@@ -788,7 +821,7 @@ pub fn beam_search_ensemble(
     if nsent == 0 {
         return Ok(vec![]);
     }
-    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| length_limits(s.len())).collect();
+    let limits: Vec<(usize, usize)> = srcs.iter().map(|s| opts.length_limits(s.len())).collect();
     check_steering(steering, &limits, eos)?;
     let (src_ids, src_mask) = pad(srcs, eos, dtype, &dev)?;
     // Int8 products need their weights quantised: prepare them for this call where the caller did not.

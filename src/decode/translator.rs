@@ -101,6 +101,12 @@ pub struct TranslateOptions {
     /// A flag another thread may set to stop the call before its next batch (an error then; see
     /// [`DecodeOptions::stop`]).
     pub stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// At most this many target tokens per output (`None`: three times the source's length plus one; see
+    /// [`DecodeOptions::max_length`]).
+    pub max_decoding_length: Option<usize>,
+    /// No EOS before this many target tokens (`None`: half the source's length plus one; see
+    /// [`DecodeOptions::min_length`]).
+    pub min_decoding_length: Option<usize>,
 }
 
 /// The options of [`Translator::score`]. The defaults: raw text on both sides (the model's tokenisers and
@@ -190,6 +196,8 @@ impl Default for TranslateOptions {
                 long_input: LongInput::Split,
             },
             stop: None,
+            max_decoding_length: None,
+            min_decoding_length: None,
         }
     }
 }
@@ -339,6 +347,8 @@ impl Translator {
             shortlist: self.shortlist.clone(),
             int8: self.int8,
             stop: o.stop.clone(),
+            max_length: o.max_decoding_length,
+            min_length: o.min_decoding_length,
         };
         opts.validate(self.members[0].tgt_vocab.len(), usize::MAX, &name)
             .map_err(NmtError::Options)?;

@@ -97,6 +97,12 @@ pub struct SteerArgs {
     /// output before subwords (pieces merged as `cgnmt align` merges them), not the detokenised text.
     #[arg(long, value_name = "hard|soft|P")]
     pub alignment: Option<cgnmt::decode::alignment::AlignmentMode>,
+    /// At most N target tokens per output (default: three times the source's tokens plus one).
+    #[arg(long, value_name = "N")]
+    pub max_decoding_length: Option<usize>,
+    /// No end of sentence before N target tokens (default: half the source's tokens plus one).
+    #[arg(long, value_name = "N")]
+    pub min_decoding_length: Option<usize>,
     /// After each translation (each n-best line), write ` ||| WordScores= ` each output word's
     /// log-probability (its subword pieces' sum) and `Score= ` the sentence's (EOS included), and, where the
     /// model has a context gate, ` ||| WordGates= ` each output word's mean gate value.

@@ -266,7 +266,8 @@ impl Translator {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (sentences, beam=10, nbest=1, length_norm=false, length_penalty=None, coverage_penalty=None,
         context_scale=(1.0, 1.0), pretokenized=false, record=false, batch=32, max_input_words=200,
-        truncate_long=false, word_scores=false, alignment=None, target_prefix=None, constraints=None, avoid=None))]
+        truncate_long=false, word_scores=false, alignment=None, target_prefix=None, constraints=None, avoid=None,
+        max_decoding_length=None, min_decoding_length=None))]
     fn translate<'py>(
         &self,
         py: Python<'py>,
@@ -287,6 +288,8 @@ impl Translator {
         target_prefix: Option<Vec<String>>,
         constraints: Option<Vec<Vec<String>>>,
         avoid: Option<Vec<Vec<String>>>,
+        max_decoding_length: Option<usize>,
+        min_decoding_length: Option<usize>,
     ) -> PyResult<Bound<'py, PyList>> {
         let stop = Arc::new(AtomicBool::new(false));
         let alignment = match alignment {
@@ -324,6 +327,8 @@ impl Translator {
                 },
             },
             stop: Some(stop.clone()),
+            max_decoding_length,
+            min_decoding_length,
         };
         self.inner
             .decode_options(&opts, str::to_string)

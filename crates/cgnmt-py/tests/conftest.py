@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,21 @@ def _data_dir() -> Path:
     return Path(d) if d else REPO.parent / "shared" / "data"
 
 
+def installed_cli() -> Path:
+    """The `cgnmt` command the package installed beside this interpreter (its console script)."""
+    return Path(sys.executable).parent / "cgnmt"
+
+
 @pytest.fixture(scope="session")
 def cgnmt_bin() -> Path:
-    """The command-line tool built from the same checkout (`cargo build --release`; `CGNMT_BIN` to override)."""
-    b = Path(os.environ.get("CGNMT_BIN", REPO / "target" / "release" / "cgnmt"))
+    """The command-line tool: `CGNMT_BIN` when set, else the package's own `cgnmt` command (installed with it),
+    else the binary built from the same checkout (`cargo build --release`)."""
+    env = os.environ.get("CGNMT_BIN")
+    b = Path(env) if env else installed_cli()
+    if not env and not b.is_file():
+        b = REPO / "target" / "release" / "cgnmt"
     if not b.is_file():
-        pytest.fail(f"{b}: no cgnmt binary (cargo build --release, or set CGNMT_BIN)")
+        pytest.fail(f"{b}: no cgnmt command (install the package, cargo build --release, or set CGNMT_BIN)")
     return b
 
 

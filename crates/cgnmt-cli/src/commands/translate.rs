@@ -119,6 +119,8 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         record: a.dump.is_some(),
         full_beam: a.full_beam,
         word_table: !a.no_word_table,
+        max_decoding_length: a.steer.max_decoding_length,
+        min_decoding_length: a.steer.min_decoding_length,
         batch: a.batch,
         pretokenized: a.pretokenized,
         input_limit: InputLimit {

@@ -21,20 +21,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from os import PathLike, fspath
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _cgnmt, metrics
 
-__version__ = "0.1.0"
+# The version is the crates' (Cargo.toml), the one place it is written; `_cgnmt.__version__` adds the commit.
+__version__: str = _cgnmt.__version__.split()[0]
 __all__ = [
     "Alignment",
     "Hypothesis",
     "Model",
     "Score",
+    "ScoringResult",
     "TrainSummary",
     "Translation",
+    "TranslationResult",
+    "TranslationStats",
     "Translator",
     "align",
     "metrics",
@@ -152,6 +156,44 @@ class Alignment:
     gates: Optional[np.ndarray] = None
 
 
+@dataclass
+class TranslationResult:
+    """One sentence's result of :meth:`Translator.translate_batch`, as CTranslate2 names it."""
+
+    hypotheses: List[List[str]]
+    scores: List[float] = field(default_factory=list)
+    attention: List[Any] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+
+@dataclass
+class ScoringResult:
+    """One pair's result of :meth:`Translator.score_batch`: the target's tokens and their log-probabilities."""
+
+    tokens: List[str]
+    log_probs: List[float]
+
+
+@dataclass
+class TranslationStats:
+    """What :meth:`Translator.translate_file` did: output tokens, lines, and the time taken."""
+
+    num_tokens: int
+    num_examples: int
+    total_time_in_ms: float
+
+
+def _result(t: "Translation", n: int, scores: bool, attention: bool) -> TranslationResult:
+    hyps = t.hypotheses[:n] if t.hypotheses else [Hypothesis(text=t.text, tokens=t.tokens, score=t.score)]
+    return TranslationResult(
+        hypotheses=[list(h.tokens) for h in hyps],
+        scores=[float(h.score) for h in hyps if h.score is not None] if scores else [],
+        attention=[t.attention.tolist()] if attention and t.attention is not None else [],
+    )
+
+
 class Translator:
     """A trained model (or an ensemble of models sharing vocabularies) opened for translation.
 
@@ -227,6 +269,8 @@ class Translator:
         target_prefix: Optional[Sequence[str]] = None,
         constraints: Optional[Sequence[Sequence[str]]] = None,
         avoid: Optional[Sequence[Sequence[str]]] = None,
+        max_decoding_length: Optional[int] = None,
+        min_decoding_length: Optional[int] = None,
     ) -> List[Translation]:
         """Translate ``sentences`` (raw text, or whitespace-tokenised with ``pretokenized``): one
         :class:`Translation` per sentence, in order; an empty sentence gives an empty translation.
@@ -247,6 +291,9 @@ class Translator:
         once, in any order (lexically constrained decoding by dynamic beam allocation, the beam fixed);
         ``avoid``: one list of phrases per sentence that its output must never contain. An output that could
         not meet all its constraints within the length limit has ``unmet_constraints`` > 0.
+        ``max_decoding_length``: at most this many output tokens (``None``: three times the source's tokens plus
+        one); ``min_decoding_length``: no end of sentence before this many (``None``: half the source's tokens
+        plus one; never above the maximum).
 
         Raises ``ValueError`` for an option out of its range (a beam of 0, a negative penalty, a context scale
         outside [0, 4]).
@@ -272,6 +319,8 @@ class Translator:
             None if target_prefix is None else _sentences("target_prefix", target_prefix),
             _phrase_lists("constraints", constraints),
             _phrase_lists("avoid", avoid),
+            max_decoding_length,
+            min_decoding_length,
         )
         out = []
         for r in raw:
@@ -300,7 +349,150 @@ class Translator:
             )
         return out
 
-    translate_batch = translate
+    def translate_batch(
+        self,
+        source: Sequence[Union[str, Sequence[str]]],
+        target_prefix: Optional[Sequence[Optional[Union[str, Sequence[str]]]]] = None,
+        max_batch_size: int = 0,
+        beam_size: int = 10,
+        num_hypotheses: int = 1,
+        length_penalty: Optional[float] = None,
+        coverage_penalty: Optional[float] = None,
+        max_decoding_length: Optional[int] = None,
+        min_decoding_length: Optional[int] = None,
+        return_scores: bool = True,
+        return_attention: bool = False,
+    ) -> List["TranslationResult"]:
+        """CTranslate2's ``Translator.translate_batch``: ``source`` is a list of token lists (the model's tokens,
+        as CTranslate2 takes them) or of raw strings; ``target_prefix`` one token list (or ``None``) per
+        sentence. Returns one :class:`TranslationResult` per sentence: ``hypotheses`` (``num_hypotheses``
+        token lists), ``scores`` (their log-probabilities, with ``return_scores``), ``attention`` (each
+        hypothesis's target × source weights, with ``return_attention``). ``length_penalty`` is GNMT's α
+        (``None``: the model's, as in :meth:`translate`); ``max_batch_size`` 0 decodes 32 at a time."""
+        tokens = bool(source) and not isinstance(source[0], str)
+        if tokens and any(isinstance(x, str) for x in source):
+            raise ValueError("source: all token lists or all strings, not both")
+        sentences = [" ".join(x) if tokens else x for x in source]
+        prefix = None
+        if target_prefix is not None:
+            if len(target_prefix) != len(sentences):
+                raise ValueError(
+                    f"target_prefix: {len(target_prefix)} entries for {len(sentences)} sentences"
+                )
+            prefix = [
+                "" if p is None else (p if isinstance(p, str) else " ".join(p)) for p in target_prefix
+            ]
+            if not tokens and any(p is not None and not isinstance(p, str) for p in target_prefix):
+                raise ValueError("target_prefix: strings for string sources, token lists for token lists")
+        out = self.translate(
+            sentences,
+            beam=beam_size,
+            nbest=num_hypotheses,
+            length_penalty=length_penalty,
+            coverage_penalty=coverage_penalty,
+            pretokenized=tokens,
+            return_attention=return_attention,
+            batch=max_batch_size or 32,
+            target_prefix=prefix,
+            max_decoding_length=max_decoding_length,
+            min_decoding_length=min_decoding_length,
+        )
+        return [_result(t, num_hypotheses, return_scores, return_attention) for t in out]
+
+    def translate_iterable(
+        self,
+        source: Iterable[Union[str, Sequence[str]]],
+        max_batch_size: int = 32,
+        batch_type: str = "examples",
+        **kwargs: Any,
+    ) -> Iterator["TranslationResult"]:
+        """CTranslate2's ``translate_iterable``: translate a stream of sentences (raw strings or token lists) and
+        yield one :class:`TranslationResult` per sentence, in order, holding only ``16 · max_batch_size``
+        sentences at a time (a file of any length in bounded memory). ``kwargs`` as :meth:`translate_batch`."""
+        if batch_type != "examples":
+            raise ValueError('batch_type: only "examples" (sentences per batch)')
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size {max_batch_size}: it must be at least 1")
+        chunk: List[Union[str, Sequence[str]]] = []
+        for x in source:
+            chunk.append(x)
+            if len(chunk) == 16 * max_batch_size:
+                yield from self.translate_batch(chunk, max_batch_size=max_batch_size, **kwargs)
+                chunk = []
+        if chunk:
+            yield from self.translate_batch(chunk, max_batch_size=max_batch_size, **kwargs)
+
+    def translate_file(
+        self,
+        source_path: PathType,
+        output_path: PathType,
+        max_batch_size: int = 32,
+        **kwargs: Any,
+    ) -> "TranslationStats":
+        """CTranslate2's ``translate_file``: translate the raw text lines of ``source_path`` (UTF-8, plain) into
+        ``output_path``, one line per input line (the best hypothesis, detokenised), streaming with
+        :meth:`translate_iterable`. The output is written to a temporary file and renamed into place when every
+        line is done (nothing partial is left). Returns the counts and the time taken."""
+        import os
+        import tempfile
+        import time
+
+        start = time.perf_counter()
+        out_path = fspath(output_path)
+        directory = os.path.dirname(os.path.abspath(out_path))
+        n = tokens = 0
+        fd, tmp = tempfile.mkstemp(prefix=".cgnmt-", dir=directory)
+        try:
+            with open(fspath(source_path), encoding="utf-8") as src, os.fdopen(fd, "w", encoding="utf-8") as dst:
+                lines = (line.rstrip("\n").rstrip("\r") for line in src)
+                for r in self._texts(lines, max_batch_size, kwargs):
+                    dst.write(r.text + "\n")
+                    n += 1
+                    tokens += len(r.tokens)
+            os.replace(tmp, out_path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return TranslationStats(
+            num_tokens=tokens, num_examples=n, total_time_in_ms=1000 * (time.perf_counter() - start)
+        )
+
+    def _texts(
+        self, lines: Iterable[str], max_batch_size: int, kwargs: Mapping[str, Any]
+    ) -> Iterator[Translation]:
+        """:meth:`translate` over a stream of raw lines, ``16 · max_batch_size`` at a time, in order."""
+        opts = dict(kwargs)
+        if "beam_size" in opts:
+            opts["beam"] = opts.pop("beam_size")
+        chunk: List[str] = []
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) == 16 * max_batch_size:
+                yield from self.translate(chunk, batch=max_batch_size, **opts)
+                chunk = []
+        if chunk:
+            yield from self.translate(chunk, batch=max_batch_size, **opts)
+
+    def score_batch(
+        self,
+        source: Sequence[Union[str, Sequence[str]]],
+        target: Sequence[Union[str, Sequence[str]]],
+        max_batch_size: int = 0,
+    ) -> List["ScoringResult"]:
+        """CTranslate2's ``score_batch``: each target's tokens and their log-probabilities given its source (token
+        lists, or raw strings, on both sides alike); see :meth:`score`."""
+        tokens = bool(source) and not isinstance(source[0], str)
+        join = (lambda x: " ".join(x)) if tokens else (lambda x: x)
+        scores = self.score(
+            [join(x) for x in source],
+            [join(x) for x in target],
+            pretokenized=tokens,
+            batch=max_batch_size or 32,
+        )
+        return [ScoringResult(tokens=s.tokens, log_probs=[float(x) for x in s.token_scores]) for s in scores]
 
     def align(
         self, sources: Sequence[str], targets: Sequence[str], soft: bool = False, batch: int = 32

@@ -35,6 +35,8 @@ class Translator:
         target_prefix: Optional[Sequence[str]] = None,
         constraints: Optional[Sequence[Sequence[str]]] = None,
         avoid: Optional[Sequence[Sequence[str]]] = None,
+        max_decoding_length: Optional[int] = None,
+        min_decoding_length: Optional[int] = None,
     ) -> List[Dict[str, Any]]: ...
     def align(
         self, sources: Sequence[str], targets: Sequence[str], batch: int = 32
