@@ -1016,8 +1016,8 @@ fn ranks_train_like_one_process_with_guided_alignment() {
     let prepared = tmp.path().join("prep");
     common::prepare(&prepared, 400);
     let sets: Vec<&str> = vec![
-        "train.max_steps=12",
-        "train.eval_every=6",
+        "train.max_steps=20",
+        "train.eval_every=10",
         "train.batch_size=16",
         "train.accumulate=2",
         "train.optimizer=adam",
