@@ -669,6 +669,34 @@ fn bleu(
     Ok(cgnmt_eval::report::bleu_json(&b).to_string())
 }
 
+/// One sentence's BLEU as sacreBLEU's `sentence_bleu` computes it (effective order by default), as JSON text
+/// (`bleu`'s fields).
+#[pyfunction]
+#[pyo3(signature = (hyp, refs, lowercase=false, tokenize=None, smooth=None, smooth_value=None, effective_order=true))]
+fn sentence_bleu(
+    hyp: String,
+    refs: Vec<String>,
+    lowercase: bool,
+    tokenize: Option<String>,
+    smooth: Option<String>,
+    smooth_value: Option<f64>,
+    effective_order: bool,
+) -> PyResult<String> {
+    let o = metric_options(
+        tokenize.as_deref(),
+        lowercase,
+        smooth.as_deref(),
+        smooth_value,
+        false,
+        false,
+    )?;
+    let mut opts = o.bleu_options().map_err(py_err_any)?;
+    opts.effective_order = effective_order;
+    let b = cgnmt_eval::sentence_bleu(&hyp, &refs, &opts)
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(cgnmt_eval::report::bleu_json(&b).to_string())
+}
+
 /// Corpus chrF (chrF++ with `plus_plus`) as `cgnmt score --json --metric chrf` prints it (JSON text).
 #[pyfunction]
 #[pyo3(signature = (hyps, refs, plus_plus=false, lowercase=false))]
@@ -874,6 +902,7 @@ fn _cgnmt(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train, m)?)?;
     m.add_function(wrap_pyfunction!(select, m)?)?;
     m.add_function(wrap_pyfunction!(bleu, m)?)?;
+    m.add_function(wrap_pyfunction!(sentence_bleu, m)?)?;
     m.add_function(wrap_pyfunction!(chrf, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(compare_runs, m)?)?;

@@ -116,3 +116,59 @@ def test_compare_runs_counts_the_seeds_as_the_cli_does(tatoeba, cgnmt_bin):
     assert c.runs_needed > 3
     with pytest.raises(TypeError, match="one per seed"):
         metrics.compare_runs("a", [["b"]], [["c"]])
+
+
+def test_sentence_bleu_and_chrf_equal_sacrebleu_on_the_fixtures(fixtures_dir):
+    """sacreBLEU's `sentence_bleu` (its default and four variants) and `sentence_chrf` on 20 segments with one and
+    two references (`shared/fixtures/bleu/sentence-bleu`), and the signature as an object."""
+    import json
+
+    from cgnmt.metrics import Signature, sentence_bleu, sentence_chrf
+
+    d = fixtures_dir / "bleu" / "sentence-bleu"
+    exp = json.loads((d / "expected.json").read_text(encoding="utf-8"))
+    hyps = (d / "hyp.txt").read_text(encoding="utf-8").splitlines()
+    r1 = (d / "ref1.txt").read_text(encoding="utf-8").splitlines()
+    r2 = (d / "ref2.txt").read_text(encoding="utf-8").splitlines()
+    variants = {
+        "default": {},
+        "exp_no_effective_order": {"use_effective_order": False},
+        "floor_0.1": {"smooth": "floor", "smooth_value": 0.1},
+        "add-k_1": {"smooth": "add-k", "smooth_value": 1},
+        "none": {"smooth": "none"},
+        "lowercase": {"lowercase": True},
+    }
+    checked = 0
+    for i, seg in enumerate(exp["segments"]):
+        for key, refs in (("ref1", [r1[i]]), ("ref1+ref2", [r1[i], r2[i]])):
+            for name, e in seg[key].items():
+                if name == "chrf":
+                    got = sentence_chrf(hyps[i], refs).score
+                    want = e if isinstance(e, (int, float)) else e["score"]
+                    assert got == pytest.approx(want, abs=1e-9), (i, key, name)
+                    checked += 1
+                    continue
+                if name not in variants:
+                    continue
+                b = sentence_bleu(hyps[i], refs, **variants[name])
+                assert b.score == pytest.approx(e["score"], abs=1e-9), (i, key, name, b, e)
+                if name != "add-k_1":
+                    # (sacreBLEU reports add-k's counts and totals with k added from the 2-grams on.)
+                    assert b.counts == e["counts"] and b.totals == e["totals"], (i, key, name)
+                assert (b.sys_len, b.ref_len) == (e["sys_len"], e["ref_len"])
+                checked += 1
+    assert checked == 20 * 2 * 7
+    # The signature as an object: sacreBLEU's fields but the version.
+    sig = sentence_bleu(hyps[0], [r1[0]]).get_signature()
+    want = Signature(exp["default_signature"])
+    assert [k for k in sig.fields] == [k for k in want.fields]
+    assert {k: v for k, v in sig.fields.items() if k != "version"} == {
+        k: v for k, v in want.fields.items() if k != "version"
+    }
+    assert str(sig) == sentence_bleu(hyps[0], [r1[0]]).signature
+    assert sig.format(short=True).startswith("#:1|c:mixed|e:yes|tok:13a|s:exp|v:")
+    assert sig["eff"] == "yes" and sentence_bleu(hyps[0], [r1[0]], use_effective_order=False).get_signature()["eff"] == "no"
+    with pytest.raises(ValueError):
+        sentence_bleu(hyps[0], [])
+    with pytest.raises(ValueError):
+        Signature("nrefs")

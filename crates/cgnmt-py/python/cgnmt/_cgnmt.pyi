@@ -84,6 +84,15 @@ def bleu(
     smooth_value: Optional[float] = None,
     cased: bool = False,
 ) -> str: ...
+def sentence_bleu(
+    hyp: str,
+    refs: Sequence[str],
+    lowercase: bool = False,
+    tokenize: Optional[str] = None,
+    smooth: Optional[str] = None,
+    smooth_value: Optional[float] = None,
+    effective_order: bool = True,
+) -> str: ...
 def chrf(
     hyps: Sequence[str], refs: Sequence[Sequence[str]], plus_plus: bool = False, lowercase: bool = False
 ) -> str: ...

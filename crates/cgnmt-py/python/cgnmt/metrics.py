@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _cgnmt
 
-__all__ = ["AERScore", "BLEUScore", "CHRFScore", "Comparison", "RunsComparison", "aer", "bleu", "chrf",
-           "compare", "compare_runs"]
+__all__ = ["AERScore", "BLEUScore", "CHRFScore", "Comparison", "RunsComparison", "Signature", "aer", "bleu",
+           "chrf", "compare", "compare_runs", "sentence_bleu", "sentence_chrf"]
 
 Refs = Union[Sequence[str], Sequence[Sequence[str]]]
 
@@ -39,6 +39,37 @@ def _lines(name: str, xs: Sequence[str]) -> List[str]:
     return list(xs)
 
 
+class Signature:
+    """A score's signature as an object (sacreBLEU's ``metric.get_signature()``): its fields in order
+    (``nrefs``, ``case``, ``eff``, ``tok``, ``smooth``, ``version`` for BLEU), ``str()`` the usual
+    ``key:value|...`` line, ``format(short=True)`` sacreBLEU's abbreviated one."""
+
+    _SHORT = {"nrefs": "#", "case": "c", "eff": "e", "tok": "tok", "smooth": "s", "version": "v"}
+
+    def __init__(self, text: str) -> None:
+        self.fields: Dict[str, str] = {}
+        for part in text.split("|"):
+            key, sep, value = part.partition(":")
+            if not sep:
+                raise ValueError(f"signature {text!r}: {part!r} is not key:value")
+            self.fields[key] = value
+
+    def __getitem__(self, key: str) -> str:
+        return self.fields[key]
+
+    def format(self, short: bool = False) -> str:
+        return "|".join(f"{self._SHORT.get(k, k) if short else k}:{v}" for k, v in self.fields.items())
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        return f"Signature({self.format()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Signature) and self.fields == other.fields
+
+
 @dataclass(frozen=True)
 class BLEUScore:
     """Corpus BLEU on the 0–100 scale with its parts: clipped n-gram ``counts`` and ``totals`` (n = 1..4),
@@ -54,6 +85,10 @@ class BLEUScore:
     sys_len: int
     ref_len: int
     signature: str
+
+    def get_signature(self) -> Signature:
+        """The signature as an object (sacreBLEU's name)."""
+        return Signature(self.signature)
 
     def __str__(self) -> str:
         ratio = self.sys_len / self.ref_len if self.ref_len else 0.0
@@ -71,6 +106,10 @@ class CHRFScore:
     name: str
     score: float
     signature: str
+
+    def get_signature(self) -> Signature:
+        """The signature as an object (sacreBLEU's name)."""
+        return Signature(self.signature)
 
     def __str__(self) -> str:
         return f"{self.name}|{self.signature} = {self.score:.2f}"
@@ -146,6 +185,55 @@ def bleu(
         ref_len=d["ref_len"],
         signature=d["signature"],
     )
+
+
+def _bleu_score(d: Dict[str, Any]) -> BLEUScore:
+    return BLEUScore(
+        score=d["score"],
+        counts=d["counts"],
+        totals=d["totals"],
+        precisions=d["precisions"],
+        bp=d["bp"],
+        sys_len=d["sys_len"],
+        ref_len=d["ref_len"],
+        signature=d["signature"],
+    )
+
+
+def sentence_bleu(
+    hypothesis: str,
+    references: Sequence[str],
+    lowercase: bool = False,
+    tokenize: Optional[str] = None,
+    smooth: Optional[str] = None,
+    smooth_value: Optional[float] = None,
+    use_effective_order: bool = True,
+) -> BLEUScore:
+    """One sentence's BLEU against its references, as sacreBLEU's ``sentence_bleu`` computes it: 13a
+    tokenisation, exp smoothing and, by default, only the n-gram orders the hypothesis has
+    (``use_effective_order``). Options as :func:`bleu`'s."""
+    if not isinstance(hypothesis, str):
+        raise ValueError("hypothesis: one sentence (a str)")
+    refs = _lines("references", references)
+    if not refs:
+        raise ValueError("references: at least one")
+    d = json.loads(
+        _cgnmt.sentence_bleu(
+            hypothesis, refs, bool(lowercase), tokenize, smooth, smooth_value, bool(use_effective_order)
+        )
+    )
+    return _bleu_score(d)
+
+
+def sentence_chrf(hypothesis: str, references: Sequence[str], plus_plus: bool = False) -> CHRFScore:
+    """One sentence's chrF2 (chrF2++ with ``plus_plus``) against its references, as sacreBLEU's
+    ``sentence_chrf`` computes it (the corpus statistic over one sentence)."""
+    if not isinstance(hypothesis, str):
+        raise ValueError("hypothesis: one sentence (a str)")
+    refs = _lines("references", references)
+    if not refs:
+        raise ValueError("references: at least one")
+    return chrf([hypothesis], [[r] for r in refs], plus_plus=plus_plus)
 
 
 def chrf(hyps: Sequence[str], refs: Refs, plus_plus: bool = False, lowercase: bool = False) -> CHRFScore:
