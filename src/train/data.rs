@@ -17,6 +17,22 @@ pub fn read_tokenized(path: &Path) -> Result<Vec<Vec<String>>> {
         .collect())
 }
 
+/// The prepared directory's tokenised training pairs (`train.src`, `train.tgt`), an error when their line
+/// counts differ.
+pub fn read_prepared_pairs(dir: &Path) -> Result<(Vec<Vec<String>>, Vec<Vec<String>>)> {
+    let src = read_tokenized(&dir.join("train.src"))?;
+    let tgt = read_tokenized(&dir.join("train.tgt"))?;
+    if src.len() != tgt.len() {
+        return Err(NmtError::Data(format!(
+            "{}: train.src has {} lines but train.tgt has {}",
+            dir.display(),
+            src.len(),
+            tgt.len()
+        )));
+    }
+    Ok((src, tgt))
+}
+
 /// Training data prepared for the model.
 pub struct TrainData {
     pub corpus: Corpus,
@@ -40,17 +56,7 @@ fn text_corpus(
     vocabs: [&Vocab; 2],
     subwords: Option<[Option<cgnmt_data::BpeModel>; 2]>,
 ) -> Result<(Corpus, Option<SubwordSource>, usize)> {
-    let dir = &cfg.data.prepared;
-    let src = read_tokenized(&dir.join("train.src"))?;
-    let tgt = read_tokenized(&dir.join("train.tgt"))?;
-    if src.len() != tgt.len() {
-        return Err(NmtError::Data(format!(
-            "{}: train.src has {} lines but train.tgt has {}",
-            dir.display(),
-            src.len(),
-            tgt.len()
-        )));
-    }
+    let (src, tgt) = read_prepared_pairs(&cfg.data.prepared)?;
     let (mut ids_src, mut ids_tgt) = (vec![], vec![]);
     let mut dropped_long = 0;
     let mut words: Option<SubwordSource> = subwords.map(|models| SubwordSource {

@@ -92,16 +92,7 @@ pub fn load(
         return Ok(None);
     };
     let dir = &cfg.data.prepared;
-    let src = crate::train::data::read_tokenized(&dir.join("train.src"))?;
-    let tgt = crate::train::data::read_tokenized(&dir.join("train.tgt"))?;
-    if src.len() != tgt.len() {
-        return Err(NmtError::Data(format!(
-            "{}: train.src has {} lines but train.tgt has {}",
-            dir.display(),
-            src.len(),
-            tgt.len()
-        )));
-    }
+    let (src, tgt) = crate::train::data::read_prepared_pairs(dir)?;
     let words: Vec<[(Vec<u32>, usize); 2]> = src
         .iter()
         .zip(&tgt)

@@ -185,6 +185,18 @@ class TranslationStats:
     total_time_in_ms: float
 
 
+def _chunks(items: Iterable[Any], n: int) -> Iterator[List[Any]]:
+    """``items`` in lists of ``n`` (the last one shorter), read as they are needed."""
+    chunk: List[Any] = []
+    for x in items:
+        chunk.append(x)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _result(t: "Translation", n: int, scores: bool, attention: bool) -> TranslationResult:
     hyps = t.hypotheses[:n] if t.hypotheses else [Hypothesis(text=t.text, tokens=t.tokens, score=t.score)]
     return TranslationResult(
@@ -413,13 +425,7 @@ class Translator:
             raise ValueError('batch_type: only "examples" (sentences per batch)')
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size {max_batch_size}: it must be at least 1")
-        chunk: List[Union[str, Sequence[str]]] = []
-        for x in source:
-            chunk.append(x)
-            if len(chunk) == 16 * max_batch_size:
-                yield from self.translate_batch(chunk, max_batch_size=max_batch_size, **kwargs)
-                chunk = []
-        if chunk:
+        for chunk in _chunks(source, 16 * max_batch_size):
             yield from self.translate_batch(chunk, max_batch_size=max_batch_size, **kwargs)
 
     def translate_file(
@@ -467,13 +473,7 @@ class Translator:
         opts = dict(kwargs)
         if "beam_size" in opts:
             opts["beam"] = opts.pop("beam_size")
-        chunk: List[str] = []
-        for line in lines:
-            chunk.append(line)
-            if len(chunk) == 16 * max_batch_size:
-                yield from self.translate(chunk, batch=max_batch_size, **opts)
-                chunk = []
-        if chunk:
+        for chunk in _chunks(lines, 16 * max_batch_size):
             yield from self.translate(chunk, batch=max_batch_size, **opts)
 
     def score_batch(

@@ -200,6 +200,16 @@ def _bleu_score(d: Dict[str, Any]) -> BLEUScore:
     )
 
 
+def _one_sentence(hypothesis: str, references: Sequence[str]) -> List[str]:
+    """A sentence-level metric's references, checked: one hypothesis (a str), at least one reference."""
+    if not isinstance(hypothesis, str):
+        raise ValueError("hypothesis: one sentence (a str)")
+    refs = _lines("references", references)
+    if not refs:
+        raise ValueError("references: at least one")
+    return refs
+
+
 def sentence_bleu(
     hypothesis: str,
     references: Sequence[str],
@@ -212,11 +222,7 @@ def sentence_bleu(
     """One sentence's BLEU against its references, as sacreBLEU's ``sentence_bleu`` computes it: 13a
     tokenisation, exp smoothing and, by default, only the n-gram orders the hypothesis has
     (``use_effective_order``). Options as :func:`bleu`'s."""
-    if not isinstance(hypothesis, str):
-        raise ValueError("hypothesis: one sentence (a str)")
-    refs = _lines("references", references)
-    if not refs:
-        raise ValueError("references: at least one")
+    refs = _one_sentence(hypothesis, references)
     d = json.loads(
         _cgnmt.sentence_bleu(
             hypothesis, refs, bool(lowercase), tokenize, smooth, smooth_value, bool(use_effective_order)
@@ -228,11 +234,7 @@ def sentence_bleu(
 def sentence_chrf(hypothesis: str, references: Sequence[str], plus_plus: bool = False) -> CHRFScore:
     """One sentence's chrF2 (chrF2++ with ``plus_plus``) against its references, as sacreBLEU's
     ``sentence_chrf`` computes it (the corpus statistic over one sentence)."""
-    if not isinstance(hypothesis, str):
-        raise ValueError("hypothesis: one sentence (a str)")
-    refs = _lines("references", references)
-    if not refs:
-        raise ValueError("references: at least one")
+    refs = _one_sentence(hypothesis, references)
     return chrf([hypothesis], [[r] for r in refs], plus_plus=plus_plus)
 
 
