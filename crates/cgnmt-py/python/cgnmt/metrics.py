@@ -174,20 +174,11 @@ def bleu(
         r = _cgnmt.bleu(
             hyps, _streams(refs), False, bool(lowercase), tokenize, smooth, smooth_value, False
         )
-    d = json.loads(r)
-    return BLEUScore(
-        score=d["score"],
-        counts=d["counts"],
-        totals=d["totals"],
-        precisions=d["precisions"],
-        bp=d["bp"],
-        sys_len=d["sys_len"],
-        ref_len=d["ref_len"],
-        signature=d["signature"],
-    )
+    return _bleu_score(json.loads(r))
 
 
 def _bleu_score(d: Dict[str, Any]) -> BLEUScore:
+    """A score from the JSON that the extension's BLEU functions return."""
     return BLEUScore(
         score=d["score"],
         counts=d["counts"],
