@@ -30,7 +30,7 @@ def test_translate_batch_takes_ctranslate2s_keywords_and_token_lists(tr, lines):
     for r, p in zip(res, plain):
         assert r.hypotheses == [h.tokens for h in p.hypotheses]
         assert r.scores == pytest.approx([h.score for h in p.hypotheses])
-        assert r["hypotheses"] is r.hypotheses
+        assert r["hypotheses"] == r.hypotheses and r["scores"] == r.scores
         att = r.attention[0]
         assert len(att) in (len(p.tokens), len(p.tokens) + 1) and len(att[0]) == len(p.source_tokens) + 1
     # Raw strings give the same; no scores unless asked.
@@ -50,7 +50,7 @@ def test_translate_batch_takes_ctranslate2s_keywords_and_token_lists(tr, lines):
         tr.translate_batch(tokens, target_prefix=prefix[:3])
 
 
-def test_decoding_length_limits(tr, lines, models, cgnmt_bin, tmp_path):
+def test_decoding_length_limits(tr, lines):
     short = tr.translate_batch(lines, beam_size=3, max_decoding_length=2)
     assert all(len(r.hypotheses[0]) <= 2 for r in short)
     free = tr.translate(lines, beam=3)
@@ -62,7 +62,9 @@ def test_decoding_length_limits(tr, lines, models, cgnmt_bin, tmp_path):
         tr.translate(lines[:2], min_decoding_length=9, max_decoding_length=4)
     with pytest.raises(ValueError, match="max_decoding_length"):
         tr.translate(lines[:2], max_decoding_length=0)
-    # The command line's options give the same outputs.
+
+
+def test_decoding_length_limits_equal_the_command_lines(tr, lines, models, cgnmt_bin, tmp_path):
     src = tmp_path / "src.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = run(cgnmt_bin, "translate", "-m", models[1], "-i", src, "-b", "3", "--max-decoding-length", "2")

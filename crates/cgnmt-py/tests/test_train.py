@@ -37,8 +37,10 @@ def test_train_equals_the_command_line_and_resumes(prepared, cgnmt_bin, tmp_path
     assert py.steps == 20 and py.parameters > 0 and len(py.history) == 2
     assert py.best_dev_bleu is not None and py.state["finished"]
     args = ["train", "-q", "--out", tmp_path / "cli"]
-    for kv in cgnmt._settings(s):
-        args += ["--set", kv]
+    for k, v in s.items():
+        # The command line's form of each setting (TOML values: bools, numbers, quoted strings).
+        v = ("true" if v else "false") if isinstance(v, bool) else repr(v) if isinstance(v, (int, float)) else json.dumps(v)
+        args += ["--set", f"{k}={v}"]
     run(cgnmt_bin, *args)
     # The same updates: the same bits.
     assert (tmp_path / "py/last/model.safetensors").read_bytes() == (
@@ -78,13 +80,15 @@ def test_select_chooses_on_dev(prepared, tmp_path):
     assert json.loads((tmp_path / "run" / "selection.json").read_text())["chosen"] == sel["chosen"]
 
 
-def test_the_examples_run(models, tatoeba, tmp_path):
+def test_the_examples_run(models, tmp_path):
+    from conftest import DATA
+
     ex = REPO / "examples" / "python"
     src = tmp_path / "src.zh"
-    src.write_text("".join(l + "\n" for l in (tatoeba / "test.zh").read_text(encoding="utf-8").splitlines()[:30]),
+    src.write_text("".join(l + "\n" for l in (DATA / "dev.zh").read_text(encoding="utf-8").splitlines()[100:130]),
                    encoding="utf-8")
     ref = tmp_path / "ref.en"
-    ref.write_text("".join(l + "\n" for l in (tatoeba / "test.en").read_text(encoding="utf-8").splitlines()[:30]),
+    ref.write_text("".join(l + "\n" for l in (DATA / "dev.en").read_text(encoding="utf-8").splitlines()[100:130]),
                    encoding="utf-8")
 
     def py(*args):

@@ -155,7 +155,7 @@ def test_align_equals_the_command_line(models, prepared, cgnmt_bin, tmp_path):
         np.testing.assert_allclose(a.attention.sum(axis=1), 1.0, atol=1e-5)
 
 
-def test_model_info_and_vocabularies(models, cgnmt_bin):
+def test_model_info_and_vocabularies(models):
     info = cgnmt.Model(models[0]).info()
     assert info["directory"].endswith("best")
     assert "context_gate" in info["config"] and info["total_parameters"] == sum(n for _, n in info["parameters"])
@@ -260,6 +260,12 @@ def test_word_scores_alignments_and_prefixes_as_the_command_line_writes_them(mod
         # One hard link per output word; the words' scores add up to the tokens' (EOS aside).
         assert [j for _, j in t.alignment] == list(range(len(t.word_scores)))
         assert float(t.word_scores.sum()) <= 0
+
+
+def test_soft_alignments_and_target_prefixes(models, dev_lines):
+    lines = [l for l in dev_lines if l.strip()][:20]
+    tr = cgnmt.Translator(models[1])
+    out = tr.translate(lines, beam=4)
     soft = tr.translate(lines[:3], alignment="soft")
     for t in soft:
         assert t.alignment.ndim == 2 and np.allclose(t.alignment.sum(axis=1), 1.0)
@@ -281,29 +287,39 @@ def test_word_scores_alignments_and_prefixes_as_the_command_line_writes_them(mod
         tr.translate(src, alignment="sometimes")
 
 
-def test_constraints_avoided_phrases_and_the_penalties_the_model_keeps(models, dev_lines, cgnmt_bin, tmp_path):
+def constrained(tr, dev_lines):
+    """20 sentences' source tokens, one required phrase each (the next sentence's last output token) and one
+    avoided (the sentence's own first)."""
     lines = [l for l in dev_lines if l.strip()][:20]
-    tr = cgnmt.Translator(models[1])
-    assert tr.decoding_settings is None
     out = tr.translate(lines, beam=4)
     src = [" ".join(t.source_tokens) for t in out]
     plain = tr.translate(src, beam=4, pretokenized=True)
-    # Require the next sentence's last output token, avoid the sentence's own first one.
     cons = [[plain[(k + 1) % 20].tokens[-1]] if plain[(k + 1) % 20].tokens else [] for k in range(20)]
     avoid = [[t.tokens[0]] if t.tokens and [t.tokens[0]] != c else [] for t, c in zip(plain, cons)]
-    got = tr.translate(src, beam=4, nbest=2, pretokenized=True, constraints=cons, avoid=avoid)
-    for t, c, a in zip(got, cons, avoid):
-        assert t.unmet_constraints == 0
-        for h in t.hypotheses:
-            assert all(w in h.tokens for w in c), (h.tokens, c)
-            assert not any(w in h.tokens for w in a), (h.tokens, a)
-    # The command line's --json-input gives the same translations.
+    return lines, out, src, cons, avoid
+
+
+def test_constraints_equal_the_command_lines_json_input(models, dev_lines, cgnmt_bin, tmp_path):
+    tr = cgnmt.Translator(models[1])
+    _, _, src, cons, avoid = constrained(tr, dev_lines)
     jl = tmp_path / "in.jsonl"
     jl.write_text("".join(json.dumps({"text": s, "constraints": c, "avoid": a}) + "\n"
                           for s, c, a in zip(src, cons, avoid)), encoding="utf-8")
     p = run(cgnmt_bin, "translate", "-q", "-m", models[1], "-i", jl, "--json-input", "--pretokenized", "--beam", "4")
     assert p.stdout.decode("utf-8").splitlines() == [t.text for t in tr.translate(
         src, beam=4, pretokenized=True, constraints=cons, avoid=avoid)]
+
+
+def test_constraints_avoided_phrases_and_the_penalties_the_model_keeps(models, dev_lines, tmp_path):
+    tr = cgnmt.Translator(models[1])
+    assert tr.decoding_settings is None
+    lines, out, src, cons, avoid = constrained(tr, dev_lines)
+    got = tr.translate(src, beam=4, nbest=2, pretokenized=True, constraints=cons, avoid=avoid)
+    for t, c, a in zip(got, cons, avoid):
+        assert t.unmet_constraints == 0
+        for h in t.hypotheses:
+            assert all(w in h.tokens for w in c), (h.tokens, c)
+            assert not any(w in h.tokens for w in a), (h.tokens, a)
     with pytest.raises(ValueError, match="line 3: an empty constraint"):
         tr.translate(src, constraints=[[]] * 2 + [[""]] + [[]] * 17)
     with pytest.raises(TypeError, match="one list of phrases per sentence"):
