@@ -220,6 +220,71 @@ impl DevSet {
     }
 }
 
+impl DevSet {
+    /// The pairs whose reference has more than `words` words (split on whitespace): dev's longer sentences,
+    /// to choose penalties that do not leave long outputs short. All with `words` 0.
+    pub fn longer_than(&self, words: usize) -> Result<DevSet> {
+        if words == 0 {
+            return Ok(DevSet {
+                src: self.src.clone(),
+                refs: self.refs.clone(),
+            });
+        }
+        let keep: Vec<usize> = (0..self.refs.len())
+            .filter(|&i| self.refs[i].split_whitespace().count() > words)
+            .collect();
+        if keep.is_empty() {
+            bail!(
+                "no dev pair has a reference longer than {words} words (of {}): choose a smaller length",
+                self.refs.len()
+            );
+        }
+        Ok(DevSet {
+            src: keep.iter().map(|&i| self.src[i].clone()).collect(),
+            refs: keep.iter().map(|&i| self.refs[i].clone()).collect(),
+        })
+    }
+}
+
+/// How the penalties are chosen on dev (`cgnmt select --tune`): on which pairs, and under which constraint on
+/// the output's length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Tuning {
+    /// Choose on the dev pairs whose reference has more than this many words (0: all dev).
+    pub longer_than: usize,
+    /// Choose among the pairs of the grid whose output/reference length ratio (mteval-v11b tokens, on the
+    /// tuning pairs) lies in `[low, high]` (the highest BLEU among them); when none does, the pair whose
+    /// ratio lies nearest to the interval. `None`: the highest BLEU.
+    pub length_ratio: Option<(f64, f64)>,
+}
+
+impl Tuning {
+    /// A pair's distance from the length-ratio interval (0 inside it, or without one).
+    fn ratio_miss(&self, ratio: f64) -> f64 {
+        match self.length_ratio {
+            Some((lo, _)) if ratio < lo => lo - ratio,
+            Some((_, hi)) if ratio > hi => ratio - hi,
+            _ => 0.0,
+        }
+    }
+
+    /// The grid point chosen: the nearest to the length-ratio interval (0 for every point inside it), then the
+    /// highest BLEU; the first (the recipe's own pair) wins ties.
+    pub fn choose(&self, grid: &[GridPoint]) -> usize {
+        let mut k = 0;
+        for (i, g) in grid.iter().enumerate() {
+            let (miss, best_miss) = (self.ratio_miss(g.3), self.ratio_miss(grid[k].3));
+            if miss < best_miss || (miss == best_miss && g.2 > grid[k].2) {
+                k = i;
+            }
+        }
+        k
+    }
+}
+
+/// One point of the penalty grid: `(α, β, dev BLEU, output/reference length ratio)` on the tuning pairs.
+pub type GridPoint = (f64, f64, f64, f64);
+
 /// A model directory loaded once, to decode dev with several settings.
 pub struct DevDecoder {
     lm: store::LoadedModel,
@@ -235,10 +300,23 @@ impl DevDecoder {
 
     /// mteval-v11b case-insensitive BLEU of the dev set decoded with `opts`.
     pub fn bleu(&self, dev: &DevSet, opts: &DecodeOptions) -> Result<f64> {
+        Ok(self.bleu_and_ratio(dev, opts)?.0)
+    }
+
+    /// mteval-v11b case-insensitive BLEU of the dev set decoded with `opts`, and the output/reference length
+    /// ratio in its tokens (0 when BLEU cannot be computed).
+    pub fn bleu_and_ratio(&self, dev: &DevSet, opts: &DecodeOptions) -> Result<(f64, f64)> {
         let tr = Pipeline::of(&self.model, &self.lm);
         let out = tr.translate(&dev.src, opts, 32, true, |_| {})?;
         let hyps: Vec<String> = out.into_iter().map(|t| t.text).collect();
-        Ok(crate::train::bleu_v11b(&hyps, &dev.refs))
+        let v11b = cgnmt_eval::bleu::BleuOptions::mteval_v11b();
+        Ok(
+            match cgnmt_eval::bleu::corpus_bleu(&hyps, &[dev.refs.clone()], &v11b) {
+                Ok(s) if s.ref_len > 0 => (s.score, s.sys_len as f64 / s.ref_len as f64),
+                Ok(s) => (s.score, 0.0),
+                Err(_) => (0.0, 0.0),
+            },
+        )
     }
 }
 
@@ -248,6 +326,8 @@ pub struct Scored {
     pub name: String,
     pub dir: PathBuf,
     pub dev_bleu: f64,
+    /// Output/reference length ratio on dev (mteval-v11b tokens).
+    pub length_ratio: f64,
 }
 
 /// Index of the highest score; a later entry replaces an earlier one only when strictly higher, so the
@@ -300,8 +380,13 @@ pub struct Selection {
     pub chosen: usize,
     /// The settings the candidates were compared with.
     pub compared_with: (f64, f64),
-    /// `(α, β, dev BLEU)` of the chosen model over the grid (empty without tuning).
-    pub grid: Vec<(f64, f64, f64)>,
+    /// `(α, β, dev BLEU, length ratio)` of the chosen model over the grid, on the tuning pairs (empty without
+    /// tuning).
+    pub grid: Vec<GridPoint>,
+    /// How the penalties were chosen (`None` without tuning).
+    pub tuning: Option<Tuning>,
+    /// The dev pairs the penalties were chosen on.
+    pub tuning_sentences: usize,
     pub length_penalty: f64,
     pub coverage_penalty: f64,
     pub dev_sentences: usize,
@@ -333,21 +418,30 @@ impl Selection {
 
 /// Score the candidates on dev with `base` and keep the best (`best/` unless another is strictly better),
 /// then, with `tune`, choose the chosen model's penalties on dev from [`PENALTY_GRID`] (`base`'s own pair
-/// unless another is strictly better). `say` receives a line per result as it comes.
+/// unless another is better by the tuning's rule, [`Tuning::choose`]). `say` receives a line per result as it
+/// comes.
 pub fn select(
     cands: &[(String, PathBuf)],
     dev: &DevSet,
     base: &DecodeOptions,
-    tune: bool,
+    tune: Option<&Tuning>,
     mut say: impl FnMut(&str),
 ) -> Result<Selection> {
+    // The tuning pairs, checked before any decoding.
+    let tuning_set = match tune {
+        Some(t) if t.longer_than > 0 => Some(dev.longer_than(t.longer_than)?),
+        _ => None,
+    };
     let mut scored = vec![];
     let mut chosen_decoder = None;
     let mut best_score = f64::NEG_INFINITY;
     for (name, dir) in cands {
         let d = DevDecoder::load(dir)?;
-        let bleu = d.bleu(dev, base)?;
-        say(&format!("  {name:<16} {bleu:6.2}  ({})", dir.display()));
+        let (bleu, length_ratio) = d.bleu_and_ratio(dev, base)?;
+        say(&format!(
+            "  {name:<16} {bleu:6.2}  (length ratio {length_ratio:.3}; {})",
+            dir.display()
+        ));
         if scored.is_empty() || bleu > best_score {
             best_score = bleu;
             chosen_decoder = Some(d);
@@ -356,30 +450,51 @@ pub fn select(
             name: name.clone(),
             dir: dir.clone(),
             dev_bleu: bleu,
+            length_ratio,
         });
     }
     let chosen = first_best(&scored.iter().map(|s| s.dev_bleu).collect::<Vec<_>>());
     let base_pair = (base.length_penalty, base.coverage_penalty);
     let mut grid = vec![];
     let (mut alpha, mut beta) = base_pair;
-    if tune {
+    let tuning_sentences = tuning_set.as_ref().map_or(dev.src.len(), |t| t.src.len());
+    if let Some(t) = tune {
         let d = chosen_decoder.expect("at least one candidate");
+        let on = tuning_set.as_ref().unwrap_or(dev);
         say(&format!(
-            "  the length and coverage penalties of {} (dev BLEU):",
-            scored[chosen].name
+            "  the length and coverage penalties of {} (BLEU and output/reference length on {}{}):",
+            scored[chosen].name,
+            if t.longer_than > 0 {
+                format!(
+                    "the {tuning_sentences} dev pairs longer than {} words",
+                    t.longer_than
+                )
+            } else {
+                "dev".to_string()
+            },
+            t.length_ratio.map_or(String::new(), |(lo, hi)| format!(
+                "; the length ratio to lie in [{lo}, {hi}]"
+            ))
         ));
-        grid.push((base_pair.0, base_pair.1, scored[chosen].dev_bleu));
+        let own = if tuning_set.is_some() {
+            d.bleu_and_ratio(on, base)?
+        } else {
+            (scored[chosen].dev_bleu, scored[chosen].length_ratio)
+        };
+        grid.push((base_pair.0, base_pair.1, own.0, own.1));
         for &(a, b) in PENALTY_GRID.iter().filter(|&&p| p != base_pair) {
             let opts = DecodeOptions {
                 length_penalty: a,
                 coverage_penalty: b,
                 ..base.clone()
             };
-            let bleu = d.bleu(dev, &opts)?;
-            say(&format!("  α {a:.1}  β {b:.1}   {bleu:6.2}"));
-            grid.push((a, b, bleu));
+            let (bleu, ratio) = d.bleu_and_ratio(on, &opts)?;
+            say(&format!(
+                "  α {a:.1}  β {b:.1}   {bleu:6.2}  (length ratio {ratio:.3})"
+            ));
+            grid.push((a, b, bleu, ratio));
         }
-        let k = first_best(&grid.iter().map(|g| g.2).collect::<Vec<_>>());
+        let k = t.choose(&grid);
         (alpha, beta) = (grid[k].0, grid[k].1);
     }
     Ok(Selection {
@@ -388,6 +503,8 @@ pub fn select(
         chosen,
         compared_with: base_pair,
         grid,
+        tuning: tune.copied(),
+        tuning_sentences: if tune.is_some() { tuning_sentences } else { 0 },
         length_penalty: alpha,
         coverage_penalty: beta,
         dev_sentences: dev.src.len(),
@@ -405,7 +522,7 @@ pub fn choose_for_run(
     last: usize,
     tolerance: f64,
     base: &DecodeOptions,
-    tune: bool,
+    tune: Option<&Tuning>,
     dev_sentences: usize,
     prepared: Option<&Path>,
     record: &Path,
@@ -459,28 +576,33 @@ pub fn choose_for_run(
             )
         }
     );
-    if tune {
+    if tune.is_some() {
+        let ratio = sel
+            .grid
+            .iter()
+            .find(|g| (g.0, g.1) == (sel.length_penalty, sel.coverage_penalty))
+            .map_or(0.0, |g| g.3);
         eprintln!(
-            "   chosen: α = {}, β = {} (dev BLEU {:.2}){}",
+            "   chosen: α = {}, β = {} (BLEU {:.2}, length ratio {ratio:.3}){}",
             sel.length_penalty,
             sel.coverage_penalty,
             sel.dev_bleu(),
             if (sel.length_penalty, sel.coverage_penalty) == sel.compared_with {
-                " — no other pair of the grid scores higher"
+                " — no other pair of the grid is better"
             } else {
                 ""
             }
         );
     }
     crate::atomic_file::write_atomic(record, serde_json::to_string_pretty(&sel)?.as_bytes())?;
-    if tune {
+    if tune.is_some() {
         // The penalties travel with the chosen model: every front end decodes it with them by default.
         crate::decode::settings::DecodingSettings {
             length_penalty: sel.length_penalty,
             coverage_penalty: sel.coverage_penalty,
             beam: sel.beam,
             dev_bleu: sel.dev_bleu(),
-            dev_sentences: sel.dev_sentences,
+            dev_sentences: sel.tuning_sentences,
         }
         .write(sel.model(), "cgnmt select --tune")?;
         eprintln!(
@@ -502,5 +624,40 @@ mod tests {
         assert_eq!(first_best(&[20.0, 20.0, 19.0]), 0);
         assert_eq!(first_best(&[20.0, 20.5, 20.5]), 1);
         assert_eq!(first_best(&[20.0, 19.0, 21.0]), 2);
+    }
+
+    #[test]
+    fn a_length_ratio_interval_comes_before_bleu() {
+        let grid = [
+            (0.0, 0.0, 30.0, 0.90),
+            (1.0, 0.0, 29.0, 0.96),
+            (1.5, 0.0, 29.5, 1.00),
+            (2.0, 0.0, 29.5, 1.04),
+            (2.0, 0.4, 31.0, 1.10),
+        ];
+        // Without an interval: the highest BLEU; within one: the highest BLEU inside it, the first on ties.
+        assert_eq!(Tuning::default().choose(&grid), 4);
+        let t = Tuning {
+            longer_than: 6,
+            length_ratio: Some((0.95, 1.05)),
+        };
+        assert_eq!(t.choose(&grid), 2);
+        // None inside: the nearest to it (BLEU breaks ties of distance).
+        let outside = [
+            (0.0, 0.0, 30.0, 0.80),
+            (1.0, 0.0, 25.0, 0.92),
+            (2.0, 0.0, 28.0, 1.08),
+        ];
+        assert_eq!(t.choose(&outside), 1);
+        let exact = Tuning {
+            longer_than: 0,
+            length_ratio: Some((1.0, 1.0)),
+        };
+        assert_eq!(
+            exact.choose(&[(0.0, 0.0, 30.0, 0.5), (1.0, 0.0, 31.0, 1.5)]),
+            1
+        );
+        // The recipe's own pair (the first) wins a tie.
+        assert_eq!(t.choose(&[(0.0, 0.0, 30.0, 1.0), (1.0, 0.0, 30.0, 1.0)]), 0);
     }
 }

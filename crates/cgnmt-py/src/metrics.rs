@@ -413,6 +413,23 @@ fn compare_options(
     })
 }
 
+/// The first record of the comparison report that `work` computes (with the GIL released), as JSON.
+fn first_record<R>(
+    py: Python<'_>,
+    work: impl FnOnce() -> anyhow::Result<R> + Send,
+) -> PyResult<serde_json::Value>
+where
+    R: Send,
+    serde_json::Value: From<R>,
+{
+    let report = py.allow_threads(|| guarded(|| work().map_err(py_err_any)))?;
+    let records = serde_json::Value::from(report);
+    records
+        .get(0)
+        .cloned()
+        .ok_or_else(|| PyValueError::new_err("no comparison"))
+}
+
 /// A paired significance test of a system against a baseline on one metric: both corpus scores, the paired
 /// bootstrap (`bootstrap`: the system's mean and 95% interval, `p_value`), approximate randomisation (`ar`:
 /// `p_value`) and the sign test (`sign`: sentences better, worse, tied, `p_value`), each `None` when not run,
@@ -498,22 +515,15 @@ pub fn compare(
         seed.unwrap_or(DEFAULT_SEED),
         trials,
     )?;
-    let report = py.allow_threads(|| {
-        guarded(|| {
-            cgnmt_eval::report::compare_systems(
-                &opts,
-                &("baseline".to_string(), baseline),
-                &[("system".to_string(), system)],
-                &refs,
-            )
-            .map(|r| r.0)
-            .map_err(py_err_any)
-        })
+    let r = &first_record(py, || {
+        cgnmt_eval::report::compare_systems(
+            &opts,
+            &("baseline".to_string(), baseline),
+            &[("system".to_string(), system)],
+            &refs,
+        )
+        .map(|r| r.0)
     })?;
-    let records = serde_json::Value::from(report);
-    let r = records
-        .get(0)
-        .ok_or_else(|| PyValueError::new_err("no comparison"))?;
     let row = field(r, "systems")?
         .get(0)
         .ok_or_else(|| PyValueError::new_err("no system"))?;
@@ -620,22 +630,15 @@ pub fn compare_runs(
         seed.unwrap_or(DEFAULT_SEED),
         trials,
     )?;
-    let report = py.allow_threads(|| {
-        guarded(|| {
-            cgnmt_eval::report::compare_system_runs(
-                &opts,
-                &("baseline".to_string(), base),
-                &[("system".to_string(), sys)],
-                &refs,
-            )
-            .map(|r| r.0)
-            .map_err(py_err_any)
-        })
+    let r = &first_record(py, || {
+        cgnmt_eval::report::compare_system_runs(
+            &opts,
+            &("baseline".to_string(), base),
+            &[("system".to_string(), sys)],
+            &refs,
+        )
+        .map(|r| r.0)
     })?;
-    let records = serde_json::Value::from(report);
-    let r = records
-        .get(0)
-        .ok_or_else(|| PyValueError::new_err("no comparison"))?;
     let c = field(r, "runs")?;
     let pooled = field(field(r, "pooled")?, "systems")?
         .get(0)

@@ -195,11 +195,13 @@ pub fn train(
 
 /// Choose a finished run's model on dev, as `cgnmt select`: `best/`, the average of its converged tail (the
 /// last `last` kept checkpoints within `tolerance` BLEU of its best) or the moving average; with `tune`, also
-/// its length and coverage penalties. Returns the selection record (also written to `RUN/selection.json`):
-/// every candidate's dev BLEU, the chosen one and the penalties.
+/// its length and coverage penalties, on the dev pairs whose reference has more than `tune_longer_than` words
+/// (0: all dev) and, with `length_ratio=(low, high)`, among the penalties whose output/reference length ratio
+/// lies in that interval. Returns the selection record (also written to `RUN/selection.json`): every
+/// candidate's dev BLEU, the chosen one and the penalties.
 #[pyfunction]
 #[pyo3(signature = (run, tune=false, last=4, tolerance=1.0, beam=10, length_penalty=0.0, coverage_penalty=0.0,
-    dev_sentences=0, prepared=None))]
+    dev_sentences=0, prepared=None, tune_longer_than=0, length_ratio=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn select(
     py: Python<'_>,
@@ -212,7 +214,25 @@ pub fn select(
     coverage_penalty: f64,
     dev_sentences: usize,
     prepared: Option<PathBuf>,
+    tune_longer_than: usize,
+    length_ratio: Option<(f64, f64)>,
 ) -> PyResult<PyObject> {
+    if !tune && (tune_longer_than > 0 || length_ratio.is_some()) {
+        return Err(PyValueError::new_err(
+            "tune_longer_than and length_ratio choose the penalties: they need tune=True",
+        ));
+    }
+    if let Some((lo, hi)) = length_ratio {
+        if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "length_ratio ({lo}, {hi}): need 0 < low <= high"
+            )));
+        }
+    }
+    let tuning = cgnmt::train::selection::Tuning {
+        longer_than: tune_longer_than,
+        length_ratio,
+    };
     let base = cgnmt::decode::beam_search::DecodeOptions {
         beam,
         length_penalty,
@@ -227,7 +247,7 @@ pub fn select(
                 last,
                 tolerance,
                 &base,
-                tune,
+                tune.then_some(&tuning),
                 dev_sentences,
                 prepared.as_deref(),
                 &record,

@@ -78,6 +78,19 @@ def test_select_chooses_on_dev(prepared, tmp_path):
     names = [c["name"] for c in sel["candidates"]]
     assert "best" in names and 0 <= sel["chosen"] < len(names)
     assert json.loads((tmp_path / "run" / "selection.json").read_text())["chosen"] == sel["chosen"]
+    # The penalties chosen on dev's longer pairs, under a length-ratio constraint.
+    tuned = cgnmt.select(tmp_path / "run", tune=True, dev_sentences=60, beam=2, tune_longer_than=5,
+                         length_ratio=(0.9, 1.1))
+    assert tuned["tuning"] == {"longer_than": 5, "length_ratio": [0.9, 1.1]}
+    assert 0 < tuned["tuning_sentences"] < 60 and len(tuned["grid"]) == 10
+    chosen = [g for g in tuned["grid"] if (g[0], g[1]) == (tuned["length_penalty"], tuned["coverage_penalty"])]
+    inside = [g for g in tuned["grid"] if 0.9 <= g[3] <= 1.1]
+    if inside:
+        assert chosen[0][2] == max(g[2] for g in inside) and 0.9 <= chosen[0][3] <= 1.1
+    with pytest.raises(ValueError, match="tune=True"):
+        cgnmt.select(tmp_path / "run", tune_longer_than=5)
+    with pytest.raises(ValueError, match="low <= high"):
+        cgnmt.select(tmp_path / "run", tune=True, length_ratio=(1.2, 1.0))
 
 
 def test_the_examples_run(models, tmp_path):

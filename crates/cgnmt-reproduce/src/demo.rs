@@ -310,7 +310,7 @@ fn choose_model(a: &DemoOptions, run: &Path, cfg: &Config) -> Result<(PathBuf, D
                 Recipe::AVERAGE,
                 cgnmt::train::selection::DEFAULT_TOLERANCE,
                 &opts,
-                true,
+                Some(&cgnmt::train::selection::Tuning::default()),
                 a.selection_sentences,
                 Some(&cfg.data.prepared),
                 &run.join(cgnmt::train::selection::SELECTION_FILE),

@@ -501,6 +501,7 @@ mod tests {
                 average: 0,
                 ensemble: false,
                 choose: false,
+                select: vec![],
             },
             seed: 1,
             dir: dir.to_path_buf(),

@@ -153,6 +153,10 @@ pub struct SystemSpec {
     /// Not with `ensemble`.
     #[serde(default)]
     pub choose: bool,
+    /// With `choose`: further `cgnmt select` arguments, e.g. `["--tune-longer-than", "6", "--length-ratio",
+    /// "0.95,1.05"]` to choose the penalties on dev's longer pairs under a length-ratio constraint.
+    #[serde(default)]
+    pub select: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -355,6 +359,20 @@ impl Plan {
                 {
                     bail!(
                         "system {:?}: decode: {a} is set by reproduce itself",
+                        s.name
+                    );
+                }
+            }
+            if !s.select.is_empty() && !s.choose {
+                bail!(
+                    "system {:?}: select gives `cgnmt select` arguments: it needs choose = true",
+                    s.name
+                );
+            }
+            for a in &s.select {
+                if ["--run", "--out", "--tune", "--last", "--beam"].contains(&a.as_str()) {
+                    bail!(
+                        "system {:?}: select: {a} is set by reproduce itself",
                         s.name
                     );
                 }

@@ -72,6 +72,9 @@ pub(super) fn make_tasks(s: &Setup) -> Result<Vec<Task>> {
                 if sys.choose {
                     decode_key += "choose;";
                 }
+                if !sys.select.is_empty() {
+                    decode_key += &format!("select={};", sys.select.join(" "));
+                }
                 if !extra_key.is_empty() {
                     decode_key += &format!("extra={extra_key};");
                 }

@@ -704,6 +704,7 @@ fn choose_on_dev(
     if let Some(b) = beta {
         sargs.extend(["--coverage-penalty".into(), b]);
     }
+    sargs.extend(t.system.select.iter().cloned());
     run_child(
         &s.exe,
         &sargs,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use cgnmt::decode::beam_search::DecodeOptions;
-use cgnmt::train::selection::{choose_for_run, DEFAULT_TOLERANCE, SELECTION_FILE};
+use cgnmt::train::selection::{choose_for_run, Tuning, DEFAULT_TOLERANCE, SELECTION_FILE};
 
 /// Arguments of `cgnmt select`.
 #[derive(clap::Args, Debug)]
@@ -33,6 +33,14 @@ pub struct SelectArgs {
     /// 0.4} and the plain beam).
     #[arg(long)]
     pub tune: bool,
+    /// With --tune: choose the penalties on the dev pairs whose reference has more than N words (dev's
+    /// longer sentences, where short outputs cost most; 0: all dev).
+    #[arg(long, default_value_t = 0, requires = "tune", value_name = "N")]
+    pub tune_longer_than: usize,
+    /// With --tune: choose among the penalties whose output/reference length ratio on the tuning pairs lies in
+    /// LOW,HIGH (e.g. 0.95,1.05) the one with the highest BLEU (the nearest to the interval when none does).
+    #[arg(long, requires = "tune", value_name = "LOW,HIGH", value_parser = parse_ratio)]
+    pub length_ratio: Option<(f64, f64)>,
     /// Dev sentences to decode (evenly spaced; 0: all).
     #[arg(long, default_value_t = 0)]
     pub dev_sentences: usize,
@@ -58,10 +66,30 @@ pub fn run(a: SelectArgs) -> Result<()> {
         a.last,
         a.tolerance,
         &base,
-        a.tune,
+        a.tune.then_some(&Tuning {
+            longer_than: a.tune_longer_than,
+            length_ratio: a.length_ratio,
+        }),
         a.dev_sentences,
         a.prepared.as_deref(),
         &a.out.unwrap_or_else(|| a.run.join(SELECTION_FILE)),
     )?;
     Ok(())
+}
+
+/// `LOW,HIGH`: a length-ratio interval, 0 < LOW ≤ HIGH.
+fn parse_ratio(s: &str) -> Result<(f64, f64), String> {
+    let (lo, hi) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: LOW,HIGH (e.g. 0.95,1.05)"))?;
+    let num = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("{x:?} is not a number (LOW,HIGH, e.g. 0.95,1.05)"))
+    };
+    let (lo, hi) = (num(lo)?, num(hi)?);
+    if !(lo > 0.0 && lo <= hi && hi.is_finite()) {
+        return Err(format!("{s:?}: need 0 < LOW ≤ HIGH"));
+    }
+    Ok((lo, hi))
 }

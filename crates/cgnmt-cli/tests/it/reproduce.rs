@@ -652,7 +652,8 @@ fn a_row_that_chooses_on_dev_decodes_the_chosen_model() {
         format!(
             "{head}[tables]\n\"R\" = \"choice\"\n\n[[system]]\nname = \"base\"\ntable = \"R\"\nset = \
              [\"train.exponential_smoothing=0.01\"]\n\n[[system]]\nname = \"chosen\"\ntable = \"R\"\nfrom = \
-             \"base\"\nchoose = true\naverage = 3\ndecode = [\"--length-penalty\", \"1.5\"]\nbaseline = \"base\"\n"
+             \"base\"\nchoose = true\naverage = 3\ndecode = [\"--length-penalty\", \"1.5\"]\nbaseline = \"base\"\n\
+             select = [\"--tune-longer-than\", \"6\", \"--length-ratio\", \"0.9,1.1\"]\n"
         ),
     )
     .unwrap();
@@ -670,6 +671,9 @@ fn a_row_that_chooses_on_dev_decodes_the_chosen_model() {
     assert!(names.contains(&"moving average"), "{names:?}");
     assert_eq!(sel["compared_with"][0].as_f64(), Some(1.5));
     assert_eq!(sel["grid"].as_array().unwrap().len(), 10);
+    // The row's `select` arguments reached `cgnmt select`: the penalties chosen on dev's longer pairs.
+    assert_eq!(sel["tuning"]["longer_than"], 6);
+    assert_eq!(sel["tuning"]["length_ratio"], serde_json::json!([0.9, 1.1]));
     // The chosen model is never below best/ on dev, and the row decoded with it and its penalties.
     let k = sel["chosen"].as_u64().unwrap() as usize;
     assert!(
