@@ -10,7 +10,6 @@ import argparse
 import itertools
 import json
 import resource
-import subprocess
 import sys
 import time
 
@@ -52,11 +51,10 @@ def main() -> int:
     if n != a.lines:
         raise SystemExit(f"{n} results for {a.lines} lines")
     after_first = [c["rss_mib"] for c in curve[2:]] or [curve[-1]["rss_mib"]]
-    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {
         "command": " ".join(sys.argv),
-        "version": cgnmt.__version__,
-        "commit": commit,
+        # The extension's own version and commit (the build measured, whatever the checkout holds now).
+        "version": cgnmt._cgnmt.__version__,
         "model": a.model,
         "lines": a.lines,
         "beam": a.beam,
