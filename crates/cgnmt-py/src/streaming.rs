@@ -2,7 +2,7 @@
 //! batches held) and `translate_file` (a text file to a text file, appearing whole or not at all).
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
@@ -10,7 +10,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::errors::{io_exception, py_err_any};
+use crate::errors::{io_exception, py_err, py_err_any};
 use crate::results::{Translation, TranslationStats};
 use crate::translator::{next_chunk, Translator};
 
@@ -114,26 +114,14 @@ pub fn translate_file(
     }
     kw.set_item("batch", max_batch_size)?;
     let io_err = |p: &Path, e: std::io::Error| io_exception(&e, format!("{}: {e}", p.display()));
-    let file = std::fs::File::open(source).map_err(|e| io_err(source, e))?;
-    let mut lines = BufReader::new(file);
+    // The project's line reader: plain or gzipped, a BOM and CRLF endings dropped, bad UTF-8 named by line.
+    let mut lines = cgnmt_data::corpus::Lines::open(source).map_err(|e| py_err(e.into()))?;
     let mut out = cgnmt::atomic_file::AtomicFile::create(output).map_err(py_err_any)?;
-    let (mut examples, mut tokens, mut line) = (0usize, 0usize, Vec::new());
+    let (mut examples, mut tokens) = (0usize, 0usize);
     loop {
         let batch = PyList::empty(py);
-        while batch.len() < chunk {
-            line.clear();
-            if lines
-                .read_until(b'\n', &mut line)
-                .map_err(|e| io_err(source, e))?
-                == 0
-            {
-                break;
-            }
-            let number = examples + batch.len() + 1;
-            let text = std::str::from_utf8(&line).map_err(|_| {
-                PyValueError::new_err(format!("{}:{number}: not UTF-8", source.display()))
-            })?;
-            batch.append(text.trim_end_matches('\n').trim_end_matches('\r'))?;
+        for line in lines.by_ref().take(chunk) {
+            batch.append(line.map_err(|e| py_err(e.into()))?)?;
         }
         if batch.is_empty() {
             break;

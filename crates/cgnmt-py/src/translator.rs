@@ -362,7 +362,7 @@ impl Translator {
         TranslationIterator::new(slf, source, max_batch_size, batch_type, kwargs)
     }
 
-    /// CTranslate2's `translate_file`: translate the raw text lines of `source_path` (UTF-8, plain) into
+    /// CTranslate2's `translate_file`: translate the raw text lines of `source_path` (UTF-8, plain or gzipped) into
     /// `output_path`, one line per input line (the best hypothesis, detokenised), `16 · max_batch_size` lines
     /// at a time. The output is written to a temporary file and renamed into place when every line is done
     /// (nothing partial is left). `kwargs` as `translate`'s (`beam_size` is `beam`). Returns the counts and the

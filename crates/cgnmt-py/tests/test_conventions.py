@@ -100,6 +100,20 @@ def test_translate_file_and_score_batch(tr, lines, tmp_path):
     assert stats.num_examples == len(lines)
     assert stats.num_tokens == sum(len(t.tokens) for t in want)
     assert stats.total_time_in_ms > 0
+    # A gzipped input (with CRLF endings) gives the same lines.
+    import gzip
+
+    gz = tmp_path / "in.txt.gz"
+    with gzip.open(gz, "wt", encoding="utf-8", newline="") as f:
+        f.write("".join(l + "\r\n" for l in lines))
+    tr.translate_file(gz, tmp_path / "out-gz.txt", max_batch_size=4, beam_size=3)
+    assert (tmp_path / "out-gz.txt").read_text(encoding="utf-8") == out.read_text(encoding="utf-8")
+    # Bad UTF-8 is named by line, and leaves no output behind.
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xe6\x88\x91\n\xff\xfe\n")
+    with pytest.raises(ValueError, match="line 2"):
+        tr.translate_file(bad, tmp_path / "out-bad.txt")
+    assert not (tmp_path / "out-bad.txt").exists()
     # A missing input leaves no output behind.
     with pytest.raises(FileNotFoundError):
         tr.translate_file(tmp_path / "missing.txt", tmp_path / "never.txt")
