@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::model::Model;
 
 /// What to do with an input line longer than a limit (in model tokens, after tokenisation and BPE).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LongInput {
     /// Translate it in consecutive pieces of at most the limit and join their outputs.
     Split,

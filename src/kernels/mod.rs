@@ -58,7 +58,7 @@ pub use top_k::top_k;
 /// [`crate::model::Model::kernels`] field, which every part of the model (encoder, attention, gate, coverage,
 /// transition, readout) takes as an argument; a model built by this process starts with the process's choice
 /// ([`Kernels::process_choice`], the CLI's `--kernels`), and tests and `bench` change it with `set_kernels`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kernels {
     /// Composed candle ops (the reference every fused kernel is tested against).
@@ -68,7 +68,6 @@ pub enum Kernels {
     /// The fused encoder op and the fused row ops (each with its hand-derived backward pass) inside the
     /// composed decoder recurrence: what a model whose decoder has no fused sequence op runs when fused kernels
     /// are asked for (a layer-normalised model, see `Model::set_kernels`). Not a command-line choice.
-    #[value(skip)]
     FusedOps,
 }
 

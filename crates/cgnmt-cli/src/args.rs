@@ -199,3 +199,40 @@ impl SteerArgs {
         Ok(())
     }
 }
+
+/// `--kernels`: the command line's choice of [`cgnmt::kernels::Kernels`] (the library's own enum also has a
+/// mode the model picks itself, which is not a choice here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelsArg {
+    /// Composed candle ops (the reference every fused kernel is tested against).
+    Reference,
+    /// Fused CPU kernels with hand-derived backward passes (composed ops on other devices).
+    Fused,
+}
+
+impl From<KernelsArg> for cgnmt::kernels::Kernels {
+    fn from(k: KernelsArg) -> Self {
+        match k {
+            KernelsArg::Reference => cgnmt::kernels::Kernels::Reference,
+            KernelsArg::Fused => cgnmt::kernels::Kernels::Fused,
+        }
+    }
+}
+
+/// `translate --long-input`: [`cgnmt::LongInput`] on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LongInputArg {
+    /// Translate it in consecutive pieces of at most the limit and join their outputs.
+    Split,
+    /// Translate its first tokens up to the limit only.
+    Truncate,
+}
+
+impl From<LongInputArg> for cgnmt::LongInput {
+    fn from(l: LongInputArg) -> Self {
+        match l {
+            LongInputArg::Split => cgnmt::LongInput::Split,
+            LongInputArg::Truncate => cgnmt::LongInput::Truncate,
+        }
+    }
+}

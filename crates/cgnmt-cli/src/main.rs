@@ -4,6 +4,8 @@ use clap::{Parser, Subcommand};
 
 use cgnmt::kernels::Kernels;
 
+use args::KernelsArg;
+
 mod args;
 mod commands;
 
@@ -17,8 +19,8 @@ struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
     /// Implementation of the recurrent steps: fused CPU kernels, or the composed reference (for debugging).
-    #[arg(long, global = true, value_enum, default_value_t = Kernels::Fused)]
-    kernels: Kernels,
+    #[arg(long, global = true, value_enum, default_value_t = KernelsArg::Fused)]
+    kernels: KernelsArg,
 }
 
 #[derive(Subcommand)]
@@ -82,7 +84,7 @@ fn main() {
     if matches!(cli.cmd, Cmd::Translate(_)) {
         cgnmt::process::decode_concurrently();
     }
-    Kernels::set_process_default(cli.kernels);
+    Kernels::set_process_default(cli.kernels.into());
     // Under `mpiexec` (a build with --features mpi), `translate` decodes a share of the lines on each rank and
     // `train` computes each update's gradient on a share of the batch; `bench` measures the data-parallel update.
     let name = std::env::args()

@@ -65,8 +65,8 @@ pub struct TranslateArgs {
     max_input_words: usize,
     /// What to do with a line over --max-input-words: translate it in pieces and join their outputs, or
     /// translate its first N tokens only.
-    #[arg(long, value_enum, default_value_t = cgnmt::LongInput::Split)]
-    long_input: cgnmt::LongInput,
+    #[arg(long, value_enum, default_value_t = crate::args::LongInputArg::Split)]
+    long_input: crate::args::LongInputArg,
     /// Input file (default: stdin).
     #[arg(short, long)]
     input: Option<PathBuf>,
@@ -125,7 +125,7 @@ pub fn run(a: TranslateArgs, cluster: &cgnmt::cluster::Cluster) -> Result<()> {
         pretokenized: a.pretokenized,
         input_limit: InputLimit {
             max_words: a.max_input_words,
-            long_input: a.long_input,
+            long_input: a.long_input.into(),
         },
         ..model
     };
