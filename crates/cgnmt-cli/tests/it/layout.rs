@@ -250,6 +250,38 @@ fn the_library_links_no_server_database_or_network_crate() {
     // (The check can fail: the server's crate does link them.)
     let serve = crates(&tree("cgnmt-serve"));
     assert!(serve.iter().any(|c| c == "axum") && serve.iter().any(|c| c == "tokio"));
+    // The library itself parses no command line: its direct dependencies hold no `clap` (the command line's
+    // argument enums live in the CLI crate); the CLI's do.
+    let direct = |package: &str| -> Vec<String> {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args([
+                "tree",
+                "--offline",
+                "-e",
+                "normal",
+                "--depth",
+                "1",
+                "--prefix",
+                "none",
+                "-p",
+            ])
+            .arg(package)
+            .arg("--manifest-path")
+            .arg(repo().join("Cargo.toml"))
+            .output()
+            .expect("run cargo tree");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        crates(&String::from_utf8(out.stdout).unwrap())
+    };
+    assert!(
+        !direct("cgnmt").iter().any(|c| c == "clap"),
+        "the library depends on clap"
+    );
+    assert!(direct("cgnmt-cli").iter().any(|c| c == "clap"));
 }
 
 /// Every relative link of README.md and of the Markdown pages under docs/ and results/README.md resolves to a
