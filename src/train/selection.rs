@@ -218,9 +218,7 @@ impl DevSet {
             refs: pick.iter().map(|&i| self.refs[i].clone()).collect(),
         }
     }
-}
 
-impl DevSet {
     /// The pairs whose reference has more than `words` words (split on whitespace): dev's longer sentences,
     /// to choose penalties that do not leave long outputs short. All with `words` 0.
     pub fn longer_than(&self, words: usize) -> Result<DevSet> {
