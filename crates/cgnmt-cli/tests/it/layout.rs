@@ -210,18 +210,23 @@ fn no_file_over_1200_lines_and_no_function_over_200() {
 /// (ureq) crate; the applications do.
 #[test]
 fn the_library_links_no_server_database_or_network_crate() {
-    let tree = |package: &str| -> String {
-        let out = std::process::Command::new(env!("CARGO"))
-            .args([
-                "tree",
-                "--offline",
-                "-e",
-                "normal",
-                "--prefix",
-                "none",
-                "-p",
-                package,
-            ])
+    // `cargo tree` of `package`'s normal dependencies, one crate per line (`depth` levels; all with `None`).
+    let tree_at = |package: &str, depth: Option<&str>| -> String {
+        let mut cmd = std::process::Command::new(env!("CARGO"));
+        cmd.args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "-p",
+            package,
+        ]);
+        if let Some(d) = depth {
+            cmd.args(["--depth", d]);
+        }
+        let out = cmd
             .arg("--manifest-path")
             .arg(repo().join("Cargo.toml"))
             .output()
@@ -233,6 +238,7 @@ fn the_library_links_no_server_database_or_network_crate() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
+    let tree = |package: &str| tree_at(package, None);
     let crates = |t: &str| -> Vec<String> {
         t.lines()
             .filter_map(|l| l.split_whitespace().next())
@@ -252,31 +258,7 @@ fn the_library_links_no_server_database_or_network_crate() {
     assert!(serve.iter().any(|c| c == "axum") && serve.iter().any(|c| c == "tokio"));
     // The library itself parses no command line: its direct dependencies hold no `clap` (the command line's
     // argument enums live in the CLI crate); the CLI's do.
-    let direct = |package: &str| -> Vec<String> {
-        let out = std::process::Command::new(env!("CARGO"))
-            .args([
-                "tree",
-                "--offline",
-                "-e",
-                "normal",
-                "--depth",
-                "1",
-                "--prefix",
-                "none",
-                "-p",
-            ])
-            .arg(package)
-            .arg("--manifest-path")
-            .arg(repo().join("Cargo.toml"))
-            .output()
-            .expect("run cargo tree");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        crates(&String::from_utf8(out.stdout).unwrap())
-    };
+    let direct = |package: &str| crates(&tree_at(package, Some("1")));
     assert!(
         !direct("cgnmt").iter().any(|c| c == "clap"),
         "the library depends on clap"
